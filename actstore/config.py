@@ -1,0 +1,56 @@
+"""The one configuration object.
+
+Every field can be set with an ``ACTSTORE_<FIELD>`` environment variable (``ACTSTORE_PORT=6000``)
+or passed to ``Settings(...)``. The defaults run the embedded mode with no configuration: a store
+under ``./actstore-data``, a server on 127.0.0.1 and a local Ray cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ACTSTORE_", extra="forbid")
+
+    store: str = Field("./actstore-data", description="store root: a local path (or file:// URL)")
+    host: str = Field("127.0.0.1", description="address the gRPC server binds")
+    port: int = Field(50151, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join; RAY_ADDRESS is used when unset, else a local one"
+    )
+
+    shard_rows: int = Field(256, ge=4, description="samples per Zarr shard (one capture task)")
+    capture_batch_size: int = Field(32, ge=1, description="samples per forward pass")
+    default_max_len: int = Field(128, ge=2, description="token limit for text captures")
+    compressor: Literal["lz4", "zstd"] = "lz4"
+    capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
+
+    metric_tasks: int | None = Field(
+        None, ge=1, description="parallel map tasks per metric job; default: the cluster's CPUs"
+    )
+    max_accumulator_bytes: int = Field(
+        1 * GiB, description="memory one metric accumulator may hold before the job is tiled"
+    )
+    max_matrix_cells: int = Field(4_000_000, description="largest result matrix a query may ask")
+    max_running_jobs: int = Field(16, ge=1, description="jobs running at once")
+    max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
+    read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")
+
+    auth: bool = Field(False, description="require a token (see `actstore token create`)")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    resume_on_start: bool = Field(True, description="finish interrupted captures at server start")
+
+    @property
+    def store_path(self) -> Path:
+        root = self.store.removeprefix("file://")
+        return Path(root).expanduser().resolve()

@@ -1,0 +1,201 @@
+"""Long-running work with progress: capture jobs and metric jobs.
+
+A job runs in a thread of the server process (which owns the catalog) and drives Ray tasks. Its
+progress is published to any number of watchers, and mirrored in the catalog's `jobs` table so
+`ListJobs` and a restarted server see it. At most one live job exists per target (run key or
+result key): an identical request joins it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from actstore.errors import ActStoreError, Cancelled, ResourceExhausted
+from actstore.store.catalog import Catalog, JobRecord
+
+log = logging.getLogger(__name__)
+
+# "interrupted": the server stopped under the job; the next start resumes it.
+TERMINAL = ("done", "failed", "cancelled", "interrupted")
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    job_id: str
+    kind: str
+    target: str
+    status: str
+    done: int = 0
+    total: int = 0
+    unit: str = ""
+    error: str = ""
+    error_code: str = ""
+    message: str = ""
+    cache_hit: bool = False
+    joined: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+class JobState:
+    """The live side of one job: the latest snapshot and a condition to wait for the next."""
+
+    def __init__(self, snapshot: JobSnapshot) -> None:
+        self._snapshot = snapshot
+        self._version = 0
+        self._cond = threading.Condition()
+        self.cancel_requested = threading.Event()
+
+    @property
+    def snapshot(self) -> JobSnapshot:
+        with self._cond:
+            return self._snapshot
+
+    def publish(self, **changes) -> None:
+        with self._cond:
+            self._snapshot = replace(self._snapshot, **changes)
+            self._version += 1
+            self._cond.notify_all()
+
+    def progress(self, done: int, total: int, unit: str, message: str = "") -> None:
+        if self.cancel_requested.is_set():
+            raise Cancelled(f"job {self._snapshot.job_id} was cancelled")
+        self.publish(status="running", done=done, total=total, unit=unit, message=message)
+
+    def follow(self, poll_seconds: float = 1.0) -> Iterator[JobSnapshot]:
+        """The current snapshot, then each change, until a terminal one (intermediate changes
+        may be coalesced: a watcher always sees the latest state)."""
+        seen = -1
+        while True:
+            with self._cond:
+                while self._version == seen:
+                    self._cond.wait(poll_seconds)
+                seen = self._version
+                snapshot = self._snapshot
+            yield snapshot
+            if snapshot.finished:
+                return
+
+
+Work = Callable[[JobState], None]
+
+
+class JobManager:
+    def __init__(self, catalog: Catalog, max_running: int) -> None:
+        self.catalog = catalog
+        self.max_running = max_running
+        self._lock = threading.Lock()
+        self._live: dict[str, JobState] = {}
+        self._by_target: dict[str, str] = {}
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+
+    def live_for(self, target: str) -> JobState | None:
+        with self._lock:
+            job_id = self._by_target.get(target)
+            return self._live.get(job_id) if job_id else None
+
+    def start(self, kind: str, target: str, request: dict, work: Work, *, principal: str | None = None,
+              job_id: str | None = None) -> tuple[JobState, bool]:
+        """Start `work` for `target`, or join the live job for it. Returns (state, joined)."""
+        with self._lock:
+            existing = self._by_target.get(target)
+            if existing:
+                return self._live[existing], True
+            running = sum(1 for s in self._live.values() if not s.snapshot.finished)
+            if running >= self.max_running:
+                raise ResourceExhausted(
+                    f"{running} jobs are running, the limit is {self.max_running} "
+                    "(ACTSTORE_MAX_RUNNING_JOBS): wait for one to finish or cancel one"
+                )
+            resumed = job_id is not None
+            job_id = job_id or uuid.uuid4().hex[:16]
+            state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued"))
+            self._live[job_id] = state
+            self._by_target[target] = job_id
+        if resumed:
+            self.catalog.update_job(job_id, status="queued")
+        else:
+            self.catalog.add_job(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
+        thread = threading.Thread(target=self._run, args=(state, work), name=f"job-{job_id}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return state, False
+
+    def record_finished(self, kind: str, target: str, request: dict, *, principal: str | None = None,
+                        cache_hit: bool = True) -> JobSnapshot:
+        """A job that had nothing to do (a cache hit): recorded so it can be watched like any other."""
+        job_id = uuid.uuid4().hex[:16]
+        self.catalog.add_job(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
+        return JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1,
+                           unit="run", cache_hit=cache_hit, message="served from the store")
+
+    def _run(self, state: JobState, work: Work) -> None:
+        job_id = state.snapshot.job_id
+        self.catalog.update_job(job_id, status="running")
+        state.publish(status="running")
+        try:
+            work(state)
+        except Cancelled as exc:
+            status = "interrupted" if self._stopping else "cancelled"
+            self._finish(state, status=status, error=str(exc), error_code=exc.code)
+        except ActStoreError as exc:
+            self._finish(state, status="failed", error=str(exc), error_code=exc.code)
+        except Exception as exc:  # a bug: report it as INTERNAL, keep the server alive
+            log.exception("job %s failed", job_id)
+            self._finish(state, status="failed", error=f"internal error: {exc!r}", error_code="INTERNAL")
+        else:
+            snap = state.snapshot
+            self._finish(state, status="done", done=snap.total, error="", error_code="")
+
+    def _finish(self, state: JobState, **changes) -> None:
+        snap = state.snapshot
+        self.catalog.update_job(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
+                                total=snap.total, error=changes.get("error") or None)
+        with self._lock:
+            self._by_target.pop(snap.target, None)
+        state.publish(**changes)
+
+    def cancel(self, job_id: str) -> JobSnapshot:
+        with self._lock:
+            state = self._live.get(job_id)
+        if state is None:
+            return self.snapshot(job_id)
+        state.cancel_requested.set()
+        return state.snapshot
+
+    def snapshot(self, job_id: str) -> JobSnapshot:
+        with self._lock:
+            state = self._live.get(job_id)
+        if state is not None:
+            return state.snapshot
+        record = self.catalog.job(job_id)
+        status = record.status if record.status in TERMINAL else "interrupted"  # its server died
+        return JobSnapshot(job_id=record.job_id, kind=record.kind, target=record.target, status=status,
+                           done=record.done, total=record.total, error=record.error or "")
+
+    def follow(self, job_id: str) -> Iterator[JobSnapshot]:
+        with self._lock:
+            state = self._live.get(job_id)
+        if state is None:
+            yield self.snapshot(job_id)
+            return
+        yield from state.follow()
+
+    def list(self, status: str | None = None) -> list[JobSnapshot]:
+        return [self.snapshot(r.job_id) for r in self.catalog.jobs(status or None)]
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            states = list(self._live.values())
+        self._stopping = True
+        for state in states:
+            state.cancel_requested.set()
+        for thread in self._threads:
+            thread.join(timeout)

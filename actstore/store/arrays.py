@@ -1,0 +1,245 @@
+"""Activation arrays: the narrow storage interface and its Zarr v3 implementation.
+
+Layout of one run (DESIGN.md, Storage):
+    runs/<run_key>/acts        (n, L+1, d)   pooled runs
+    runs/<run_key>/tokens      (T, L+1, d)   token-level runs, with
+    runs/<run_key>/offsets     (n+1,)        prompt i owns tokens[offsets[i]:offsets[i+1]]
+    runs/<run_key>/sample_ids  (n,)  and  labels (n,) where known
+    runs/<run_key>/layer_sums  (shards, L+1, d) float64, one chunk per shard, for the layer means
+    runs/<run_key>/means       (L+1, d) float64, written at commit
+Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
+always writes whole shards, because concurrent writes into one shard lose data.
+Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
+"""
+
+from __future__ import annotations
+
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+
+from actstore.errors import DataLoss, NotFound
+
+# bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
+_ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
+
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as torch's bfloat16 cast does (NaN stays NaN)."""
+    as_int = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = ((as_int >> 16) & 1) + 0x7FFF
+    bits = ((as_int + rounding) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    bits[nan] = 0x7FC0
+    return bits
+
+
+def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored values as numbers: float16/float32 unchanged, bfloat16 bits widened to float32."""
+    return bf16_bits_to_float32(values) if dtype == "bfloat16" else values
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Shape of one run's arrays; `rows` is n for pooled runs and T (all tokens) for `tokens`."""
+
+    n: int
+    rows: int
+    num_states: int  # L + 1
+    width: int
+    dtype: str
+    pooling: str
+    shard_rows: int
+
+    @property
+    def array_name(self) -> str:
+        return "tokens" if self.pooling == "tokens" else "acts"
+
+    @property
+    def num_shards(self) -> int:
+        return -(-self.rows // self.shard_rows)
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        start = shard * self.shard_rows
+        return start, min(start + self.shard_rows, self.rows)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ArrayStore(ABC):
+    """What the rest of actstore needs from activation storage. Backends subclass this and their
+    tests subclass `tests/store/array_store_contract.py`."""
+
+    @abstractmethod
+    def create_run(
+        self,
+        run_key: str,
+        layout: RunLayout,
+        sample_ids: list[str],
+        labels: np.ndarray | None,
+        offsets: np.ndarray | None,
+    ) -> None:
+        """Create the arrays (idempotent for the same layout: a resumed capture calls it again)."""
+
+    @abstractmethod
+    def layout(self, run_key: str) -> RunLayout: ...
+
+    @abstractmethod
+    def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray) -> None:
+        """Write one whole shard (rows, L+1, d) in the storage dtype, and its float64 layer sums."""
+
+    @abstractmethod
+    def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
+        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32."""
+
+    @abstractmethod
+    def write_means(self, run_key: str) -> np.ndarray:
+        """Reduce the per-shard layer sums into the layer means (L+1, d) and store them."""
+
+    @abstractmethod
+    def means(self, run_key: str) -> np.ndarray: ...
+
+    @abstractmethod
+    def sample_ids(self, run_key: str) -> list[str]: ...
+
+    @abstractmethod
+    def labels(self, run_key: str) -> np.ndarray | None: ...
+
+    @abstractmethod
+    def offsets(self, run_key: str) -> np.ndarray | None: ...
+
+    @abstractmethod
+    def delete_run(self, run_key: str) -> None: ...
+
+    @abstractmethod
+    def nbytes_stored(self, run_key: str) -> int: ...
+
+
+class ZarrArrayStore(ArrayStore):
+    """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c."""
+
+    def __init__(self, root: Path, compressor: str = "lz4") -> None:
+        self.root = Path(root)
+        self.compressor = compressor
+
+    def _run_path(self, run_key: str) -> Path:
+        return self.root / "runs" / run_key
+
+    def _group(self, run_key: str, mode: str = "r") -> zarr.Group:
+        path = self._run_path(run_key)
+        if mode == "r" and not (path / "zarr.json").exists():
+            raise NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
+        return zarr.open_group(str(path), mode=mode)
+
+    def _codecs(self, itemsize: int) -> list:
+        return [
+            BloscCodec(cname=self.compressor, clevel=5, shuffle="bitshuffle", typesize=itemsize),
+            Crc32cCodec(),
+        ]
+
+    def create_run(self, run_key, layout, sample_ids, labels, offsets) -> None:
+        path = self._run_path(run_key)
+        if (path / "zarr.json").exists():
+            existing = self.layout(run_key)
+            if existing == layout:
+                return
+            shutil.rmtree(path)  # an interrupted create with another layout: start over
+        group = zarr.open_group(str(path), mode="w")
+        dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
+        group.create_array(
+            layout.array_name,
+            shape=(layout.rows, layout.num_states, layout.width),
+            chunks=(layout.shard_rows, 1, layout.width),
+            shards=(layout.shard_rows, layout.num_states, layout.width),
+            dtype=dtype,
+            compressors=self._codecs(dtype.itemsize),
+            fill_value=0,
+        )
+        group.create_array(
+            "layer_sums",
+            shape=(layout.num_shards, layout.num_states, layout.width),
+            chunks=(1, layout.num_states, layout.width),
+            dtype="float64",
+            compressors=self._codecs(8),
+            fill_value=0,
+        )
+        ids = np.asarray(sample_ids, dtype=str)
+        group.create_array("sample_ids", data=ids, compressors=None)
+        if labels is not None:
+            group.create_array("labels", data=np.asarray(labels, dtype=np.int64))
+        if offsets is not None:
+            group.create_array("offsets", data=np.asarray(offsets, dtype=np.int64))
+        # The layout is written last: its presence marks a completely created group.
+        group.attrs["layout"] = layout.to_dict()
+
+    def layout(self, run_key: str) -> RunLayout:
+        attrs = self._group(run_key).attrs.asdict()
+        if "layout" not in attrs:
+            raise NotFound(f"run {run_key[:12]} was never completely created")
+        return RunLayout(**attrs["layout"])
+
+    def write_shard(self, run_key, shard, values, sums) -> None:
+        layout = self.layout(run_key)
+        start, stop = layout.shard_range(shard)
+        if values.shape != (stop - start, layout.num_states, layout.width):
+            raise ValueError(f"shard {shard} expects {(stop - start, layout.num_states, layout.width)}, got {values.shape}")
+        group = self._group(run_key, mode="r+")
+        group[layout.array_name][start:stop] = values
+        group["layer_sums"][shard] = sums
+
+    def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
+        layout = self.layout(run_key)
+        array = self._group(run_key)[layout.array_name]
+        try:
+            if len(layers) == 1:
+                stored = array[start:stop, layers[0], :][None]
+            else:
+                stored = np.stack([array[start:stop, layer, :] for layer in layers])
+        except ValueError as exc:
+            if "checksum" in str(exc):
+                raise DataLoss(
+                    f"run {run_key[:12]}: a chunk in rows {start}..{stop} failed its crc32c check "
+                    f"({exc}); delete the run and capture it again"
+                ) from exc
+            raise
+        return decode_stored(stored, layout.dtype)
+
+    def write_means(self, run_key: str) -> np.ndarray:
+        layout = self.layout(run_key)
+        group = self._group(run_key, mode="r+")
+        means = group["layer_sums"][:].sum(axis=0) / layout.rows
+        group.create_array("means", data=means, overwrite=True)
+        return means
+
+    def means(self, run_key: str) -> np.ndarray:
+        return self._group(run_key)["means"][:]
+
+    def sample_ids(self, run_key: str) -> list[str]:
+        return self._group(run_key)["sample_ids"][:].tolist()
+
+    def labels(self, run_key: str) -> np.ndarray | None:
+        group = self._group(run_key)
+        return group["labels"][:] if "labels" in group else None
+
+    def offsets(self, run_key: str) -> np.ndarray | None:
+        group = self._group(run_key)
+        return group["offsets"][:] if "offsets" in group else None
+
+    def delete_run(self, run_key: str) -> None:
+        shutil.rmtree(self._run_path(run_key), ignore_errors=True)
+
+    def nbytes_stored(self, run_key: str) -> int:
+        layout = self.layout(run_key)
+        shard_dir = self._run_path(run_key) / layout.array_name
+        return sum(p.stat().st_size for p in shard_dir.rglob("*") if p.is_file())

@@ -1,0 +1,407 @@
+"""The DuckDB catalog: what exists, by digest and key.
+
+One process owns it (the server, or the embedded client's in-process server): DuckDB allows a
+single writer. Ray workers never open it; they return chunk metadata, inserted here in batches
+from Arrow (row-by-row inserts are ~100x slower). A chunk row is inserted only after its data is
+durable, and a run is `committed` only once every chunk is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from actstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    digest VARCHAR PRIMARY KEY, kind VARCHAR, arch VARCHAR, num_layers INTEGER,
+    hidden_size INTEGER, path VARCHAR, has_head BOOLEAN, lineage JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS model_aliases (
+    alias VARCHAR PRIMARY KEY, digest VARCHAR, updated_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS datasets (
+    digest VARCHAR PRIMARY KEY, kind VARCHAR, n BIGINT, num_labels INTEGER, has_groups BOOLEAN,
+    path VARCHAR, source JSON, created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS dataset_aliases (
+    alias VARCHAR PRIMARY KEY, digest VARCHAR, updated_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS runs (
+    run_key VARCHAR PRIMARY KEY, model_digest VARCHAR, dataset_digest VARCHAR, pooling VARCHAR,
+    dtype VARCHAR, max_len INTEGER, n BIGINT, rows BIGINT, num_layers INTEGER, width INTEGER,
+    num_shards INTEGER, status VARCHAR, spec JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp, committed_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS chunks (
+    run_key VARCHAR, shard INTEGER, layer INTEGER, rows INTEGER, checksum UBIGINT,
+    min DOUBLE, max DOUBLE, nan_count BIGINT, inf_count BIGINT,
+    PRIMARY KEY (run_key, shard, layer));
+CREATE TABLE IF NOT EXISTS results (
+    result_key VARCHAR PRIMARY KEY, metric VARCHAR, version INTEGER, options JSON,
+    run_keys JSON, payload BLOB, seconds DOUBLE, created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id VARCHAR PRIMARY KEY, kind VARCHAR, target VARCHAR, status VARCHAR, request JSON,
+    done BIGINT, total BIGINT, error VARCHAR, principal VARCHAR,
+    created_at TIMESTAMP DEFAULT current_timestamp, updated_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS principals (
+    token_hash VARCHAR PRIMARY KEY, name VARCHAR UNIQUE, role VARCHAR,
+    created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS audit (
+    ts TIMESTAMP DEFAULT current_timestamp, principal VARCHAR, method VARCHAR, target VARCHAR,
+    status VARCHAR);
+"""
+
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("run_key", pa.string()),
+        ("shard", pa.int32()),
+        ("layer", pa.int32()),
+        ("rows", pa.int32()),
+        ("checksum", pa.uint64()),
+        ("min", pa.float64()),
+        ("max", pa.float64()),
+        ("nan_count", pa.int64()),
+        ("inf_count", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    digest: str
+    kind: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    path: str
+    has_head: bool
+    lineage: dict[str, Any]
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    digest: str
+    kind: str
+    n: int
+    num_labels: int
+    has_groups: bool
+    path: str
+    source: dict[str, Any]
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_key: str
+    model_digest: str
+    dataset_digest: str
+    pooling: str
+    dtype: str
+    max_len: int
+    n: int
+    rows: int
+    num_layers: int
+    width: int
+    num_shards: int
+    status: str
+    spec: dict[str, Any]
+
+
+@dataclass
+class ChunkHealth:
+    """Per-layer totals of a run's chunk metadata."""
+
+    recorded_shards: int
+    nan_count: np.ndarray
+    inf_count: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    kind: str
+    target: str
+    status: str
+    request: dict[str, Any]
+    done: int
+    total: int
+    error: str | None
+    principal: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Catalog:
+    """Thread-safe access to the catalog file. All statements go through one connection."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._con = duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            raise Unavailable(
+                f"cannot open the catalog {path}: {exc}. Another actstore server owns this store; "
+                "connect to it with --address instead of opening the store directly"
+            ) from exc
+        self._lock = threading.RLock()
+        self._con.execute(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._con.execute(sql, params).fetchall()
+
+    def _run(self, sql: str, params: list | tuple = ()) -> None:
+        with self._lock:
+            self._con.execute(sql, params)
+
+    # ---- models -------------------------------------------------------------------------------
+    def add_model(self, record: ModelRecord) -> None:
+        self._run(
+            "INSERT INTO models (digest, kind, arch, num_layers, hidden_size, path, has_head, lineage) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [record.digest, record.kind, record.arch, record.num_layers, record.hidden_size,
+             record.path, record.has_head, json.dumps(record.lineage)],
+        )
+
+    def set_model_alias(self, alias: str, digest: str) -> None:
+        self._set_alias("model_aliases", alias, digest)
+
+    def _set_alias(self, table: str, alias: str, digest: str) -> None:
+        if not alias or alias != alias.strip() or "/" in alias and alias.startswith("/"):
+            raise InvalidArgument(f"alias {alias!r} is not a valid name (no leading '/', no padding)")
+        self._run(
+            f"INSERT INTO {table} (alias, digest) VALUES (?, ?) "
+            "ON CONFLICT (alias) DO UPDATE SET digest = excluded.digest, updated_at = current_timestamp",
+            [alias, digest],
+        )
+
+    def _aliases(self, table: str, digest: str) -> tuple[str, ...]:
+        return tuple(r[0] for r in self._rows(f"SELECT alias FROM {table} WHERE digest = ? ORDER BY alias", [digest]))
+
+    def _resolve(self, table: str, alias_table: str, name: str, what: str) -> str:
+        hit = self._rows(f"SELECT digest FROM {alias_table} WHERE alias = ?", [name])
+        if hit:
+            return hit[0][0]
+        matches = self._rows(f"SELECT digest FROM {table} WHERE digest LIKE ? || '%'", [name])
+        if len(matches) == 1 and len(name) >= 8:
+            return matches[0][0]
+        if len(matches) > 1 and len(name) >= 8:
+            raise InvalidArgument(f"{what} prefix {name!r} is ambiguous: give more characters")
+        raise NotFound(f"unknown {what} {name!r}: list them with `actstore {what}s` or register it first")
+
+    def model(self, name_or_digest: str) -> ModelRecord:
+        digest = self._resolve("models", "model_aliases", name_or_digest, "model")
+        row = self._rows(
+            "SELECT digest, kind, arch, num_layers, hidden_size, path, has_head, lineage FROM models WHERE digest = ?",
+            [digest],
+        )
+        if not row:
+            raise NotFound(f"alias {name_or_digest!r} points to model {digest[:12]} which is gone")
+        r = row[0]
+        return ModelRecord(*r[:7], lineage=json.loads(r[7]), aliases=self._aliases("model_aliases", digest))
+
+    def models(self) -> list[ModelRecord]:
+        return [self.model(r[0]) for r in self._rows("SELECT digest FROM models ORDER BY created_at")]
+
+    # ---- datasets -----------------------------------------------------------------------------
+    def add_dataset(self, record: DatasetRecord) -> None:
+        self._run(
+            "INSERT INTO datasets (digest, kind, n, num_labels, has_groups, path, source) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [record.digest, record.kind, record.n, record.num_labels, record.has_groups,
+             record.path, json.dumps(record.source)],
+        )
+
+    def set_dataset_alias(self, alias: str, digest: str) -> None:
+        self._set_alias("dataset_aliases", alias, digest)
+
+    def dataset(self, name_or_digest: str) -> DatasetRecord:
+        digest = self._resolve("datasets", "dataset_aliases", name_or_digest, "dataset")
+        row = self._rows(
+            "SELECT digest, kind, n, num_labels, has_groups, path, source FROM datasets WHERE digest = ?", [digest]
+        )
+        if not row:
+            raise NotFound(f"alias {name_or_digest!r} points to dataset {digest[:12]} which is gone")
+        r = row[0]
+        return DatasetRecord(*r[:6], source=json.loads(r[6]), aliases=self._aliases("dataset_aliases", digest))
+
+    def datasets(self) -> list[DatasetRecord]:
+        return [self.dataset(r[0]) for r in self._rows("SELECT digest FROM datasets ORDER BY created_at")]
+
+    # ---- runs ---------------------------------------------------------------------------------
+    _RUN_COLUMNS = ("run_key, model_digest, dataset_digest, pooling, dtype, max_len, n, rows, "
+                    "num_layers, width, num_shards, status, spec")
+
+    def add_run(self, record: RunRecord) -> None:
+        self._run(
+            f"INSERT INTO runs ({self._RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            [record.run_key, record.model_digest, record.dataset_digest, record.pooling, record.dtype,
+             record.max_len, record.n, record.rows, record.num_layers, record.width, record.num_shards,
+             record.status, json.dumps(record.spec)],
+        )
+
+    def _run_from_row(self, r: tuple) -> RunRecord:
+        return RunRecord(*r[:12], spec=json.loads(r[12]))
+
+    def find_run(self, run_key: str) -> RunRecord | None:
+        rows = self._rows(f"SELECT {self._RUN_COLUMNS} FROM runs WHERE run_key = ?", [run_key])
+        return self._run_from_row(rows[0]) if rows else None
+
+    def run(self, key_or_prefix: str) -> RunRecord:
+        rows = self._rows(
+            f"SELECT {self._RUN_COLUMNS} FROM runs WHERE run_key LIKE ? || '%'", [key_or_prefix]
+        ) if len(key_or_prefix) >= 8 else []
+        if len(rows) > 1:
+            raise InvalidArgument(f"run prefix {key_or_prefix!r} is ambiguous: give more characters")
+        if not rows:
+            raise NotFound(f"unknown run {key_or_prefix!r}: list runs with `actstore runs`")
+        return self._run_from_row(rows[0])
+
+    def committed_run(self, key_or_prefix: str) -> RunRecord:
+        record = self.run(key_or_prefix)
+        if record.status != "committed":
+            raise FailedPrecondition(
+                f"run {record.run_key[:12]} is {record.status}, not committed: wait for its capture "
+                "job (`actstore jobs`), or submit the same capture again to resume it"
+            )
+        return record
+
+    def runs(self, model_digest: str | None = None, dataset_digest: str | None = None,
+             status: str | None = None) -> list[RunRecord]:
+        rows = self._rows(
+            f"SELECT {self._RUN_COLUMNS} FROM runs WHERE (? IS NULL OR model_digest = ?) "
+            "AND (? IS NULL OR dataset_digest = ?) AND (? IS NULL OR status = ?) ORDER BY created_at",
+            [model_digest, model_digest, dataset_digest, dataset_digest, status, status],
+        )
+        return [self._run_from_row(r) for r in rows]
+
+    def set_run_status(self, run_key: str, status: str) -> None:
+        self._run(
+            "UPDATE runs SET status = ?, committed_at = CASE WHEN ? = 'committed' THEN current_timestamp "
+            "ELSE committed_at END WHERE run_key = ?",
+            [status, status, run_key],
+        )
+
+    def delete_run(self, run_key: str) -> None:
+        with self._lock:
+            self._con.execute("BEGIN")
+            for table in ("chunks", "runs"):
+                self._con.execute(f"DELETE FROM {table} WHERE run_key = ?", [run_key])
+            self._con.execute("DELETE FROM results WHERE list_contains(CAST(run_keys AS VARCHAR[]), ?)", [run_key])
+            self._con.execute("COMMIT")
+
+    # ---- chunks -------------------------------------------------------------------------------
+    def insert_chunks(self, table: pa.Table) -> None:
+        """Insert a batch of chunk rows (CHUNK_SCHEMA). Re-inserting a recorded chunk is a no-op:
+        chunk writes are idempotent, so a retried task may report a shard twice."""
+        with self._lock:
+            self._con.register("incoming_chunks", table.cast(CHUNK_SCHEMA))
+            try:
+                self._con.execute("INSERT INTO chunks SELECT * FROM incoming_chunks ON CONFLICT DO NOTHING")
+            finally:
+                self._con.unregister("incoming_chunks")
+
+    def recorded_shards(self, run_key: str, num_layers: int) -> set[int]:
+        """Shards with a chunk row for every layer 0..L."""
+        rows = self._rows(
+            "SELECT shard FROM chunks WHERE run_key = ? GROUP BY shard HAVING count(*) = ?",
+            [run_key, num_layers + 1],
+        )
+        return {r[0] for r in rows}
+
+    def chunk_health(self, run_key: str, num_layers: int) -> ChunkHealth:
+        rows = self._rows(
+            "SELECT layer, sum(nan_count), sum(inf_count), min(min), max(max), count(*) FROM chunks "
+            "WHERE run_key = ? GROUP BY layer ORDER BY layer",
+            [run_key],
+        )
+        nan = np.zeros(num_layers + 1, np.int64)
+        inf = np.zeros(num_layers + 1, np.int64)
+        lo = np.full(num_layers + 1, np.nan)
+        hi = np.full(num_layers + 1, np.nan)
+        for layer, n_nan, n_inf, mn, mx, _ in rows:
+            nan[layer], inf[layer], lo[layer], hi[layer] = n_nan, n_inf, mn, mx
+        shards = len(self.recorded_shards(run_key, num_layers))
+        return ChunkHealth(shards, nan, inf, lo, hi)
+
+    def chunk_rows_total(self, run_key: str) -> int:
+        rows = self._rows("SELECT coalesce(sum(rows), 0) FROM chunks WHERE run_key = ? AND layer = 0", [run_key])
+        return int(rows[0][0])
+
+    # ---- results ------------------------------------------------------------------------------
+    def result(self, result_key: str) -> tuple[bytes, float] | None:
+        rows = self._rows("SELECT payload, seconds FROM results WHERE result_key = ?", [result_key])
+        return (bytes(rows[0][0]), rows[0][1]) if rows else None
+
+    def put_result(self, result_key: str, metric: str, version: int, options: dict,
+                   run_keys: list[str], payload: bytes, seconds: float) -> None:
+        self._run(
+            "INSERT INTO results (result_key, metric, version, options, run_keys, payload, seconds) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [result_key, metric, version, json.dumps(options), json.dumps(run_keys), payload, seconds],
+        )
+
+    # ---- jobs ---------------------------------------------------------------------------------
+    def add_job(self, job: JobRecord) -> None:
+        self._run(
+            "INSERT INTO jobs (job_id, kind, target, status, request, done, total, error, principal) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [job.job_id, job.kind, job.target, job.status, json.dumps(job.request), job.done,
+             job.total, job.error, job.principal],
+        )
+
+    def update_job(self, job_id: str, *, status: str | None = None, done: int | None = None,
+                   total: int | None = None, error: str | None = None) -> None:
+        self._run(
+            "UPDATE jobs SET status = coalesce(?, status), done = coalesce(?, done), "
+            "total = coalesce(?, total), error = coalesce(?, error), updated_at = current_timestamp "
+            "WHERE job_id = ?",
+            [status, done, total, error, job_id],
+        )
+
+    def job(self, job_id: str) -> JobRecord:
+        rows = self._rows(
+            "SELECT job_id, kind, target, status, request, done, total, error, principal FROM jobs WHERE job_id = ?",
+            [job_id],
+        )
+        if not rows:
+            raise NotFound(f"unknown job {job_id!r}: list jobs with `actstore jobs`")
+        r = rows[0]
+        return JobRecord(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
+
+    def jobs(self, status: str | None = None) -> list[JobRecord]:
+        ids = self._rows(
+            "SELECT job_id FROM jobs WHERE (? IS NULL OR status = ?) ORDER BY created_at", [status, status]
+        )
+        return [self.job(r[0]) for r in ids]
+
+    # ---- principals and audit -----------------------------------------------------------------
+    def add_principal(self, name: str, role: str, token_hash: str) -> None:
+        if self._rows("SELECT 1 FROM principals WHERE name = ?", [name]):
+            raise AlreadyExists(f"principal {name!r} exists: pick another name or revoke it first")
+        self._run("INSERT INTO principals (token_hash, name, role) VALUES (?, ?, ?)", [token_hash, name, role])
+
+    def revoke_principal(self, name: str) -> None:
+        if not self._rows("SELECT 1 FROM principals WHERE name = ?", [name]):
+            raise NotFound(f"no principal named {name!r}")
+        self._run("DELETE FROM principals WHERE name = ?", [name])
+
+    def principal(self, token_hash: str) -> tuple[str, str] | None:
+        rows = self._rows("SELECT name, role FROM principals WHERE token_hash = ?", [token_hash])
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def audit(self, principal: str | None, method: str, target: str, status: str) -> None:
+        self._run("INSERT INTO audit (principal, method, target, status) VALUES (?, ?, ?, ?)",
+                  [principal, method, target, status])

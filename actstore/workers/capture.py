@@ -1,0 +1,129 @@
+"""Capture: run a model over a dataset and write every layer's hidden states, one shard a task.
+
+A `ShardCapturer` holds one model replica. `capture(shard)` computes the rows of that shard,
+writes the whole shard (writers own whole shards) and returns the chunk metadata that the job
+manager records in the catalog after the write: write-then-commit. Rewriting a shard with the
+same content is harmless, so a retried or resumed task may recompute a shard.
+
+Pooled runs: shard k holds samples [k*S, (k+1)*S). Token-level runs: shard k holds token rows
+[k*S, (k+1)*S) of the concatenation of every prompt's non-pad tokens; the prompts that straddle a
+shard boundary are computed by both neighbours, and each writes only its own rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import torch
+
+from actstore.store.arrays import RunLayout, ZarrArrayStore
+from actstore.store.datasets import DatasetData, load_dataset
+from actstore.workers.models import ModelAdapter
+
+_TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    run_key: str
+    model_path: str
+    dataset_path: str
+    store_root: str
+    compressor: str
+    pooling: str
+    max_len: int
+    batch_size: int
+    layout: RunLayout
+
+
+def model_inputs(data: DatasetData, start: int, stop: int):
+    return data.texts[start:stop] if data.kind == "text" else data.images[start:stop]
+
+
+def to_storage(values: torch.Tensor, dtype: str) -> np.ndarray:
+    """Cast float32 hidden states to the storage dtype; bfloat16 leaves as its uint16 bits."""
+    cast = values.to(_TORCH_STORAGE[dtype])
+    if dtype == "bfloat16":
+        return cast.view(torch.int16).numpy().view(np.uint16)
+    return cast.numpy()
+
+
+def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.ndarray) -> dict[str, list]:
+    """One catalog row per layer of a shard: rows, crc32c of the stored bytes, and the finite
+    min/max and NaN/Inf counts of the stored numbers (an fp16 overflow shows up here as Inf)."""
+    rows: dict[str, list] = {k: [] for k in
+                             ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
+    for layer in range(stored.shape[1]):
+        values = numbers[:, layer, :]
+        finite = np.isfinite(values)
+        rows["run_key"].append(run_key)
+        rows["shard"].append(shard)
+        rows["layer"].append(layer)
+        rows["rows"].append(stored.shape[0])
+        rows["checksum"].append(crc32c.crc32c(np.ascontiguousarray(stored[:, layer, :]).tobytes()))
+        rows["min"].append(float(values[finite].min()) if finite.any() else float("nan"))
+        rows["max"].append(float(values[finite].max()) if finite.any() else float("nan"))
+        rows["nan_count"].append(int(np.isnan(values).sum()))
+        rows["inf_count"].append(int(np.isinf(values).sum()))
+    return rows
+
+
+class ShardCapturer:
+    """One model replica writing shards of one run. Used directly in tests, as a Ray actor in jobs."""
+
+    def __init__(self, plan: CapturePlan, num_threads: int | None = None) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.plan = plan
+        self.adapter = ModelAdapter.load(Path(plan.model_path))
+        self.data = load_dataset(Path(plan.dataset_path))
+        self.arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
+        self.offsets = self.arrays.offsets(plan.run_key) if plan.pooling == "tokens" else None
+
+    def _pooled(self, start: int, stop: int) -> torch.Tensor:
+        """(rows, L+1, d) float32 for samples [start, stop)."""
+        parts = []
+        for lo in range(start, stop, self.plan.batch_size):
+            hi = min(lo + self.plan.batch_size, stop)
+            batch = self.adapter.encode(model_inputs(self.data, lo, hi), self.plan.max_len)
+            hidden = self.adapter.hidden_states(batch)
+            parts.append(self.adapter.pool(hidden, batch.mask, self.plan.pooling).transpose(0, 1))
+        return torch.cat(parts)
+
+    def _tokens(self, start: int, stop: int) -> torch.Tensor:
+        """(rows, L+1, d) float32 for token rows [start, stop)."""
+        offsets = self.offsets
+        first = int(np.searchsorted(offsets, start, side="right")) - 1
+        last = int(np.searchsorted(offsets, stop, side="left"))
+        parts = []
+        for lo in range(first, last, self.plan.batch_size):
+            hi = min(lo + self.plan.batch_size, last)
+            batch = self.adapter.encode(model_inputs(self.data, lo, hi), self.plan.max_len)
+            hidden = self.adapter.hidden_states(batch)
+            tokens, _ = self.adapter.pool_tokens(hidden, batch.mask)
+            parts.append(tokens.transpose(0, 1))
+        local = torch.cat(parts)
+        begin = start - int(offsets[first])
+        return local[begin: begin + (stop - start)]
+
+    def capture(self, shard: int) -> dict[str, list]:
+        layout = self.plan.layout
+        start, stop = layout.shard_range(shard)
+        values = self._tokens(start, stop) if layout.pooling == "tokens" else self._pooled(start, stop)
+        stored = to_storage(values, layout.dtype)
+        numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
+        numbers = numbers.astype(np.float32, copy=False)
+        sums = numbers.sum(axis=0, dtype=np.float64)
+        self.arrays.write_shard(self.plan.run_key, shard, stored, sums)
+        return chunk_metadata(self.plan.run_key, shard, stored, numbers)
+
+
+def token_offsets(model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
+    """Prompt i owns token rows offsets[i]:offsets[i+1] of a token-level run."""
+    adapter = ModelAdapter.load(Path(model_path))
+    data = load_dataset(Path(dataset_path))
+    counts = adapter.token_counts(model_inputs(data, 0, data.n), max_len)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -1,0 +1,60 @@
+"""The one place that calls `ray.init`.
+
+A given address (argument, then RAY_ADDRESS) joins that cluster; otherwise a local cluster starts,
+bound to loopback with auth disabled, which is what the embedded mode and the tests use.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from actstore.errors import Unavailable
+
+# Ray workers must never reach for a model hub: everything is loaded from local folders.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+
+
+def ensure_ray(address: str | None = None) -> None:
+    if ray.is_initialized():
+        return
+    os.environ.update(WORKER_ENV)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    runtime_env = {"env_vars": dict(WORKER_ENV)}
+    try:
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=False,
+            )
+    except (ConnectionError, RuntimeError) as exc:
+        raise Unavailable(
+            f"cannot reach the Ray cluster at {address or 'a new local cluster'}: {exc}. "
+            "Check RAY_ADDRESS / --ray-address, or unset it to start a local cluster"
+        ) from exc
+
+
+def cluster_cpus() -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def cluster_gpus() -> int:
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The user's error inside a RayTaskError (ours travel pickled), or the error itself."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
