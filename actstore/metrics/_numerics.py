@@ -18,7 +18,7 @@ def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
     """
     array = np.asarray(values)
     if array.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D (samples x features) array, got shape {array.shape}")
+        raise ValueError(f"{name} must be a 2-D (samples x features) array, got {array.shape}")
     if array.dtype.kind not in "fiu":
         raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
     return array.astype(np.float64, copy=False)

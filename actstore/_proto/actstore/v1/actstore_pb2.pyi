@@ -595,6 +595,7 @@ class Job(_message.Message):
     CACHE_HIT_FIELD_NUMBER: _builtins.int
     JOINED_FIELD_NUMBER: _builtins.int
     UNIT_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     kind: _builtins.str
     """capture | similarity-matrix"""
@@ -611,6 +612,8 @@ class Job(_message.Message):
     """an identical job was already running: this request joined it"""
     unit: _builtins.str
     """what done/total count: shards, tasks ..."""
+    error_code: _builtins.str
+    """the gRPC status name the error would carry (NOT_FOUND, ...)"""
     def __init__(
         self,
         *,
@@ -624,10 +627,11 @@ class Job(_message.Message):
         cache_hit: _builtins.bool = ...,
         joined: _builtins.bool = ...,
         unit: _builtins.str = ...,
+        error_code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "error_code", b"error_code", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -905,6 +909,7 @@ class SimilarityRequest(_message.Message):
     class _MetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[SimilarityRequest._Metric.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
         METRIC_UNSPECIFIED: SimilarityRequest._Metric.ValueType  # 0
+        """rejected: name the metric"""
         CKA: SimilarityRequest._Metric.ValueType  # 1
         """linear CKA, biased and debiased (streaming exact)"""
         COS: SimilarityRequest._Metric.ValueType  # 2
@@ -912,6 +917,7 @@ class SimilarityRequest(_message.Message):
 
     class Metric(_Metric, metaclass=_MetricEnumTypeWrapper): ...
     METRIC_UNSPECIFIED: SimilarityRequest.Metric.ValueType  # 0
+    """rejected: name the metric"""
     CKA: SimilarityRequest.Metric.ValueType  # 1
     """linear CKA, biased and debiased (streaming exact)"""
     COS: SimilarityRequest.Metric.ValueType  # 2

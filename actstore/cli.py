@@ -1,0 +1,406 @@
+"""The `actstore` command. Run `actstore --help`, or `actstore COMMAND --help`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from actstore.errors import ActStoreError
+
+DEFAULT_ADDRESS = "127.0.0.1:50151"
+
+DESCRIPTION = """\
+actstore: a shared store of transformer layer activations, with a query service that computes
+CKA, cosine similarity and friends next to the stored chunks.
+
+Where commands run:
+  --address HOST:PORT   talk to a running `actstore serve` (also ACTSTORE_ADDRESS)
+  --store DIR           open DIR in-process (embedded server + local Ray; ~5 s to start)
+  neither               use a server on 127.0.0.1:50151 if one answers, else embed ./actstore-data
+
+Typical session:
+  actstore register-model --builtin minilm-l6
+  actstore register-dataset --builtin rotten-tomatoes --limit 500
+  actstore capture --model minilm-l6 --dataset rotten-tomatoes --pooling mean
+  actstore cka RUN --plot cka.png           (RUN: a run key or its first 8+ characters)
+"""
+
+
+def _layers(text: str | None) -> list[int]:
+    if not text:
+        return []
+    layers: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            layers.extend(range(int(lo), int(hi) + 1))
+        else:
+            layers.append(int(part))
+    return layers
+
+
+def _server_answers(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            return stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == 1
+        except grpc.RpcError:
+            return False
+
+
+def connect(args):
+    from actstore.client import Client
+
+    address = args.address or os.environ.get("ACTSTORE_ADDRESS")
+    if address:
+        return Client(address, token=args.token)
+    if args.store is None and _server_answers(DEFAULT_ADDRESS):
+        return Client(DEFAULT_ADDRESS, token=args.token)
+    store = args.store or os.environ.get("ACTSTORE_STORE", "./actstore-data")
+    print(f"(embedded server on store {store})", file=sys.stderr)
+    return Client.embedded(store)
+
+
+def _print_table(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in columns))
+
+
+# ---- commands -----------------------------------------------------------------------------------
+def cmd_serve(args) -> int:
+    from actstore.config import Settings
+    from actstore.server.app import start_server
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "store": args.store,
+                                   "ray_address": args.ray_address}.items() if v is not None}
+    if args.auth:
+        overrides["auth"] = True
+    server = start_server(Settings(**overrides))
+    print(f"actstore serving on {server.address} (store {server.service.settings.store_path}); Ctrl-C stops",
+          flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0
+
+
+def cmd_register_model(args) -> int:
+    with connect(args) as client:
+        model = client.register_model(args.path, builtin=args.builtin, name=args.name)
+    print(f"model {model.digest[:12]}  {model.kind} {model.arch}  layers 0..{model.num_layers}  "
+          f"width {model.hidden_size}  aliases {', '.join(model.aliases)}")
+    return 0
+
+
+def cmd_register_dataset(args) -> int:
+    texts = None
+    if args.text:
+        texts = args.text
+    with connect(args) as client:
+        dataset = client.register_dataset(
+            args.path, builtin=args.builtin, texts=texts, name=args.name, limit=args.limit, seed=args.seed,
+            split=args.split, text_column=args.text_column, label_column=args.label_column,
+            id_column=args.id_column, group_column=args.group_column, augment_views=args.augment_views,
+            augment_method=args.augment_method)
+    print(f"dataset {dataset.digest[:12]}  {dataset.kind}  n={dataset.n}  labels={dataset.num_labels}  "
+          f"aliases {', '.join(dataset.aliases)}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    with connect(args) as client:
+        rows = [{"digest": m.digest[:12], "aliases": ",".join(m.aliases), "kind": m.kind, "arch": m.arch,
+                 "layers": m.num_layers, "width": m.hidden_size, "head": m.has_head} for m in client.models()]
+    _print_table(rows, ["digest", "aliases", "kind", "arch", "layers", "width", "head"])
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    with connect(args) as client:
+        rows = [{"digest": d.digest[:12], "aliases": ",".join(d.aliases), "kind": d.kind, "n": d.n,
+                 "labels": d.num_labels, "groups": d.has_groups} for d in client.datasets()]
+    _print_table(rows, ["digest", "aliases", "kind", "n", "labels", "groups"])
+    return 0
+
+
+def cmd_runs(args) -> int:
+    with connect(args) as client:
+        rows = [{"run": r.run_key[:16], "model": r.model_digest[:12], "dataset": r.dataset_digest[:12],
+                 "pooling": r.pooling, "dtype": r.dtype, "n": r.n, "layers": r.num_layers + 1, "width": r.width,
+                 "status": r.status} for r in client.runs(args.model, args.dataset, args.status)]
+    _print_table(rows, ["run", "model", "dataset", "pooling", "dtype", "n", "layers", "width", "status"])
+    return 0
+
+
+def cmd_describe(args) -> int:
+    with connect(args) as client:
+        run = client.describe(args.run)
+    print(f"run      {run.run_key}\nstatus   {run.status} ({run.recorded_shards}/{run.num_shards} shards)")
+    print(f"model    {run.model_digest[:12]} ({', '.join(run.model_aliases)})")
+    print(f"dataset  {run.dataset_digest[:12]} ({', '.join(run.dataset_aliases)})")
+    print(f"shape    n={run.n} rows={run.rows} layers=0..{run.num_layers} width={run.width}")
+    print(f"storage  {run.dtype}, pooling {run.pooling}, max_len {run.max_len}, {run.stored_bytes / 2**20:.1f} MiB")
+    bad = [h for h in run.health if h.nan_count or h.inf_count]
+    print("health   " + ("all values finite" if not bad else
+                         "; ".join(f"layer {h.layer}: {h.nan_count} NaN, {h.inf_count} Inf" for h in bad)))
+    return 0
+
+
+def cmd_delete(args) -> int:
+    with connect(args) as client:
+        print(f"deleted run {client.delete_run(args.run)}")
+    return 0
+
+
+def cmd_capture(args) -> int:
+    with connect(args) as client:
+        result = client.capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
+                                max_len=args.max_len, progress=not args.quiet)
+    how = "cache hit: already stored" if result.cache_hit else ("joined a running job" if result.job.joined
+                                                              else "captured")
+    print(f"run {result.run_key}  ({how})")
+    return 0
+
+
+def cmd_jobs(args) -> int:
+    with connect(args) as client:
+        rows = [{"job": j.job_id, "kind": j.kind, "status": j.status, "progress": f"{j.done}/{j.total} {j.unit}",
+                 "target": j.target[:16], "error": j.error[:60]} for j in client.jobs(args.status)]
+    _print_table(rows, ["job", "kind", "status", "progress", "target", "error"])
+    return 0
+
+
+def cmd_watch(args) -> int:
+    with connect(args) as client:
+        job = client.wait(args.job, progress=True)
+    print(f"job {job.job_id} {job.status}")
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    with connect(args) as client:
+        job = client.cancel(args.job)
+    print(f"job {job.job_id}: cancel requested ({job.status})")
+    return 0
+
+
+def _show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str) -> None:
+    from actstore.report import heatmap, markdown_matrix
+
+    if args.json:
+        print(json.dumps({"metric": name, "matrix": matrix.tolist(), "layers_a": layers_a, "layers_b": layers_b,
+                          "cached": provenance.cached, "seconds": provenance.seconds,
+                          "run_keys": provenance.run_keys, "notes": notes}))
+        return
+    print(markdown_matrix(matrix, layers_a, layers_b, digits=3))
+    print(f"\n{name}; runs {', '.join(k[:12] for k in provenance.run_keys)}; "
+          f"{'cached' if provenance.cached else 'computed'} ({provenance.seconds:.2f} s compute)")
+    for note in notes:
+        print(f"note: {note}")
+    if args.plot:
+        heatmap(matrix, Path(args.plot), title=title, xlabel="layer (B)", ylabel="layer (A)",
+                xticks=layers_b, yticks=layers_a, vmin=None if "debiased" in name else 0.0)
+        print(f"plot written to {args.plot}")
+
+
+def cmd_cka(args) -> int:
+    with connect(args) as client:
+        result = client.cka(args.run_a, args.run_b, layers_a=_layers(args.layers_a),
+                            layers_b=_layers(args.layers_b), refresh=args.refresh)
+    matrix = result.debiased if args.debiased else result.biased
+    name = f"linear CKA ({'debiased' if args.debiased else 'biased'})"
+    _show_matrix(name, matrix, result.layers_a, result.layers_b, result.provenance, result.notes, args,
+                 f"{name}, n={result.n}")
+    return 0
+
+
+def cmd_cos(args) -> int:
+    with connect(args) as client:
+        result = client.cos(args.run_a, args.run_b, layers_a=_layers(args.layers_a),
+                            layers_b=_layers(args.layers_b), center=args.center, refresh=args.refresh)
+    _show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
+                 result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
+    return 0
+
+
+def cmd_read(args) -> int:
+    import numpy as np
+
+    with connect(args) as client:
+        values, ids = client.read_activations(args.run, args.layer, args.start, args.stop)
+    np.save(args.out, values)
+    print(f"wrote {values.shape} {values.dtype} to {args.out}" + (f" ({len(ids)} sample ids)" if ids else ""))
+    return 0
+
+
+def cmd_token(args) -> int:
+    from actstore.config import Settings
+    from actstore.server.auth import create_token
+    from actstore.store.catalog import Catalog
+
+    settings = Settings(**({"store": args.store} if args.store else {}))
+    catalog = Catalog(settings.store_path / "catalog.duckdb")
+    try:
+        if args.action == "create":
+            token = create_token(catalog, args.name, args.role)
+            print(f"token for {args.name} ({args.role}), shown once:\n{token}")
+        else:
+            catalog.revoke_principal(args.name)
+            print(f"revoked {args.name}")
+    finally:
+        catalog.close()
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from actstore.demo import run_demo
+
+    run_demo(out=Path(args.out), store=args.store, n=args.n, address=args.address)
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="actstore", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
+    parser.add_argument("--store", help="store directory for the embedded mode (env ACTSTORE_STORE)")
+    parser.add_argument("--token", help="access token when the server requires one (env ACTSTORE_TOKEN)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the server does")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, func, help_text, description=None):
+        p = sub.add_parser(name, help=help_text, description=description or help_text,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("serve", cmd_serve, "run the gRPC server (Ray + store + catalog owner)",
+                "Serve the store on HOST:PORT. Joins RAY_ADDRESS / --ray-address, else starts a local Ray.\n"
+                "Every option is also an ACTSTORE_ environment variable (ACTSTORE_PORT, ...).")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 50151; 0 picks one)")
+    p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
+    p.add_argument("--auth", action="store_true", help="require tokens (make them with `actstore token create`)")
+
+    p = command("demo", cmd_demo, "the main job: capture MiniLM-L6 and SmolLM2, compare layers, write a report",
+                "Embedded by default. Captures MiniLM-L6 and SmolLM2-135M on Rotten Tomatoes reviews, computes\n"
+                "within-model CKA and COS matrices and the cross-model CKA matrix, and writes heatmaps and a\n"
+                "Markdown report to --out.")
+    p.add_argument("--out", default="actstore-demo", help="output folder (default ./actstore-demo)")
+    p.add_argument("--n", type=int, default=300, help="number of reviews (default 300)")
+
+    p = command("register-model", cmd_register_model, "register a local Hugging Face folder or a builtin model")
+    p.add_argument("path", nargs="?", help="a HF model folder on the server's file system")
+    p.add_argument("--builtin", help="minilm-l6 | smollm2-135m (packaged, offline)")
+    p.add_argument("--name", help="alias (default: the builtin or folder name)")
+
+    p = command("register-dataset", cmd_register_dataset, "register a dataset (file, builtin, or texts)",
+                "Files: .csv/.jsonl/.json (texts, optional labels/ids/groups) or .npz (images/x, labels/y).\n"
+                "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
+    p.add_argument("path", nargs="?", help="a dataset file on the server's file system")
+    p.add_argument("--builtin", help="a builtin dataset name")
+    p.add_argument("--text", action="append", help="an inline text (repeat)")
+    p.add_argument("--name", help="alias (default: the builtin or file name)")
+    p.add_argument("--limit", type=int, help="keep the first N samples (builtins: after a seeded shuffle)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", help="train | test where the builtin has splits")
+    p.add_argument("--text-column")
+    p.add_argument("--label-column")
+    p.add_argument("--id-column")
+    p.add_argument("--group-column", help="augmentation group id per row")
+    p.add_argument("--augment-views", type=int, default=0, help="make N seeded augmentations of each text")
+    p.add_argument("--augment-method", help="word-dropout | word-swap")
+
+    command("models", cmd_models, "list registered models")
+    command("datasets", cmd_datasets, "list registered datasets")
+    p = command("runs", cmd_runs, "list stored runs")
+    p.add_argument("--model")
+    p.add_argument("--dataset")
+    p.add_argument("--status", help="running | committed | failed")
+    p = command("describe", cmd_describe, "show one run: shape, storage, NaN/Inf health")
+    p.add_argument("run")
+    p = command("delete", cmd_delete, "delete a run and its cached results (admin)")
+    p.add_argument("run")
+
+    p = command("capture", cmd_capture, "store every layer's hidden states of a model on a dataset",
+                "Runs as a Ray job with a progress bar. An identical earlier capture is a cache hit;\n"
+                "an identical running one is joined; an interrupted one resumes where it stopped.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--pooling", choices=["cls", "last", "mean", "tokens"],
+                   help="default: cls for encoders and vision, last for causal LMs")
+    p.add_argument("--dtype", choices=["float16", "float32", "bfloat16"], help="storage dtype (default float16)")
+    p.add_argument("--max-len", type=int, help="token limit (default 128)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = command("jobs", cmd_jobs, "list jobs")
+    p.add_argument("--status")
+    p = command("watch", cmd_watch, "follow a job with a progress bar")
+    p.add_argument("job")
+    p = command("cancel", cmd_cancel, "cancel a job (a cancelled capture resumes when submitted again)")
+    p.add_argument("job")
+
+    for name, func, help_text in (("cka", cmd_cka, "linear CKA between the layers of one or two runs"),
+                                  ("cos", cmd_cos, "sample-wise cosine similarity between layers")):
+        p = command(name, func, help_text)
+        p.add_argument("run_a", help="run key or prefix (rows of the matrix)")
+        p.add_argument("run_b", nargs="?", help="second run (columns); default: run_a")
+        p.add_argument("--layers-a", help="e.g. 0,3,5 or 2-6 (default: all)")
+        p.add_argument("--layers-b", help="as --layers-a")
+        p.add_argument("--plot", help="write a heatmap PNG here")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--refresh", action="store_true", help="recompute even if cached")
+        if name == "cka":
+            p.add_argument("--debiased", action="store_true", help="show debiased CKA (default: biased)")
+        else:
+            p.add_argument("--center", default="global-mean", choices=["global-mean", "none"])
+
+    p = command("read", cmd_read, "download one layer of a run as .npy (streamed)")
+    p.add_argument("run")
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--stop", type=int)
+    p.add_argument("--out", required=True, help="output .npy path")
+
+    p = command("token", cmd_token, "create or revoke an access token (offline, on the store directly)",
+                "Works on the store's catalog directly, so run it while no server owns the store.")
+    p.add_argument("action", choices=["create", "revoke"])
+    p.add_argument("--name", required=True)
+    p.add_argument("--role", default="reader", choices=["reader", "writer", "admin"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except ActStoreError as exc:
+        print(f"error ({exc.code}): {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

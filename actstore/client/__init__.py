@@ -1,0 +1,256 @@
+"""The thin client: gRPC stubs, the shared error types and numpy. No Ray, no torch.
+
+    from actstore.client import Client
+    with Client("127.0.0.1:50151") as c:          # a running `actstore serve`
+        run = c.capture("minilm-l6", "rotten-tomatoes").run_key
+        print(c.cka(run).biased)
+
+    with Client.embedded("./actstore-data") as c:  # an in-process server and a local Ray
+        ...
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore.client.results import (
+    CaptureResult,
+    CKAResult,
+    COSResult,
+    DatasetInfo,
+    JobInfo,
+    ModelInfo,
+    QueryAnswer,
+    RunInfo,
+)
+from actstore.errors import ERRORS_BY_CODE, ActStoreError
+from actstore.wire import from_ndarray
+
+__all__ = ["Client", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo", "ModelInfo", "RunInfo"]
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def _raise_as_ours(exc: grpc.RpcError) -> None:
+    code = exc.code()
+    error = ERRORS_BY_CODE.get(code.name, ActStoreError)(exc.details())
+    if type(error) is ActStoreError:
+        error.code = code.name
+    raise error from None
+
+
+class _Translating:
+    """Wraps a stub so every call raises actstore errors instead of grpc.RpcError."""
+
+    def __init__(self, stub, metadata: list[tuple[str, str]]) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __getattr__(self, name: str):
+        method = getattr(self._stub, name)
+
+        @functools.wraps(method)
+        def call(request, **kwargs):
+            try:
+                response = method(request, metadata=self._metadata, **kwargs)
+            except grpc.RpcError as exc:
+                _raise_as_ours(exc)
+            if isinstance(response, Iterator):
+                return _translating_stream(response)
+            return response
+
+        return call
+
+
+def _translating_stream(stream):
+    try:
+        yield from stream
+    except grpc.RpcError as exc:
+        _raise_as_ours(exc)
+
+
+class Client:
+    def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
+                 root_certificates: bytes | None = None) -> None:
+        token = token or os.environ.get("ACTSTORE_TOKEN")
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if root_certificates is not None:
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.address = address
+        self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata)
+        self._capture = _Translating(rpc.CaptureStub(self._channel), metadata)
+        self._query = _Translating(rpc.QueryStub(self._channel), metadata)
+        self._server = None
+
+    @classmethod
+    def embedded(cls, path: str | Path | None = None, **settings) -> Client:
+        """Start an in-process server on a free loopback port (and a local Ray unless RAY_ADDRESS
+        is set) owning the store at `path`; closing the client stops it."""
+        from actstore.config import Settings
+        from actstore.server.app import start_server
+
+        if path is not None:
+            settings["store"] = str(path)
+        server = start_server(Settings(**{"port": 0, **settings}))
+        client = cls(f"127.0.0.1:{server.port}")
+        client._server = server
+        return client
+
+    def close(self) -> None:
+        self._channel.close()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- catalog ------------------------------------------------------------------------------
+    def register_model(self, path: str | Path | None = None, *, builtin: str | None = None,
+                       name: str | None = None) -> ModelInfo:
+        request = pb.RegisterModelRequest(name=name or "")
+        if builtin:
+            request.builtin = builtin
+        elif path:
+            request.path = str(path)
+        return ModelInfo.from_proto(self._catalog.RegisterModel(request))
+
+    def register_dataset(self, path: str | Path | None = None, *, builtin: str | None = None,
+                         texts: Sequence[str] | None = None, labels: Sequence[int] | None = None,
+                         sample_ids: Sequence[str] | None = None, label_names: Sequence[str] | None = None,
+                         name: str | None = None, limit: int | None = None, seed: int = 0,
+                         split: str | None = None, text_column: str | None = None,
+                         label_column: str | None = None, id_column: str | None = None,
+                         group_column: str | None = None, augment_views: int = 0,
+                         augment_method: str | None = None) -> DatasetInfo:
+        request = pb.RegisterDatasetRequest(
+            name=name or "", limit=limit or 0, seed=seed, split=split or "", text_column=text_column or "",
+            label_column=label_column or "", id_column=id_column or "", group_column=group_column or "",
+            augment_views=augment_views, augment_method=augment_method or "")
+        if builtin:
+            request.builtin = builtin
+        elif path:
+            request.path = str(path)
+        elif texts is not None:
+            request.texts.CopyFrom(pb.TextList(texts=list(texts), labels=list(labels or []),
+                                               sample_ids=list(sample_ids or []),
+                                               label_names=list(label_names or [])))
+        return DatasetInfo.from_proto(self._catalog.RegisterDataset(request))
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models]
+
+    def datasets(self) -> list[DatasetInfo]:
+        return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
+
+    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None) -> list[RunInfo]:
+        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "")
+        return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
+
+    def describe(self, run: str) -> RunInfo:
+        return RunInfo.from_proto(self._catalog.DescribeRun(pb.DescribeRunRequest(run=run)))
+
+    def delete_run(self, run: str) -> str:
+        return self._catalog.DeleteRun(pb.DeleteRunRequest(run=run)).run_key
+
+    # ---- capture ------------------------------------------------------------------------------
+    def submit_capture(self, model: str, dataset: str, *, pooling: str | None = None, dtype: str | None = None,
+                       max_len: int | None = None) -> JobInfo:
+        request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
+                                    max_len=max_len or 0)
+        return JobInfo.from_proto(self._capture.SubmitCapture(request))
+
+    def watch(self, job_id: str) -> Iterator[JobInfo]:
+        for event in self._capture.WatchJob(pb.WatchJobRequest(job_id=job_id)):
+            yield JobInfo.from_proto(event.job)
+
+    def wait(self, job_id: str, progress: bool = False, description: str = "") -> JobInfo:
+        """Follow a job to its end (with a progress bar if asked); raise its error if it failed."""
+        bar = None
+        job = None
+        try:
+            for job in self.watch(job_id):
+                if progress and job.total:
+                    if bar is None:
+                        from tqdm import tqdm
+
+                        bar = tqdm(total=job.total, unit=f" {job.unit or 'step'}", desc=description or job.kind,
+                                   dynamic_ncols=True)
+                    bar.n = job.done
+                    bar.refresh()
+        finally:
+            if bar is not None:
+                bar.close()
+        if job is not None and job.status != "done":
+            error = ERRORS_BY_CODE.get(job.error_code, ActStoreError)(job.error or f"job {job.job_id} {job.status}")
+            raise error
+        return job
+
+    def capture(self, model: str, dataset: str, *, pooling: str | None = None, dtype: str | None = None,
+                max_len: int | None = None, progress: bool = False) -> CaptureResult:
+        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
+        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
+        if not job.finished:
+            joined = job.joined
+            job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
+            job = JobInfo(**{**job.__dict__, "joined": joined})
+        return CaptureResult(run_key=job.target, job=job)
+
+    def cancel(self, job_id: str) -> JobInfo:
+        return JobInfo.from_proto(self._capture.CancelJob(pb.CancelJobRequest(job_id=job_id)))
+
+    def job(self, job_id: str) -> JobInfo:
+        return JobInfo.from_proto(self._capture.GetJob(pb.GetJobRequest(job_id=job_id)))
+
+    def jobs(self, status: str | None = None) -> list[JobInfo]:
+        return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
+
+    # ---- queries ------------------------------------------------------------------------------
+    def _similarity(self, metric, run_a, run_b, layers_a, layers_b, center, refresh) -> QueryAnswer:
+        request = pb.SimilarityRequest(metric=metric, run_a=run_a, run_b=run_b or "",
+                                       layers_a=list(layers_a or []), layers_b=list(layers_b or []),
+                                       center=center, refresh=refresh)
+        return QueryAnswer.from_proto(self._query.Similarity(request))
+
+    def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
+            layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:
+        """Linear CKA (biased and debiased) between layers of run A and run B (default: A itself).
+        Layer lists default to all layers; one layer each gives a 1 x 1 matrix."""
+        answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh)
+        options = answer.provenance.options
+        return CKAResult(answer.arrays["biased"], answer.arrays["debiased"], options["layers_a"],
+                         options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)
+
+    def cos(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
+            layers_b: Sequence[int] | None = None, center: str = "global-mean", refresh: bool = False) -> COSResult:
+        """Sample-wise cosine similarity between layers (same width), mean and quantiles."""
+        answer = self._similarity(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh)
+        options = answer.provenance.options
+        return COSResult(answer.arrays["mean"], answer.arrays["quantiles"], answer.arrays["quantile_levels"],
+                         options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,
+                         answer.notes)
+
+    def read_activations(self, run: str, layer: int, start: int = 0, stop: int | None = None
+                         ) -> tuple[np.ndarray, list[str]]:
+        """Rows [start, stop) of one layer, streamed in bounded messages; returns (values, sample ids)."""
+        request = pb.ReadActivationsRequest(run=run, layer=layer, start=start, stop=stop or 0)
+        parts, ids = [], []
+        for chunk in self._query.ReadActivations(request):
+            parts.append(from_ndarray(chunk.values))
+            ids.extend(chunk.sample_ids)
+        return np.concatenate(parts), ids

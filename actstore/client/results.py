@@ -1,0 +1,171 @@
+"""What the client returns: numpy arrays in small dataclasses, never raw protos."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.wire import from_ndarray
+
+
+@dataclass(frozen=True)
+class Provenance:
+    metric: str
+    definition_version: int
+    options: dict
+    run_keys: list[str]
+    cached: bool
+    seconds: float
+    result_key: str
+
+    @staticmethod
+    def from_proto(p: pb.Provenance) -> Provenance:
+        return Provenance(p.metric, p.definition_version, json.loads(p.options_json or "{}"), list(p.run_keys),
+                          p.cached, p.seconds, p.result_key)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    digest: str
+    aliases: list[str]
+    kind: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    has_head: bool
+
+    @staticmethod
+    def from_proto(m: pb.Model) -> ModelInfo:
+        return ModelInfo(m.digest, list(m.aliases), m.kind, m.arch, m.num_layers, m.hidden_size, m.has_head)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    digest: str
+    aliases: list[str]
+    kind: str
+    n: int
+    num_labels: int
+    has_groups: bool
+    source: dict
+
+    @staticmethod
+    def from_proto(d: pb.Dataset) -> DatasetInfo:
+        return DatasetInfo(d.digest, list(d.aliases), d.kind, d.n, d.num_labels, d.has_groups,
+                           json.loads(d.source_json or "{}"))
+
+
+@dataclass(frozen=True)
+class LayerHealth:
+    layer: int
+    nan_count: int
+    inf_count: int
+    min: float
+    max: float
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_key: str
+    model_digest: str
+    dataset_digest: str
+    pooling: str
+    dtype: str
+    max_len: int
+    n: int
+    rows: int
+    num_layers: int
+    width: int
+    status: str
+    num_shards: int
+    recorded_shards: int
+    stored_bytes: int = 0
+    health: list[LayerHealth] = field(default_factory=list)
+    model_aliases: list[str] = field(default_factory=list)
+    dataset_aliases: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def from_proto(r: pb.Run) -> RunInfo:
+        return RunInfo(r.run_key, r.model_digest, r.dataset_digest, r.pooling, r.dtype, r.max_len, r.n, r.rows,
+                       r.num_layers, r.width, r.status, r.num_shards, r.recorded_shards, r.stored_bytes,
+                       [LayerHealth(h.layer, h.nan_count, h.inf_count, h.min, h.max) for h in r.health],
+                       list(r.model_aliases), list(r.dataset_aliases))
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    kind: str
+    status: str
+    target: str
+    done: int
+    total: int
+    unit: str
+    error: str
+    error_code: str
+    cache_hit: bool
+    joined: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("done", "failed", "cancelled", "interrupted")
+
+    @staticmethod
+    def from_proto(j: pb.Job) -> JobInfo:
+        return JobInfo(j.job_id, j.kind, j.status, j.target, j.done, j.total, j.unit, j.error, j.error_code,
+                       j.cache_hit, j.joined)
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    run_key: str
+    job: JobInfo
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.job.cache_hit
+
+
+@dataclass(frozen=True)
+class QueryAnswer:
+    """Any metric's answer: named arrays and scalars, with provenance and notes."""
+
+    arrays: dict[str, np.ndarray]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str]
+
+    @staticmethod
+    def from_proto(r: pb.QueryResult) -> QueryAnswer:
+        return QueryAnswer({k: from_ndarray(v) for k, v in r.arrays.items()}, dict(r.scalars),
+                           Provenance.from_proto(r.provenance), list(r.notes))
+
+
+@dataclass(frozen=True)
+class CKAResult:
+    """Linear CKA between layers_a of run A (rows) and layers_b of run B (columns)."""
+
+    biased: np.ndarray
+    debiased: np.ndarray
+    layers_a: list[int]
+    layers_b: list[int]
+    n: int
+    provenance: Provenance
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class COSResult:
+    """Sample-wise cosine similarity: the mean and quantiles over samples, per layer pair."""
+
+    mean: np.ndarray
+    quantiles: np.ndarray  # (len(layers_a), len(layers_b), len(quantile_levels))
+    quantile_levels: np.ndarray
+    layers_a: list[int]
+    layers_b: list[int]
+    n: int
+    provenance: Provenance
+    notes: list[str]

@@ -1,0 +1,99 @@
+"""Pictures and Markdown for answers: layer-by-layer heatmaps and curves (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def heatmap(matrix: np.ndarray, path: Path, *, title: str, xlabel: str, ylabel: str,
+            xticks: Sequence[int] | None = None, yticks: Sequence[int] | None = None,
+            vmin: float | None = 0.0, vmax: float | None = 1.0) -> Path:
+    """Layer-by-layer matrix, rows = layers of A (ylabel), columns = layers of B (xlabel)."""
+    plt = _pyplot()
+    rows, cols = matrix.shape
+    fig, ax = plt.subplots(figsize=(1.2 + 0.28 * max(cols, 6), 1.0 + 0.28 * max(rows, 6)), dpi=110)
+    image = ax.imshow(matrix, origin="lower", cmap="magma", vmin=vmin, vmax=vmax, aspect="auto")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    xt = list(xticks) if xticks is not None else list(range(cols))
+    yt = list(yticks) if yticks is not None else list(range(rows))
+    step_x = max(1, cols // 16)
+    step_y = max(1, rows // 16)
+    ax.set_xticks(range(0, cols, step_x), [str(t) for t in xt[::step_x]], fontsize=7)
+    ax.set_yticks(range(0, rows, step_y), [str(t) for t in yt[::step_y]], fontsize=7)
+    if rows * cols <= 100:
+        for i in range(rows):
+            for j in range(cols):
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if matrix[i, j] < 0.6 else "black")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def curves(series: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, ylabel: str,
+           ylim: tuple[float, float] | None = None, bands: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+           ) -> Path:
+    """One line per named series over layers, with optional shaded (low, high) bands."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for name, values in series.items():
+        xs = np.arange(len(values))
+        ax.plot(xs, values, marker="o", markersize=3, label=name)
+        if bands and name in bands:
+            low, high = bands[name]
+            ax.fill_between(xs, low, high, alpha=0.2)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def bars(counts: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, ylabel: str) -> Path:
+    """Grouped bars per layer (e.g. saturation-layer histograms of several models)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    width = 0.8 / max(1, len(counts))
+    for k, (name, values) in enumerate(counts.items()):
+        ax.bar(np.arange(len(values)) + k * width, values, width=width, label=name)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def markdown_matrix(matrix: np.ndarray, row_labels: Sequence, col_labels: Sequence, digits: int = 2) -> str:
+    head = "| | " + " | ".join(str(c) for c in col_labels) + " |"
+    rule = "|---" * (len(col_labels) + 1) + "|"
+    body = ["| " + str(r) + " | " + " | ".join(f"{v:.{digits}f}" for v in row) + " |"
+            for r, row in zip(row_labels, matrix)]
+    return "\n".join([head, rule, *body])

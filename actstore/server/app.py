@@ -1,0 +1,79 @@
+"""Assemble and run the gRPC server: servicers, the interceptor, health checking and reflection."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore.config import Settings
+from actstore.errors import Unavailable
+from actstore.server.interceptors import ServiceInterceptor
+from actstore.server.service import ActStoreService
+from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Catalog", "Capture", "Query")]
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    service: ActStoreService
+    port: int
+    health: health.HealthServicer
+
+    @property
+    def address(self) -> str:
+        return f"{self.service.settings.host}:{self.port}"
+
+    def stop(self, grace: float = 2.0) -> None:
+        for name in SERVICE_NAMES + [""]:
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.stop(grace).wait()
+        self.service.close()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def start_server(settings: Settings | None = None) -> RunningServer:
+    settings = settings or Settings()
+    service = ActStoreService(settings)
+    options = [
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options,
+                         interceptors=[ServiceInterceptor(service.catalog, settings.auth)])
+    rpc.add_CatalogServicer_to_server(CatalogServicer(service), server)
+    rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
+    rpc.add_QueryServicer_to_server(QueryServicer(service), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    target = f"{settings.host}:{settings.port}"
+    try:
+        if settings.tls_cert and settings.tls_key:
+            credentials = grpc.ssl_server_credentials(
+                [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())])
+            port = server.add_secure_port(target, credentials)
+        else:
+            port = server.add_insecure_port(target)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        service.close()
+        raise Unavailable(f"cannot bind {target}: is another server on that port? pick one with --port")
+    server.start()
+    for name in SERVICE_NAMES + [""]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("actstore serving on %s (store %s)", target, settings.store_path)
+    return RunningServer(server, service, port, health_servicer)

@@ -1,0 +1,84 @@
+"""One interceptor for every RPC: authenticate, authorise, audit, and translate errors.
+
+An `ActStoreError` becomes its gRPC status with its message; any other exception is a bug and
+becomes INTERNAL (logged with its traceback). Health and reflection pass straight through.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+
+import grpc
+
+from actstore.errors import ActStoreError
+from actstore.server.auth import METHOD_ROLES, authorize
+from actstore.store.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+current_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("principal", default=None)
+
+_OURS = "/actstore.v1."
+_AUDITED = {m for m, role in METHOD_ROLES.items() if role != "reader"}
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    if isinstance(exc, ActStoreError):
+        context.abort(grpc.StatusCode[exc.code], str(exc))
+    log.exception("internal error in %s", method)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {exc!r} (this is a bug)")
+
+
+class ServiceInterceptor(grpc.ServerInterceptor):
+    def __init__(self, catalog: Catalog, auth: bool) -> None:
+        self.catalog = catalog
+        self.auth = auth
+
+    def _enter(self, details: grpc.HandlerCallDetails, method: str) -> str | None:
+        if not self.auth:
+            return None
+        return authorize(self.catalog, dict(details.invocation_metadata or ()), method)
+
+    def _audit(self, principal: str | None, method: str, request, status: str) -> None:
+        if method in _AUDITED:
+            target = str(request).replace("\n", " ")[:200]
+            self.catalog.audit(principal, method, target, status)
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or not details.method.startswith(_OURS):
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(request, context):
+                principal = None
+                try:
+                    principal = self._enter(details, method)
+                    current_principal.set(principal)
+                    response = inner(request, context)
+                except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+                    self._audit(principal, method, request, getattr(exc, "code", "INTERNAL"))
+                    _abort(context, exc, method)
+                self._audit(principal, method, request, "OK")
+                return response
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+        inner_stream = handler.unary_stream
+
+        def stream(request, context):
+            try:
+                current_principal.set(self._enter(details, method))
+                yield from inner_stream(request, context)
+            except Exception as exc:  # noqa: BLE001
+                _abort(context, exc, method)
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)

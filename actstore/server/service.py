@@ -1,0 +1,315 @@
+"""The service layer: every operation of the API as a plain method on domain objects.
+
+Servicers only translate protos to these calls. The service owns the catalog (single writer), the
+array store and the job manager, and sends model work to Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from actstore.config import Settings
+from actstore.errors import ActStoreError, Cancelled, DataLoss, InvalidArgument, NotFound, Unavailable
+from actstore.server.jobs import JobManager, JobSnapshot, JobState
+from actstore.server.queries import QueryEngine
+from actstore.store import datasets as ds
+from actstore.store.arrays import RunLayout, ZarrArrayStore
+from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
+from actstore.store.keys import POOLINGS, STORAGE_DTYPES, run_key, run_spec
+from actstore.workers import cluster
+from actstore.workers.models import BUILTIN_MODELS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Where a dataset comes from: exactly one of path, builtin, texts."""
+
+    path: str | None = None
+    builtin: str | None = None
+    texts: list[str] | None = None
+    labels: list[int] | None = None
+    sample_ids: list[str] | None = None
+    label_names: list[str] | None = None
+    limit: int | None = None
+    seed: int = 0
+    split: str | None = None
+    text_column: str = "text"
+    label_column: str | None = None
+    id_column: str | None = None
+    group_column: str | None = None
+    augment_views: int = 0
+    augment_method: str = "word-dropout"
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    model: str
+    dataset: str
+    pooling: str = ""
+    dtype: str = ""
+    max_len: int = 0
+
+
+class ActStoreService:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.root = self.settings.store_path
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.catalog = Catalog(self.root / "catalog.duckdb")
+        self.arrays = ZarrArrayStore(self.root, self.settings.compressor)
+        self.jobs = JobManager(self.catalog, self.settings.max_running_jobs)
+        cluster.ensure_ray(self.settings.ray_address)
+        self.queries = QueryEngine(self.catalog, self.arrays, self.settings)
+        if self.settings.resume_on_start:
+            self.resume_interrupted()
+
+    def close(self) -> None:
+        self.jobs.shutdown()
+        self.catalog.close()
+
+    # ---- models -------------------------------------------------------------------------------
+    def register_model(self, *, path: str | None = None, builtin: str | None = None,
+                       name: str | None = None) -> ModelRecord:
+        if bool(path) == bool(builtin):
+            raise InvalidArgument("give exactly one of a model folder path or a builtin name "
+                                  f"({', '.join(BUILTIN_MODELS)})")
+        if builtin:
+            if builtin not in BUILTIN_MODELS:
+                raise NotFound(f"no builtin model {builtin!r}; the builtins are {', '.join(BUILTIN_MODELS)}")
+            try:  # registered before: the alias is the cache (SmolLM2 takes ~20 s to dequantise)
+                return self.catalog.model(name or builtin)
+            except NotFound:
+                pass
+        source = builtin or str(Path(path).expanduser().resolve())
+        from actstore.workers.registry import register_model
+
+        task = ray.remote(num_cpus=1)(register_model).remote(source, str(self.root))
+        try:
+            registered = ray.get(task)
+        except Exception as exc:
+            cause = cluster.unwrap(exc)
+            if isinstance(cause, ActStoreError):
+                raise cause from None
+            raise InvalidArgument(f"the model at {source} failed to load: {cause}") from None
+        record = ModelRecord(
+            digest=registered.digest, kind=registered.kind, arch=registered.arch,
+            num_layers=registered.num_layers, hidden_size=registered.hidden_size,
+            path=registered.path, has_head=registered.has_head,
+            lineage={"source": builtin or source},
+        )
+        self.catalog.add_model(record)
+        self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
+        return self.catalog.model(record.digest)
+
+    # ---- datasets -----------------------------------------------------------------------------
+    def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
+        chosen = [s for s in (source.path, source.builtin, source.texts) if s]
+        if len(chosen) != 1:
+            raise InvalidArgument("give exactly one dataset source: a file path, a builtin name "
+                                  f"({', '.join(ds.BUILTIN_DATASETS)}) or a list of texts")
+        if source.builtin:
+            data = ds.load_builtin(source.builtin, limit=source.limit, seed=source.seed, split=source.split)
+        elif source.path:
+            data = ds.load_file(Path(source.path).expanduser(), text_column=source.text_column,
+                                label_column=source.label_column, id_column=source.id_column,
+                                group_column=source.group_column)
+            if source.limit:
+                data = data.take(range(min(source.limit, data.n)))
+        else:
+            data = ds.from_texts(source.texts, labels=source.labels or None, sample_ids=source.sample_ids or None)
+            if source.label_names:
+                data = replace(data, label_names=list(source.label_names))
+        if source.augment_views > 1:
+            data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
+                                    seed=source.seed)
+        digest = ds.dataset_digest(data)
+        target = self.root / "datasets" / digest
+        if not target.exists():
+            ds.save_dataset(data, target)
+        record = DatasetRecord(
+            digest=digest, kind=data.kind, n=data.n,
+            num_labels=len(data.label_names) if data.label_names else
+            (int(data.labels.max()) + 1 if data.labels is not None else 0),
+            has_groups=data.groups is not None, path=str(target), source=data.source,
+        )
+        self.catalog.add_dataset(record)
+        default_name = source.builtin or (Path(source.path).stem if source.path else f"texts-{digest[:8]}")
+        self.catalog.set_dataset_alias(name or default_name, digest)
+        return self.catalog.dataset(digest)
+
+    # ---- runs ---------------------------------------------------------------------------------
+    def describe_run(self, run: str) -> tuple[RunRecord, object, int]:
+        record = self.catalog.run(run)
+        health = self.catalog.chunk_health(record.run_key, record.num_layers)
+        stored = self.arrays.nbytes_stored(record.run_key) if record.status == "committed" else 0
+        return record, health, stored
+
+    def delete_run(self, run: str) -> str:
+        record = self.catalog.run(run)
+        live = self.jobs.live_for(record.run_key)
+        if live is not None:
+            raise InvalidArgument(f"run {record.run_key[:12]} has a running capture job {live.snapshot.job_id}: "
+                                  "cancel it first")
+        self.catalog.delete_run(record.run_key)
+        self.arrays.delete_run(record.run_key)
+        return record.run_key
+
+    # ---- capture ------------------------------------------------------------------------------
+    def submit_capture(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+        model = self.catalog.model(request.model)
+        dataset = self.catalog.dataset(request.dataset)
+        pooling = request.pooling or ("last" if model.kind == "causal-lm" else "cls")
+        if pooling not in POOLINGS:
+            raise InvalidArgument(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+        if pooling == "cls" and model.kind == "causal-lm":
+            raise InvalidArgument("pooling 'cls' takes the first token, which in a causal LM sees only "
+                                  "itself: use 'last', 'mean' or 'tokens'")
+        dtype = request.dtype or "float16"
+        if dtype not in STORAGE_DTYPES:
+            raise InvalidArgument(f"dtype {dtype!r} is not one of {', '.join(STORAGE_DTYPES)}")
+        if dataset.kind == "image" and model.kind != "vision":
+            raise InvalidArgument(f"dataset {request.dataset!r} holds images but model {request.model!r} "
+                                  f"is a {model.kind}: capture it with a vision model")
+        if dataset.kind == "text" and model.kind == "vision":
+            raise InvalidArgument(f"dataset {request.dataset!r} holds texts but model {request.model!r} is "
+                                  "a vision model")
+        max_len = request.max_len or self.settings.default_max_len
+        spec = run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
+                        pooling=pooling, max_len=max_len, dtype=dtype)
+        key = run_key(spec)
+        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": pooling,
+                       "dtype": dtype, "max_len": max_len}
+        existing = self.catalog.find_run(key)
+        if existing is not None and existing.status == "committed":
+            return self.jobs.record_finished("capture", key, job_request, principal=principal)
+        state, joined = self.jobs.start(
+            "capture", key, job_request,
+            lambda job: self._capture(job, key, spec, model, dataset), principal=principal,
+        )
+        snapshot = state.snapshot
+        return JobSnapshot(**{**snapshot.__dict__, "joined": joined})
+
+    def resume_interrupted(self) -> list[str]:
+        """Restart capture jobs that a previous server left unfinished; only missing shards run."""
+        resumed = []
+        for job in self.catalog.jobs():
+            if job.kind != "capture" or job.status in ("done", "failed", "cancelled"):
+                continue
+            run = self.catalog.find_run(job.target)
+            if run is None or run.status == "committed":
+                self.catalog.update_job(job.job_id, status="done" if run else "failed")
+                continue
+            model = self.catalog.model(run.model_digest)
+            dataset = self.catalog.dataset(run.dataset_digest)
+            self.jobs.start("capture", run.run_key, job.request,
+                            lambda state, r=run, m=model, d=dataset: self._capture(state, r.run_key, r.spec, m, d),
+                            job_id=job.job_id)
+            resumed.append(job.job_id)
+            log.info("resuming capture job %s for run %s", job.job_id, run.run_key[:12])
+        return resumed
+
+    def _layout(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> RunLayout:
+        """Create (or find) the run's catalog row and arrays."""
+        record = self.catalog.find_run(key)
+        if record is not None and (self.root / "runs" / key / "zarr.json").exists():
+            try:
+                return self.arrays.layout(key)
+            except NotFound:
+                pass
+        offsets = None
+        rows = dataset.n
+        if spec["pooling"] == "tokens":
+            from actstore.workers.capture import token_offsets
+
+            offsets = ray.get(ray.remote(num_cpus=1)(token_offsets).remote(model.path, dataset.path, spec["max_len"]))
+            rows = int(offsets[-1])
+        layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
+                           dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
+        data = ds.load_dataset(Path(dataset.path))
+        self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets)
+        self.catalog.add_run(RunRecord(
+            run_key=key, model_digest=model.digest, dataset_digest=dataset.digest, pooling=layout.pooling,
+            dtype=layout.dtype, max_len=spec["max_len"], n=layout.n, rows=layout.rows,
+            num_layers=model.num_layers, width=model.hidden_size, num_shards=layout.num_shards,
+            status="running", spec=spec,
+        ))
+        return layout
+
+    def _capture(self, job: JobState, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> None:
+        from actstore.workers.capture import CapturePlan, ShardCapturer
+
+        layout = self._layout(key, spec, model, dataset)
+        missing = sorted(set(range(layout.num_shards)) - self.catalog.recorded_shards(key, model.num_layers))
+        done = layout.num_shards - len(missing)
+        job.progress(done, layout.num_shards, "shards",
+                     f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
+        plan = CapturePlan(run_key=key, model_path=model.path, dataset_path=dataset.path,
+                           store_root=str(self.root), compressor=self.settings.compressor,
+                           pooling=layout.pooling, max_len=spec["max_len"],
+                           batch_size=self.settings.capture_batch_size, layout=layout)
+        gpus = cluster.cluster_gpus()
+        n_actors = min(len(missing), gpus or self.settings.capture_actors) or 1
+        per_actor = {"num_gpus": 1} if gpus else {"num_cpus": max(1, cluster.cluster_cpus() // n_actors)}
+        threads = None if gpus else per_actor["num_cpus"]
+        actor_class = ray.remote(ShardCapturer).options(max_restarts=2, max_task_retries=2, **per_actor)
+        actors = [actor_class.options(name=f"capture-{job.snapshot.job_id}-{i}").remote(plan, threads)
+                  for i in range(n_actors)]
+        pending = {actors[i % n_actors].capture.remote(shard): shard for i, shard in enumerate(missing)}
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+                if job.cancel_requested.is_set():
+                    raise Cancelled(f"capture of run {key[:12]} cancelled after {done} of "
+                                    f"{layout.num_shards} shards; submit it again to resume")
+                for ref in ready:
+                    pending.pop(ref)
+                    try:
+                        rows = ray.get(ref)
+                    except Exception as exc:
+                        cause = cluster.unwrap(exc)
+                        if isinstance(cause, ActStoreError):
+                            raise cause from None
+                        raise Unavailable(f"a capture worker failed: {cause}; the shards stored so far "
+                                          "are kept: submit the capture again to resume") from None
+                    self.catalog.insert_chunks(pa.table(rows))
+                    done += 1
+                if ready:
+                    job.progress(done, layout.num_shards, "shards")
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        self._commit(key, layout, model.num_layers)
+
+    def _commit(self, key: str, layout: RunLayout, num_layers: int) -> None:
+        recorded = self.catalog.recorded_shards(key, num_layers)
+        rows = self.catalog.chunk_rows_total(key)
+        if len(recorded) != layout.num_shards or rows != layout.rows:
+            raise DataLoss(f"run {key[:12]}: {len(recorded)} of {layout.num_shards} shards and {rows} of "
+                           f"{layout.rows} rows recorded; submit the capture again to finish it")
+        self.arrays.write_means(key)
+        self.catalog.set_run_status(key, "committed")
+
+    # ---- reading ------------------------------------------------------------------------------
+    def read_activations(self, run: str, layer: int, start: int, stop: int
+                         ) -> Iterator[tuple[int, np.ndarray, list[str]]]:
+        record = self.catalog.committed_run(run)
+        self.queries.check_layers(record, [layer], "layer")
+        stop = stop or record.rows
+        if not 0 <= start < stop <= record.rows:
+            raise InvalidArgument(f"rows {start}..{stop} are outside 0..{record.rows} of run {record.run_key[:12]}")
+        itemsize = 4 if record.dtype != "float16" else 2
+        step = max(1, self.settings.read_chunk_bytes // (record.width * itemsize))
+        ids = self.arrays.sample_ids(record.run_key) if record.pooling != "tokens" else []
+        for lo in range(start, stop, step):
+            hi = min(lo + step, stop)
+            values = self.arrays.read_layers(record.run_key, [layer], lo, hi)[0]
+            yield lo, values, ids[lo:hi]

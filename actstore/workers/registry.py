@@ -1,0 +1,67 @@
+"""Model registration, run as a Ray task: load, hash, and save a self-contained copy in the store.
+
+The copy under `models/<digest>/` (weights, config, tokenizer and the lens head) is what every
+capture worker loads, so a multi-node cluster needs only the shared store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from actstore.workers.models import ModelAdapter, resolve_model_source
+
+HEAD_FILE = "lens_head.npz"
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    digest: str
+    kind: str
+    arch: str
+    num_layers: int
+    hidden_size: int
+    has_head: bool
+    path: str
+
+
+def model_dir(store_root: Path, digest: str) -> Path:
+    return store_root / "models" / digest
+
+
+def save_lens_head(head: dict, path: Path) -> None:
+    arrays = {k: np.asarray(v) for k, v in head.items() if isinstance(v, np.ndarray)}
+    meta = {k: v for k, v in head.items() if not isinstance(v, np.ndarray) and v is not None}
+    np.savez(path, **arrays, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+
+
+def register_model(source: str, store_root: str) -> RegisteredModel:
+    root = Path(store_root)
+    path = resolve_model_source(source, root / "cache" / "builtin-models")
+    adapter = ModelAdapter.load(path, device="cpu")
+    target = model_dir(root, adapter.digest)
+    head = adapter.lens_head()
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+        adapter.save(staging)
+        if head is not None:
+            save_lens_head(head, staging / HEAD_FILE)
+        try:
+            os.rename(staging, target)
+        except OSError:  # a concurrent registration of the same digest won the race
+            shutil.rmtree(staging, ignore_errors=True)
+    return RegisteredModel(
+        digest=adapter.digest,
+        kind=adapter.kind,
+        arch=adapter.arch,
+        num_layers=adapter.num_layers,
+        hidden_size=adapter.hidden_size,
+        has_head=head is not None,
+        path=str(target),
+    )
