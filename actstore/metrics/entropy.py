@@ -9,6 +9,7 @@ upcast before any product. Logarithms are natural.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Literal, NamedTuple, Self
 
 import numpy as np
@@ -152,7 +153,7 @@ class _PromptMean:
                 "tokens must be (T, d) and offsets a non-decreasing integer array from 0 to T, "
                 f"got tokens {rows.shape} and offsets {bounds[:8].tolist()}..."
             )
-        for start, stop in zip(bounds[:-1], bounds[1:]):
+        for start, stop in pairwise(bounds):
             if stop - start < self.min_tokens:
                 self.skipped += 1
             else:
@@ -176,7 +177,8 @@ class _PromptMean:
 
 
 class PromptEntropyAccumulator(_PromptMean):
-    """Streaming prompt entropy: sum and count of per-prompt `matrix_entropy` (< 2 tokens skipped)."""
+    """Streaming prompt entropy: sum and count of per-prompt `matrix_entropy`; prompts with < 2
+    tokens are skipped and counted."""
 
     min_tokens = 2
 
@@ -257,7 +259,9 @@ class DatasetEntropyAccumulator:
         matrix is the n x n Gram, which a d x d accumulator cannot give."""
         d = self.mean.size
         if clamp and self.n <= d:
-            raise ValueError(f"clamp with n={self.n} <= d={d} needs the n x n Gram: use dataset_entropy")
+            raise ValueError(
+                f"clamp with n={self.n} <= d={d} needs the n x n Gram: use dataset_entropy"
+            )
         return _product_entropy(self.scatter, self.n, d, alpha, normalization, clamp)
 
 
@@ -288,7 +292,8 @@ def _prompt_curvature(tokens: np.ndarray, abs_cos: bool, preprocess: bool) -> fl
 
 
 class CurvatureAccumulator(_PromptMean):
-    """Streaming curvature: sum and count of per-prompt mean angles (< 3 tokens skipped)."""
+    """Streaming curvature: sum and count of per-prompt mean angles; prompts with < 3 tokens are
+    skipped and counted."""
 
     min_tokens = 3
 

@@ -56,13 +56,19 @@ class LensHead:
         if self.norm not in ("layernorm", "rmsnorm", "none"):
             raise ValueError(f"norm must be 'layernorm', 'rmsnorm' or 'none', got {self.norm!r}")
         if (self.norm == "none") != (self.norm_weight is None):
-            raise ValueError("norm_weight is required for layernorm/rmsnorm, and None for norm='none'")
+            raise ValueError(
+                "norm_weight is required for layernorm/rmsnorm, and None for norm='none'"
+            )
         if self.norm_bias is not None and self.norm != "layernorm":
             raise ValueError(f"norm_bias must be None for norm={self.norm!r}")
         weight = as_float64_matrix(self.weight, "weight")
         object.__setattr__(self, "weight", weight)
         num_classes, width = weight.shape
-        for name, shape in (("norm_weight", (width,)), ("norm_bias", (width,)), ("bias", (num_classes,))):
+        for name, shape in (
+            ("norm_weight", (width,)),
+            ("norm_bias", (width,)),
+            ("bias", (num_classes,)),
+        ):
             value = getattr(self, name)
             if value is not None:
                 value = np.asarray(value, dtype=np.float64)
@@ -74,7 +80,9 @@ class LensHead:
         """(n, C) float64 lens logits of the (n, d) activations `h`."""
         x = as_float64_matrix(h, "h")
         if x.shape[1] != self.weight.shape[1]:
-            raise ValueError(f"h has {x.shape[1]} features, the head expects {self.weight.shape[1]}")
+            raise ValueError(
+                f"h has {x.shape[1]} features, the head expects {self.weight.shape[1]}"
+            )
         if self.norm == "layernorm":
             x = x - x.mean(axis=1, keepdims=True)
         if self.norm != "none":
@@ -100,7 +108,9 @@ def argmax_and_confidence(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _check_layer_table(table: np.ndarray, name: str) -> np.ndarray:
     array = np.asarray(table)
     if array.ndim != 2 or array.shape[0] < 2 or array.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (L+1, n) with L >= 1 and n >= 1, got {array.shape}")
+        raise ValueError(
+            f"{name} must have shape (L+1, n) with L >= 1 and n >= 1, got {array.shape}"
+        )
     return array
 
 
@@ -212,7 +222,7 @@ def _exit_rows(taus: np.ndarray, exits: np.ndarray, correct: np.ndarray) -> list
             accuracy=float(c / m.sum()),
             speedup=float(num_layers * m.sum() / (depth @ m)),
         )
-        for tau, m, c in zip(taus, exits, correct)
+        for tau, m, c in zip(taus, exits, correct, strict=True)
     ]
 
 
@@ -222,7 +232,9 @@ def _check_lens_chunk(
     table = _check_layer_table(preds, "preds")
     conf = np.asarray(confidences, dtype=np.float64)
     if conf.shape != table.shape:
-        raise ValueError(f"confidences must have the shape of preds {table.shape}, got {conf.shape}")
+        raise ValueError(
+            f"confidences must have the shape of preds {table.shape}, got {conf.shape}"
+        )
     return table, conf, _check_labels(labels, table.shape[1])
 
 
@@ -338,7 +350,12 @@ class NC1Accumulator:
         self, classes: np.ndarray, counts: np.ndarray, means: np.ndarray, scatter: np.ndarray
     ) -> Self:
         if self.scatter is None:
-            self.classes, self.counts, self.means, self.scatter = classes, counts, means, scatter.copy()
+            self.classes, self.counts, self.means, self.scatter = (
+                classes,
+                counts,
+                means,
+                scatter.copy(),
+            )
             return self
         if scatter.shape != self.scatter.shape:
             raise ValueError(f"feature width {scatter.shape[0]} != {self.scatter.shape[0]}")

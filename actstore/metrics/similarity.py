@@ -45,9 +45,9 @@ def check_same_samples(ids_a: Sequence | np.ndarray, ids_b: Sequence | np.ndarra
     if mismatches.size:
         position = int(mismatches[0])
         raise ValueError(
-            f"sample ids differ at position {position}: {first[position].item()!r} (first) vs "
-            f"{second[position].item()!r} (second); similarity needs the same samples in the "
-            "same order and never aligns them"
+            f"sample ids differ at position {position}: {first[position : position + 1].item()!r} "
+            f"(first) vs {second[position : position + 1].item()!r} (second); similarity needs "
+            "the same samples in the same order and never aligns them"
         )
     if len(first) != len(second):
         raise ValueError(
@@ -89,7 +89,9 @@ def _squared_frobenius(matrix: np.ndarray) -> float:
     return float(np.vdot(matrix, matrix))
 
 
-def _normalised(cross, self_a, self_b):
+def _normalised(
+    cross: float | np.ndarray, self_a: float | np.ndarray, self_b: float | np.ndarray
+) -> np.ndarray:
     """`cross / sqrt(self_a * self_b)`, NaN where the product is not positive (broadcasts).
 
     The normalisation of every CKA variant (Kornblith et al. 2019): a non-positive denominator
@@ -115,7 +117,13 @@ def _cka_matrix(pairwise: np.ndarray) -> np.ndarray:
     return cka
 
 
-def _hsic_u_from_moments(cross_sq, norm_dot, norm_sum_a, norm_sum_b, n: int):
+def _hsic_u_from_moments(
+    cross_sq: float | np.ndarray,
+    norm_dot: float | np.ndarray,
+    norm_sum_a: float | np.ndarray,
+    norm_sum_b: float | np.ndarray,
+    n: int,
+) -> float | np.ndarray:
     """Unbiased HSIC from centred feature-space moments (METRICS.md, Song et al. 2007).
 
     `n(n-3) HSIC_u = ||Xc^T Yc||_F^2 - n/(n-2) r_x^T r_y + s_x s_y / ((n-1)(n-2))` with
@@ -126,7 +134,13 @@ def _hsic_u_from_moments(cross_sq, norm_dot, norm_sum_a, norm_sum_b, n: int):
     return scaled / (n * (n - 3))
 
 
-def _hsic_u_from_grams(trace_kl, total_k, total_l, row_sum_dot, n: int):
+def _hsic_u_from_grams(
+    trace_kl: float | np.ndarray,
+    total_k: float | np.ndarray,
+    total_l: float | np.ndarray,
+    row_sum_dot: float | np.ndarray,
+    n: int,
+) -> float | np.ndarray:
     """Unbiased HSIC from zero-diagonal Gram statistics (Song et al. 2007, as in METRICS.md).
 
     `HSIC_u = [tr(K~ L~) + (1^T K~ 1)(1^T L~ 1)/((n-1)(n-2)) - 2/(n-2) 1^T K~ L~ 1] / (n(n-3))`;
@@ -403,8 +417,14 @@ class _FeatureMoments:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.shift, self.row_sum, self.cross_products, self.norm_sum,
-                  self.norm_weighted_sum, self.norm_products)  # fmt: skip
+        arrays = (
+            self.shift,
+            self.row_sum,
+            self.cross_products,
+            self.norm_sum,
+            self.norm_weighted_sum,
+            self.norm_products,
+        )
         return sum(array.nbytes for array in arrays)
 
     def add_rows(self, rows: np.ndarray) -> None:

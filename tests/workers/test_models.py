@@ -12,10 +12,23 @@ import torch
 
 from actstore.errors import InvalidArgument, NotFound
 from actstore.workers import models as M
-from actstore.workers.models import BUILTIN_MODELS, ModelAdapter, model_digest, resolve_model_source
+from actstore.workers.models import (
+    BUILTIN_MODELS,
+    ModelAdapter,
+    model_digest,
+    resolve_model_source,
+)
 
-WORDS = "the a cat dog sat on mat ran fast slow big small red blue and of to in".split()
-TEXTS = ["the cat sat on the mat", "dog", "a big red dog ran fast and the small cat sat", "blue mat"]
+WORDS = [
+    *("the", "a", "cat", "dog", "sat", "on", "mat", "ran", "fast"),
+    *("slow", "big", "small", "red", "blue", "and", "of", "to", "in"),
+]
+TEXTS = [
+    "the cat sat on the mat",
+    "dog",
+    "a big red dog ran fast and the small cat sat",
+    "blue mat",
+]
 
 
 def _word_tokenizer(kind: str):
@@ -34,30 +47,59 @@ def _word_tokenizer(kind: str):
             single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
         )
         return PreTrainedTokenizerFast(
-            tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+            tokenizer_object=tk,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
         ), len(vocab)
     # a causal-LM tokenizer without a pad token: the adapter must use eos
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>"), len(vocab)
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>"), len(
+        vocab
+    )
 
 
 def _build(name: str):
     import transformers as T
 
     torch.manual_seed(0)
-    common = dict(hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
+    common = {
+        "hidden_size": 16,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+    }
     if name in ("bert", "bert-cls"):
         tok, v = _word_tokenizer("encoder")
-        cfg = T.BertConfig(vocab_size=v, max_position_embeddings=64, pad_token_id=0, num_labels=3, **common)
+        cfg = T.BertConfig(
+            vocab_size=v, max_position_embeddings=64, pad_token_id=0, num_labels=3, **common
+        )
         model = T.BertModel(cfg) if name == "bert" else T.BertForSequenceClassification(cfg)
-    elif name == "gpt2":
+    elif name in ("gpt2", "gpt2-cls"):
         tok, v = _word_tokenizer("causal")
-        cfg = T.GPT2Config(vocab_size=v, n_embd=16, n_layer=3, n_head=2, n_positions=64, bos_token_id=1, eos_token_id=1)
-        model = T.GPT2LMHeadModel(cfg)
+        cfg = T.GPT2Config(
+            vocab_size=v,
+            n_embd=16,
+            n_layer=3,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=1 if name == "gpt2-cls" else None,
+            num_labels=3,
+        )
+        model = T.GPT2LMHeadModel(cfg) if name == "gpt2" else T.GPT2ForSequenceClassification(cfg)
     elif name == "llama":
         tok, v = _word_tokenizer("causal")
         cfg = T.LlamaConfig(
-            vocab_size=v, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=1, eos_token_id=1,
-            pad_token_id=None, tie_word_embeddings=False, **common,
+            vocab_size=v,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+            **common,
         )
         model = T.LlamaForCausalLM(cfg)
     elif name in ("vit", "vit-cls"):
@@ -74,11 +116,12 @@ def _build(name: str):
     return model, tok
 
 
-NAMES = ["bert", "bert-cls", "gpt2", "llama", "vit", "vit-cls"]
+NAMES = ["bert", "bert-cls", "gpt2", "gpt2-cls", "llama", "vit", "vit-cls"]
 EXPECTED = {  # kind, arch
     "bert": ("encoder", "BertModel"),
     "bert-cls": ("encoder", "BertForSequenceClassification"),
     "gpt2": ("causal-lm", "GPT2LMHeadModel"),
+    "gpt2-cls": ("causal-lm", "GPT2ForSequenceClassification"),
     "llama": ("causal-lm", "LlamaForCausalLM"),
     "vit": ("vision", "ViTModel"),
     "vit-cls": ("vision", "ViTForImageClassification"),
@@ -226,7 +269,7 @@ def test_layer_L_is_pre_final_norm(adapters, name):
     assert a.head_logits(hidden[1]).shape == out.logits.shape
 
 
-@pytest.mark.parametrize("name", ["bert-cls", "vit-cls"])
+@pytest.mark.parametrize("name", ["bert-cls", "vit-cls", "gpt2-cls"])
 def test_classifier_lens_head(adapters, name):
     a = adapters[name]
     batch = _batch(a)
@@ -234,12 +277,20 @@ def test_classifier_lens_head(adapters, name):
     with torch.no_grad():
         logits = a.model(**batch.inputs).logits
     head = a.lens_head()
-    assert head["position"] == "cls" and head["type"] == "classifier"
-    got = a.head_logits(a.pool(hidden, batch.mask, "cls")[-1])
+    position = "last" if name == "gpt2-cls" else "cls"  # decoders classify from the last token
+    assert head["position"] == position and head["type"] == "classifier"
+    got = a.head_logits(a.pool(hidden, batch.mask, position)[-1])
+    assert not torch.allclose(
+        a.head_logits(a.pool(hidden, batch.mask, "mean")[-1]), logits, atol=1e-3
+    )
     assert torch.allclose(got, logits, atol=1e-5, rtol=0)
     if name == "vit-cls":  # ViT: layernorm, then the classifier on CLS
         assert head["norm"] == "layernorm" and head["pooler_weight"] is None
         assert head["weight"].shape == (10, 16) and head["bias"].shape == (10,)
+    elif name == "gpt2-cls":  # GPT-2: ln_f, then the score layer (no bias) on the last token
+        assert (
+            head["norm"] == "layernorm" and head["bias"] is None and head["weight"].shape == (3, 16)
+        )
     else:  # BERT: no final norm; the pooler (dense + tanh) sits before the classifier
         assert head["norm"] == "none" and head["pooler_activation"] == "tanh"
         assert head["pooler_weight"].shape == (16, 16) and head["weight"].shape == (3, 16)
@@ -274,7 +325,7 @@ def test_pooling_matches_hand_computation(adapters, name):
     batch = _batch(a)
     hidden = a.hidden_states(batch)
     mask = batch.mask_for(hidden)
-    L1, b, s, d = hidden.shape
+    L1, b, _, d = hidden.shape
     cls = a.pool(hidden, batch.mask, "cls")
     last = a.pool(hidden, batch.mask, "last")
     mean = a.pool(hidden, batch.mask, "mean")
@@ -458,6 +509,9 @@ def test_corrupt_folders_raise_invalid_argument(tmp_path, folders):
     with pytest.raises(InvalidArgument, match="no config.json"):
         ModelAdapter.load(tmp_path / "does-not-exist")
 
+    with pytest.raises(InvalidArgument, match="device"):
+        ModelAdapter.load(folders["bert"], device="no-such-device")
+
 
 # ---- real packaged models (slow) ----------------------------------------------------------------
 
@@ -477,9 +531,9 @@ def test_real_minilm(tmp_path):
     assert a.token_counts(texts, 128).tolist() == batch.mask.sum(1).tolist()
     # sentence-transformers' embedding is the normalised mean pool: similar sentences score higher
     emb = torch.nn.functional.normalize(a.pool(hidden, batch.mask, "mean")[-1], dim=-1)
+    query = a.encode(["Someone plays the guitar."], 128)
     e2 = torch.nn.functional.normalize(
-        a.pool(*(lambda b: (a.hidden_states(b), b.mask))(a.encode(["Someone plays the guitar."], 128)), "mean")[-1],
-        dim=-1,
+        a.pool(a.hidden_states(query), query.mask, "mean")[-1], dim=-1
     )
     assert float(emb[0] @ e2[0]) > float(emb[1] @ e2[0]) + 0.2
 
@@ -497,7 +551,12 @@ def test_real_smollm2_dequantise_cache_and_lens(tmp_path):
     assert resolve_model_source("smollm2-135m", tmp_path) == folder
     assert time.time() - t0 < 1.0 < build_s
     a = ModelAdapter.load(folder)
-    assert (a.kind, a.arch, a.num_layers, a.hidden_size) == ("causal-lm", "LlamaForCausalLM", 30, 576)
+    assert (a.kind, a.arch, a.num_layers, a.hidden_size) == (
+        "causal-lm",
+        "LlamaForCausalLM",
+        30,
+        576,
+    )
     source = json.loads((folder / "actstore_source.json").read_text())
     assert source["digest"] == a.digest  # GGUF-loaded and reloaded weights hash the same
     head = a.lens_head()

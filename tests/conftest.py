@@ -1,0 +1,62 @@
+"""Shared fixtures: one real local Ray cluster per test session, real servers on loopback with
+real DuckDB and Zarr under tmp paths, and tiny models built from transformers configs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.factories import save_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    from actstore.workers.cluster import ensure_ray
+
+    ensure_ray()
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Saved HF folders: bert (16 wide), bert24 (24 wide), gpt2, llama, vit."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    folders = {name: save_tiny_model(name, root / name) for name in ("bert", "gpt2", "llama", "vit")}
+    folders["bert24"] = save_tiny_model("bert", root / "bert24", hidden_size=24, seed=1)
+    return folders
+
+
+def make_settings(store: Path, **overrides):
+    from actstore.config import Settings
+
+    return Settings(**{"store": str(store), "port": 0, "shard_rows": 8, "capture_batch_size": 8,
+                       "resume_on_start": False, **overrides})
+
+
+@pytest.fixture
+def server(tmp_path, ray_cluster):
+    from actstore.server.app import start_server
+
+    running = start_server(make_settings(tmp_path / "store"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server):
+    from actstore.client import Client
+
+    with Client(f"127.0.0.1:{server.port}") as c:
+        yield c
