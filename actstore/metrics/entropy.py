@@ -272,6 +272,7 @@ def effective_rank(
 
     "diff-erank" (default; Diff-eRank, as in Skean et al. 2025): `p = sigma^2 / sum sigma^2`, which
     equals `exp(matrix_entropy(z))`. "roy-vetterli" (Roy & Vetterli 2007): `p = sigma / sum sigma`.
+    All rows at the mean give exp(0) = 1, following the zero entropy of an all-zero spectrum.
     """
     sigma = np.linalg.svd(normalize_rows(z), compute_uv=False)
     weights = {"diff-erank": sigma**2, "roy-vetterli": sigma}
@@ -320,6 +321,8 @@ def curvature(
 
 
 class InfoNCE(NamedTuple):
+    """The InfoNCE loss L and its score `1 - L / log n`."""
+
     loss: float
     score: float
 

@@ -38,7 +38,7 @@ class LensHead:
       - "rmsnorm" (Llama): `h / sqrt(mean(h^2) + eps) * norm_weight`. Models whose RMSNorm scales
         by (1 + w) (Gemma) pass `norm_weight = 1 + w`.
       - "none": `h` as is.
-    weight W is (C, d), bias b is (C,) or None. All arrays are held as float64 copies.
+    weight W is (C, d), bias b is (C,) or None. Arrays are converted to float64 once, here.
 
     HF trap: for GPT-2 and Llama-style models `hidden_states[L]` already has the final norm
     applied, so lens layer L must be fed the pre-norm block output (or use a head with

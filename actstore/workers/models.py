@@ -696,7 +696,10 @@ class ModelAdapter:
     @torch.no_grad()
     def hidden_states(self, batch: Batch) -> torch.Tensor:
         """(L+1, b, s, d) float32 on the model's device: the embedding output, then the output of
-        every block. Layer L is the last block's raw output, before any final norm."""
+        every block. Layer L is the last block's raw output, before any final norm.
+
+        Hooks are added to the last block for the duration of the call, so one adapter must not
+        run two forwards at once from different threads (a Ray actor runs one call at a time)."""
         last = self._blocks[-1]
         seen: dict[str, torch.Tensor] = {}
 
@@ -812,6 +815,13 @@ class ModelAdapter:
         head["arch"] = self.arch
         head["digest"] = self.digest
         return head
+
+    def save(self, directory: Path) -> None:
+        """A self-contained HF folder (weights, config, tokenizer) that ``load`` reads back to the
+        same digest."""
+        self.model.save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
 
     def lens_head(self) -> dict[str, Any] | None:
         """The model's head as numpy arrays for the logit lens, or None for a bare backbone.

@@ -100,6 +100,71 @@ def test_head_validation(rng):
         head.logits(np.zeros((2, 15)))
 
 
+def _last_block_output(model, block, ids):
+    """Logits and the pre-final-norm output of the last block (HF's hidden_states[L] is normed)."""
+    captured = {}
+    handle = block.register_forward_hook(
+        lambda module, args, out: captured.update(h=out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        logits = model(ids).logits
+    handle.remove()
+    width = captured["h"].shape[-1]
+    return captured["h"].reshape(-1, width).numpy(), logits.reshape(-1, logits.shape[-1]).numpy()
+
+
+def test_lens_layer_L_reproduces_tiny_hf_models():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 7))
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=32,
+            n_head=4,
+            vocab_size=50,
+            n_positions=16,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+    gpt2 = gpt2.double().eval()
+    h, logits = _last_block_output(gpt2, gpt2.transformer.h[-1], ids)
+    ln = gpt2.transformer.ln_f
+    head = LensHead(
+        "layernorm",
+        ln.weight.detach().numpy(),
+        ln.bias.detach().numpy(),
+        ln.eps,
+        gpt2.lm_head.weight.detach().numpy(),
+    )
+    np.testing.assert_allclose(head.logits(h), logits, rtol=1e-12, atol=1e-12)
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=50,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+    llama = llama.double().eval()
+    h, logits = _last_block_output(llama, llama.model.layers[-1], ids)
+    norm = llama.model.norm
+    head = LensHead(
+        "rmsnorm",
+        norm.weight.detach().numpy(),
+        None,
+        norm.variance_epsilon,
+        llama.lm_head.weight.detach().numpy(),
+    )
+    # HF's LlamaRMSNorm normalises in float32 even in a float64 model
+    np.testing.assert_allclose(head.logits(h), logits, rtol=1e-6, atol=1e-6)
+
+
 def test_argmax_and_confidence_matches_torch_softmax(rng):
     logits = rng.standard_normal((3, 7, 11)) * 5
     logits[0, 0] = 1000.0 * np.arange(11)  # would overflow a naive exp
@@ -281,6 +346,23 @@ def test_nc1_matches_direct_formula(rng, sizes, d):
     assert nc1(h.astype(np.float16), y) == pytest.approx(
         ref_nc1(h.astype(np.float16).astype(np.float64), y), rel=1e-10
     )
+
+
+def test_nc1_threshold_finds_the_rank_of_sigma_b(rng):
+    """Collinear class means: Sigma_B = lam u u^T has rank 1, not C - 1 = 3. A fixed rank C - 1
+    would invert rounding-noise eigenvalues; the rcond threshold keeps only u, so
+    NC1 = (u^T Sigma_W u / lam) / C."""
+    direction = rng.standard_normal(6)
+    u = direction / np.linalg.norm(direction)
+    y = np.repeat(np.arange(4), 10)
+    noise = 0.3 * rng.standard_normal((40, 6))
+    noise -= np.array([noise[y == c].mean(axis=0) for c in range(4)])[y]
+    means = np.outer(np.arange(4.0), direction) + 5.0
+    h = means[y] + noise
+    lam = np.sum((means - means.mean(axis=0)) ** 2) / 4
+    expected = (u @ (noise.T @ noise / 40) @ u) / lam / 4
+    assert nc1(h, y) == pytest.approx(expected, rel=1e-9)
+    assert nc1(h, y) == pytest.approx(ref_nc1(h, y), rel=1e-9)
 
 
 def test_nc1_collapsed_classes_is_small_and_spread_is_large(rng):

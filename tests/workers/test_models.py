@@ -538,9 +538,20 @@ def test_real_minilm(tmp_path):
     assert float(emb[0] @ e2[0]) > float(emb[1] @ e2[0]) + 0.2
 
 
+@pytest.fixture
+def big_tmp(tmp_path):
+    """A temp dir removed at teardown: pytest keeps old temp dirs, and this one holds 540 MB."""
+    import shutil
+
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_real_smollm2_dequantise_cache_and_lens(tmp_path):
+def test_real_smollm2_dequantise_cache_and_lens(big_tmp):
     import time
+
+    tmp_path = big_tmp
 
     t0 = time.time()
     folder = resolve_model_source("smollm2-135m", tmp_path)
