@@ -182,7 +182,7 @@ class Catalog:
             raise InvalidArgument(f"alias {alias!r} is not a valid name (no leading '/', no padding)")
         self._run(
             f"INSERT INTO {table} (alias, digest) VALUES (?, ?) "
-            "ON CONFLICT (alias) DO UPDATE SET digest = excluded.digest, updated_at = current_timestamp",
+            "ON CONFLICT (alias) DO UPDATE SET digest = excluded.digest, updated_at = now()",
             [alias, digest],
         )
 
@@ -366,7 +366,7 @@ class Catalog:
                    total: int | None = None, error: str | None = None) -> None:
         self._run(
             "UPDATE jobs SET status = coalesce(?, status), done = coalesce(?, done), "
-            "total = coalesce(?, total), error = coalesce(?, error), updated_at = current_timestamp "
+            "total = coalesce(?, total), error = coalesce(?, error), updated_at = now() "
             "WHERE job_id = ?",
             [status, done, total, error, job_id],
         )
