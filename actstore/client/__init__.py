@@ -147,7 +147,8 @@ class Client:
         elif path:
             request.path = str(path)
         elif texts is not None:
-            request.texts.CopyFrom(pb.TextList(texts=list(texts), labels=list(labels or []),
+            request.texts.SetInParent()  # an empty list is still a (rejected) source
+            request.texts.MergeFrom(pb.TextList(texts=list(texts), labels=list(labels or []),
                                                sample_ids=list(sample_ids or []),
                                                label_names=list(label_names or [])))
         return DatasetInfo.from_proto(self._catalog.RegisterDataset(request))

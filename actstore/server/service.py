@@ -103,7 +103,7 @@ class ActStoreService:
         record = ModelRecord(
             digest=registered.digest, kind=registered.kind, arch=registered.arch,
             num_layers=registered.num_layers, hidden_size=registered.hidden_size,
-            path=registered.path, has_head=registered.has_head,
+            max_positions=registered.max_positions, path=registered.path, has_head=registered.has_head,
             lineage={"source": builtin or source},
         )
         self.catalog.add_model(record)
@@ -112,7 +112,7 @@ class ActStoreService:
 
     # ---- datasets -----------------------------------------------------------------------------
     def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
-        chosen = [s for s in (source.path, source.builtin, source.texts) if s]
+        chosen = [s for s in (source.path, source.builtin, source.texts) if s is not None and s != ""]
         if len(chosen) != 1:
             raise InvalidArgument("give exactly one dataset source: a file path, a builtin name "
                                   f"({', '.join(ds.BUILTIN_DATASETS)}) or a list of texts")
@@ -182,7 +182,7 @@ class ActStoreService:
         if dataset.kind == "text" and model.kind == "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds texts but model {request.model!r} is "
                                   "a vision model")
-        max_len = request.max_len or self.settings.default_max_len
+        max_len = request.max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
         spec = run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
                         pooling=pooling, max_len=max_len, dtype=dtype)
         key = run_key(spec)
@@ -260,8 +260,9 @@ class ActStoreService:
         n_actors = min(len(missing), gpus or self.settings.capture_actors) or 1
         per_actor = {"num_gpus": 1} if gpus else {"num_cpus": max(1, cluster.cluster_cpus() // n_actors)}
         threads = None if gpus else per_actor["num_cpus"]
-        actor_class = ray.remote(ShardCapturer).options(max_restarts=2, max_task_retries=2, **per_actor)
-        actors = [actor_class.options(name=f"capture-{job.snapshot.job_id}-{i}").remote(plan, threads)
+        actor_class = ray.remote(ShardCapturer)
+        actors = [actor_class.options(name=f"capture-{job.snapshot.job_id}-{i}", max_restarts=2,
+                                      max_task_retries=2, **per_actor).remote(plan, threads)
                   for i in range(n_actors)]
         pending = {actors[i % n_actors].capture.remote(shard): shard for i, shard in enumerate(missing)}
         try:

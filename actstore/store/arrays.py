@@ -174,8 +174,10 @@ class ZarrArrayStore(ArrayStore):
             compressors=self._codecs(8),
             fill_value=0,
         )
-        ids = np.asarray(sample_ids, dtype=str)
-        group.create_array("sample_ids", data=ids, compressors=None)
+        # ids as UTF-8 bytes plus offsets: Zarr v3 has no stable string dtype
+        encoded = [i.encode() for i in sample_ids]
+        group.create_array("sample_ids", data=np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        group.create_array("sample_id_offsets", data=np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64))
         if labels is not None:
             group.create_array("labels", data=np.asarray(labels, dtype=np.int64))
         if offsets is not None:
@@ -226,7 +228,10 @@ class ZarrArrayStore(ArrayStore):
         return self._group(run_key)["means"][:]
 
     def sample_ids(self, run_key: str) -> list[str]:
-        return self._group(run_key)["sample_ids"][:].tolist()
+        group = self._group(run_key)
+        blob = group["sample_ids"][:].tobytes()
+        bounds = group["sample_id_offsets"][:]
+        return [blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])]
 
     def labels(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)

@@ -23,7 +23,7 @@ from actstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     digest VARCHAR PRIMARY KEY, kind VARCHAR, arch VARCHAR, num_layers INTEGER,
-    hidden_size INTEGER, path VARCHAR, has_head BOOLEAN, lineage JSON,
+    hidden_size INTEGER, max_positions INTEGER, path VARCHAR, has_head BOOLEAN, lineage JSON,
     created_at TIMESTAMP DEFAULT current_timestamp);
 CREATE TABLE IF NOT EXISTS model_aliases (
     alias VARCHAR PRIMARY KEY, digest VARCHAR, updated_at TIMESTAMP DEFAULT current_timestamp);
@@ -78,6 +78,7 @@ class ModelRecord:
     arch: str
     num_layers: int
     hidden_size: int
+    max_positions: int | None
     path: str
     has_head: bool
     lineage: dict[str, Any]
@@ -168,10 +169,10 @@ class Catalog:
     # ---- models -------------------------------------------------------------------------------
     def add_model(self, record: ModelRecord) -> None:
         self._run(
-            "INSERT INTO models (digest, kind, arch, num_layers, hidden_size, path, has_head, lineage) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO models (digest, kind, arch, num_layers, hidden_size, max_positions, path, has_head, "
+            "lineage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             [record.digest, record.kind, record.arch, record.num_layers, record.hidden_size,
-             record.path, record.has_head, json.dumps(record.lineage)],
+             record.max_positions, record.path, record.has_head, json.dumps(record.lineage)],
         )
 
     def set_model_alias(self, alias: str, digest: str) -> None:
@@ -203,13 +204,14 @@ class Catalog:
     def model(self, name_or_digest: str) -> ModelRecord:
         digest = self._resolve("models", "model_aliases", name_or_digest, "model")
         row = self._rows(
-            "SELECT digest, kind, arch, num_layers, hidden_size, path, has_head, lineage FROM models WHERE digest = ?",
+            "SELECT digest, kind, arch, num_layers, hidden_size, max_positions, path, has_head, lineage "
+            "FROM models WHERE digest = ?",
             [digest],
         )
         if not row:
             raise NotFound(f"alias {name_or_digest!r} points to model {digest[:12]} which is gone")
         r = row[0]
-        return ModelRecord(*r[:7], lineage=json.loads(r[7]), aliases=self._aliases("model_aliases", digest))
+        return ModelRecord(*r[:8], lineage=json.loads(r[8]), aliases=self._aliases("model_aliases", digest))
 
     def models(self) -> list[ModelRecord]:
         return [self.model(r[0]) for r in self._rows("SELECT digest FROM models ORDER BY created_at")]

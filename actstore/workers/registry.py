@@ -26,6 +26,7 @@ class RegisteredModel:
     arch: str
     num_layers: int
     hidden_size: int
+    max_positions: int | None
     has_head: bool
     path: str
 
@@ -62,6 +63,7 @@ def register_model(source: str, store_root: str) -> RegisteredModel:
         arch=adapter.arch,
         num_layers=adapter.num_layers,
         hidden_size=adapter.hidden_size,
+        max_positions=adapter.max_positions,
         has_head=head is not None,
         path=str(target),
     )
