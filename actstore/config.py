@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     default_max_len: int = Field(128, ge=2, description="token limit for text captures")
     compressor: Literal["lz4", "zstd"] = "lz4"
     capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
+    actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
 
     metric_tasks: int | None = Field(
         None, ge=1, description="parallel map tasks per metric job; default: the cluster's CPUs"

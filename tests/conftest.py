@@ -45,18 +45,37 @@ def make_settings(store: Path, **overrides):
                        "resume_on_start": False, **overrides})
 
 
-@pytest.fixture
-def server(tmp_path, ray_cluster):
+def _serve(store: Path):
     from actstore.server.app import start_server
 
-    running = start_server(make_settings(tmp_path / "store"))
+    running = start_server(make_settings(store))
     yield running
     running.stop()
 
 
-@pytest.fixture
-def client(server):
+def _connect(server):
     from actstore.client import Client
 
     with Client(f"127.0.0.1:{server.port}") as c:
         yield c
+
+
+@pytest.fixture
+def server(tmp_path, ray_cluster):
+    yield from _serve(tmp_path / "store")
+
+
+@pytest.fixture
+def client(server):
+    yield from _connect(server)
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, ray_cluster):
+    """One server for a whole test module, for read-only query tests over shared runs."""
+    yield from _serve(tmp_path_factory.mktemp("store"))
+
+
+@pytest.fixture(scope="module")
+def module_client(module_server):
+    yield from _connect(module_server)

@@ -6,6 +6,7 @@ Every answer is a `MetricResult` with its provenance. Results are stored under t
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import time
@@ -127,7 +128,7 @@ class QueryEngine:
         refs = [task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator)
                 for g in groups]
         partials = ray.get(refs)
-        total = partials[0]
+        total = copy.deepcopy(partials[0])  # objects from Ray's store are read-only
         for partial in partials[1:]:
             total.merge(partial)
         return total

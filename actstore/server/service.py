@@ -7,6 +7,7 @@ array store and the job manager, and sends model work to Ray.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, DataLoss, InvalidArgument, NotFound, Unavailable
+from actstore.server.capture_pool import CapturePool
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.queries import QueryEngine
 from actstore.store import datasets as ds
@@ -68,12 +70,16 @@ class ActStoreService:
         self.arrays = ZarrArrayStore(self.root, self.settings.compressor)
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs)
         cluster.ensure_ray(self.settings.ray_address)
+        self.capture_pool = CapturePool(str(self.root), self.settings.compressor, self.settings.capture_actors,
+                                        self.settings.actor_idle_seconds)
+        self._submit_lock = threading.Lock()
         self.queries = QueryEngine(self.catalog, self.arrays, self.settings)
         if self.settings.resume_on_start:
             self.resume_interrupted()
 
     def close(self) -> None:
         self.jobs.shutdown()
+        self.capture_pool.shutdown()
         self.catalog.close()
 
     # ---- models -------------------------------------------------------------------------------
@@ -191,10 +197,13 @@ class ActStoreService:
         existing = self.catalog.find_run(key)
         if existing is not None and existing.status == "committed":
             return self.jobs.record_finished("capture", key, job_request, principal=principal)
-        state, joined = self.jobs.start(
-            "capture", key, job_request,
-            lambda job: self._capture(job, key, spec, model, dataset), principal=principal,
-        )
+        with self._submit_lock:  # identical concurrent requests: the first creates, the rest join
+            if self.jobs.live_for(key) is None:
+                self._layout(key, spec, model, dataset)  # the run is visible (as running) from now on
+            state, joined = self.jobs.start(
+                "capture", key, job_request,
+                lambda job: self._capture(job, key, spec, model, dataset), principal=principal,
+            )
         snapshot = state.snapshot
         return JobSnapshot(**{**snapshot.__dict__, "joined": joined})
 
@@ -245,26 +254,18 @@ class ActStoreService:
         return layout
 
     def _capture(self, job: JobState, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> None:
-        from actstore.workers.capture import CapturePlan, ShardCapturer
+        from actstore.workers.capture import CapturePlan
 
         layout = self._layout(key, spec, model, dataset)
         missing = sorted(set(range(layout.num_shards)) - self.catalog.recorded_shards(key, model.num_layers))
         done = layout.num_shards - len(missing)
         job.progress(done, layout.num_shards, "shards",
                      f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
-        plan = CapturePlan(run_key=key, model_path=model.path, dataset_path=dataset.path,
-                           store_root=str(self.root), compressor=self.settings.compressor,
-                           pooling=layout.pooling, max_len=spec["max_len"],
-                           batch_size=self.settings.capture_batch_size, layout=layout)
-        gpus = cluster.cluster_gpus()
-        n_actors = min(len(missing), gpus or self.settings.capture_actors) or 1
-        per_actor = {"num_gpus": 1} if gpus else {"num_cpus": max(1, cluster.cluster_cpus() // n_actors)}
-        threads = None if gpus else per_actor["num_cpus"]
-        actor_class = ray.remote(ShardCapturer)
-        actors = [actor_class.options(name=f"capture-{job.snapshot.job_id}-{i}", max_restarts=2,
-                                      max_task_retries=2, **per_actor).remote(plan, threads)
-                  for i in range(n_actors)]
-        pending = {actors[i % n_actors].capture.remote(shard): shard for i, shard in enumerate(missing)}
+        plan = CapturePlan(run_key=key, dataset_path=dataset.path, pooling=layout.pooling,
+                           max_len=spec["max_len"], batch_size=self.settings.capture_batch_size, layout=layout)
+        actors = self.capture_pool.acquire(model.digest, model.path)
+        pending = {actors[i % len(actors)].capture.remote(plan, shard): shard for i, shard in enumerate(missing)}
+        broken = True
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
@@ -285,9 +286,11 @@ class ActStoreService:
                     done += 1
                 if ready:
                     job.progress(done, layout.num_shards, "shards")
+            broken = False
         finally:
-            for actor in actors:
-                ray.kill(actor)
+            for ref in pending:
+                ray.cancel(ref)
+            self.capture_pool.release(model.digest, broken=broken)
         self._commit(key, layout, model.num_layers)
 
     def _commit(self, key: str, layout: RunLayout, num_layers: int) -> None:

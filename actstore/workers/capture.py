@@ -29,10 +29,7 @@ _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16"
 @dataclass(frozen=True)
 class CapturePlan:
     run_key: str
-    model_path: str
     dataset_path: str
-    store_root: str
-    compressor: str
     pooling: str
     max_len: int
     batch_size: int
@@ -72,36 +69,48 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.nda
 
 
 class ShardCapturer:
-    """One model replica writing shards of one run. Used directly in tests, as a Ray actor in jobs."""
+    """One model replica. It outlives a job (the service keeps a pool), so it loads its model once
+    and each dataset and run layout the first time a shard of it arrives."""
 
-    def __init__(self, plan: CapturePlan, num_threads: int | None = None) -> None:
+    def __init__(self, model_path: str, store_root: str, compressor: str, num_threads: int | None = None) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.plan = plan
-        self.adapter = ModelAdapter.load(Path(plan.model_path))
-        self.data = load_dataset(Path(plan.dataset_path))
-        self.arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
-        self.offsets = self.arrays.offsets(plan.run_key) if plan.pooling == "tokens" else None
+        self.adapter = ModelAdapter.load(Path(model_path))
+        self.arrays = ZarrArrayStore(Path(store_root), compressor)
+        self._datasets: dict[str, DatasetData] = {}
+        self._offsets: dict[str, np.ndarray] = {}
 
-    def _pooled(self, start: int, stop: int) -> torch.Tensor:
+    def ready(self) -> bool:
+        return True
+
+    def _data(self, plan: CapturePlan) -> DatasetData:
+        if plan.dataset_path not in self._datasets:
+            self._datasets[plan.dataset_path] = load_dataset(Path(plan.dataset_path))
+        return self._datasets[plan.dataset_path]
+
+    def _pooled(self, plan: CapturePlan, start: int, stop: int) -> torch.Tensor:
         """(rows, L+1, d) float32 for samples [start, stop)."""
+        data = self._data(plan)
         parts = []
-        for lo in range(start, stop, self.plan.batch_size):
-            hi = min(lo + self.plan.batch_size, stop)
-            batch = self.adapter.encode(model_inputs(self.data, lo, hi), self.plan.max_len)
+        for lo in range(start, stop, plan.batch_size):
+            hi = min(lo + plan.batch_size, stop)
+            batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
             hidden = self.adapter.hidden_states(batch)
-            parts.append(self.adapter.pool(hidden, batch.mask, self.plan.pooling).transpose(0, 1))
+            parts.append(self.adapter.pool(hidden, batch.mask, plan.pooling).transpose(0, 1))
         return torch.cat(parts)
 
-    def _tokens(self, start: int, stop: int) -> torch.Tensor:
+    def _tokens(self, plan: CapturePlan, start: int, stop: int) -> torch.Tensor:
         """(rows, L+1, d) float32 for token rows [start, stop)."""
-        offsets = self.offsets
+        if plan.run_key not in self._offsets:
+            self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
+        offsets = self._offsets[plan.run_key]
+        data = self._data(plan)
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, stop, side="left"))
         parts = []
-        for lo in range(first, last, self.plan.batch_size):
-            hi = min(lo + self.plan.batch_size, last)
-            batch = self.adapter.encode(model_inputs(self.data, lo, hi), self.plan.max_len)
+        for lo in range(first, last, plan.batch_size):
+            hi = min(lo + plan.batch_size, last)
+            batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
             hidden = self.adapter.hidden_states(batch)
             tokens, _ = self.adapter.pool_tokens(hidden, batch.mask)
             parts.append(tokens.transpose(0, 1))
@@ -109,16 +118,16 @@ class ShardCapturer:
         begin = start - int(offsets[first])
         return local[begin: begin + (stop - start)]
 
-    def capture(self, shard: int) -> dict[str, list]:
-        layout = self.plan.layout
+    def capture(self, plan: CapturePlan, shard: int) -> dict[str, list]:
+        layout = plan.layout
         start, stop = layout.shard_range(shard)
-        values = self._tokens(start, stop) if layout.pooling == "tokens" else self._pooled(start, stop)
+        values = self._tokens(plan, start, stop) if layout.pooling == "tokens" else self._pooled(plan, start, stop)
         stored = to_storage(values, layout.dtype)
         numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
         numbers = numbers.astype(np.float32, copy=False)
         sums = numbers.sum(axis=0, dtype=np.float64)
-        self.arrays.write_shard(self.plan.run_key, shard, stored, sums)
-        return chunk_metadata(self.plan.run_key, shard, stored, numbers)
+        self.arrays.write_shard(plan.run_key, shard, stored, sums)
+        return chunk_metadata(plan.run_key, shard, stored, numbers)
 
 
 def token_offsets(model_path: str, dataset_path: str, max_len: int) -> np.ndarray:

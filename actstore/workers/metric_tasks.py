@@ -6,6 +6,7 @@ layer plus the accumulator, whatever n is. The job manager merges the returned a
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +22,7 @@ def accumulate(store_root: str, compressor: str, sources: list[tuple[str, list[i
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
     in the accumulator's block order."""
     arrays = ZarrArrayStore(Path(store_root), compressor)
+    accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
     for start, stop in ranges:
         blocks = []
         for run_key, layers in sources:

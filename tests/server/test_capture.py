@@ -125,13 +125,13 @@ def test_token_level_capture(client, registered, tiny_models):
 
 
 def test_worker_killed_mid_capture_still_commits_exact_rows(client, tiny_models):
-    client.register_model(tiny_models["bert"], name="bert")
+    digest = client.register_model(tiny_models["bert"], name="bert").digest
     texts = sentences(600, seed=5)
     client.register_dataset(texts=texts, name="big")
     job = client.submit_capture("bert", "big")
     for state in client.watch(job.job_id):
         if state.done >= 2:
-            ray.kill(ray.get_actor(f"capture-{job.job_id}-0"), no_restart=False)
+            ray.kill(ray.get_actor(f"capture-{digest[:12]}-0"), no_restart=False)
             break
     final = client.wait(job.job_id)
     assert final.status == "done"

@@ -1,0 +1,31 @@
+# Every target that runs code first runs scripts/setup.sh, which is quick when all is installed.
+SHELL := bash
+PYTHON ?= python
+export PYTHON
+
+.PHONY: setup demo test test-all bench protos
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	actstore demo
+
+# The default pytest config deselects slow tests. A failing pytest fails the target (make itself
+# then exits 2); pytest's exit code 5, no tests collected, is a failure too.
+test: setup
+	$(PYTHON) -m pytest -q
+
+test-all: setup
+	$(PYTHON) -m pytest -q -m ''
+
+bench: setup
+	@set -e; found=0; \
+	for f in bench/*.py; do \
+		[ -e "$$f" ] || continue; found=1; \
+		echo "== $$f"; $(PYTHON) "$$f"; \
+	done; \
+	[ $$found = 1 ] || echo "no benchmarks in bench/"
+
+protos:
+	$(PYTHON) scripts/generate_protos.py

@@ -1,0 +1,89 @@
+"""Warm model replicas for capture jobs.
+
+Starting a replica costs a process, the torch import and the model load (seconds), so replicas
+outlive a job and serve the next capture of the same model. Idle replicas are released after
+`actor_idle_seconds`; on a GPU cluster, idle replicas of other models are released first, so a
+new model gets a GPU. CPU replicas reserve no logical CPU: metric tasks can always be scheduled
+beside an idle replica.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+
+from actstore.workers import cluster
+
+
+@dataclass
+class _Replicas:
+    actors: list
+    busy: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class CapturePool:
+    def __init__(self, store_root: str, compressor: str, replicas_per_model: int, idle_seconds: float) -> None:
+        self.store_root = store_root
+        self.compressor = compressor
+        self.replicas_per_model = replicas_per_model
+        self.idle_seconds = idle_seconds
+        self._lock = threading.Lock()
+        self._pool: dict[str, _Replicas] = {}
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_forever, name="capture-pool-reaper", daemon=True)
+        self._reaper.start()
+
+    def acquire(self, digest: str, model_path: str) -> list:
+        from actstore.workers.capture import ShardCapturer
+
+        with self._lock:
+            entry = self._pool.get(digest)
+            if entry is None:
+                gpus = cluster.cluster_gpus()
+                if gpus:
+                    self._release_idle(keep=digest, older_than=0.0)
+                count = gpus or self.replicas_per_model
+                threads = None if gpus else max(1, cluster.cluster_cpus() // count)
+                resources = {"num_gpus": 1} if gpus else {"num_cpus": 0}
+                actors = [ray.remote(ShardCapturer).options(
+                    name=f"capture-{digest[:12]}-{i}", max_restarts=2, max_task_retries=2, **resources,
+                ).remote(model_path, self.store_root, self.compressor, threads) for i in range(count)]
+                entry = self._pool[digest] = _Replicas(actors)
+            entry.busy += 1
+            return list(entry.actors)
+
+    def release(self, digest: str, broken: bool = False) -> None:
+        """Hand the replicas back; `broken` ones (a failed job) are killed rather than kept."""
+        with self._lock:
+            entry = self._pool.get(digest)
+            if entry is None:
+                return
+            entry.busy -= 1
+            entry.last_used = time.monotonic()
+            if broken and entry.busy == 0:
+                self._kill(digest)
+
+    def _kill(self, digest: str) -> None:
+        for actor in self._pool.pop(digest).actors:
+            ray.kill(actor)
+
+    def _release_idle(self, keep: str | None, older_than: float) -> None:
+        now = time.monotonic()
+        for digest in [d for d, e in self._pool.items()
+                       if d != keep and e.busy == 0 and now - e.last_used >= older_than]:
+            self._kill(digest)
+
+    def _reap_forever(self) -> None:
+        while not self._stop.wait(min(5.0, self.idle_seconds)):
+            with self._lock:
+                self._release_idle(keep=None, older_than=self.idle_seconds)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with self._lock:
+            for digest in list(self._pool):
+                self._kill(digest)
