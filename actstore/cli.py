@@ -279,16 +279,21 @@ def cmd_demo(args) -> int:
 
 # ---- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="actstore", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--address", help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
-    parser.add_argument("--store", help="store directory for the embedded mode (env ACTSTORE_STORE)")
-    parser.add_argument("--token", help="access token when the server requires one (env ACTSTORE_TOKEN)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the server does")
+    def connection_options(p: argparse.ArgumentParser, default) -> argparse.ArgumentParser:
+        p.add_argument("--address", default=default, help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
+        p.add_argument("--store", default=default, help="store directory (embedded mode, or what serve owns)")
+        p.add_argument("--token", default=default, help="access token if the server requires one (env ACTSTORE_TOKEN)")
+        p.add_argument("-v", "--verbose", action="store_true", default=default or False, help="log what happens")
+        return p
+
+    parser = connection_options(argparse.ArgumentParser(
+        prog="actstore", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter), None)
+    # the same options after the command name: `actstore serve --store DIR` works too
+    common = connection_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name, func, help_text, description=None):
-        p = sub.add_parser(name, help=help_text, description=description or help_text,
+        p = sub.add_parser(name, help=help_text, description=description or help_text, parents=[common],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=func)
         return p

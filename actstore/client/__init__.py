@@ -178,7 +178,7 @@ class Client:
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
         for event in self._capture.WatchJob(pb.WatchJobRequest(job_id=job_id)):
-            yield JobInfo.from_proto(event.job)
+            yield JobInfo.from_proto(event.job, event.message)
 
     def wait(self, job_id: str, progress: bool = False, description: str = "") -> JobInfo:
         """Follow a job to its end (with a progress bar if asked); raise its error if it failed."""

@@ -108,15 +108,16 @@ class JobInfo:
     error_code: str
     cache_hit: bool
     joined: bool
+    message: str = ""
 
     @property
     def finished(self) -> bool:
         return self.status in ("done", "failed", "cancelled", "interrupted")
 
     @staticmethod
-    def from_proto(j: pb.Job) -> JobInfo:
+    def from_proto(j: pb.Job, message: str = "") -> JobInfo:
         return JobInfo(j.job_id, j.kind, j.status, j.target, j.done, j.total, j.unit, j.error, j.error_code,
-                       j.cache_hit, j.joined)
+                       j.cache_hit, j.joined, message)
 
 
 @dataclass(frozen=True)

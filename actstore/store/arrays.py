@@ -132,6 +132,7 @@ class ZarrArrayStore(ArrayStore):
     def __init__(self, root: Path, compressor: str = "lz4") -> None:
         self.root = Path(root)
         self.compressor = compressor
+        self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
 
     def _run_path(self, run_key: str) -> Path:
         return self.root / "runs" / run_key
@@ -155,6 +156,7 @@ class ZarrArrayStore(ArrayStore):
             if existing == layout:
                 return
             shutil.rmtree(path)  # an interrupted create with another layout: start over
+            self._layouts.pop(run_key, None)
         group = zarr.open_group(str(path), mode="w")
         dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
         group.create_array(
@@ -186,10 +188,12 @@ class ZarrArrayStore(ArrayStore):
         group.attrs["layout"] = layout.to_dict()
 
     def layout(self, run_key: str) -> RunLayout:
-        attrs = self._group(run_key).attrs.asdict()
-        if "layout" not in attrs:
-            raise NotFound(f"run {run_key[:12]} was never completely created")
-        return RunLayout(**attrs["layout"])
+        if run_key not in self._layouts:
+            attrs = self._group(run_key).attrs.asdict()
+            if "layout" not in attrs:
+                raise NotFound(f"run {run_key[:12]} was never completely created")
+            self._layouts[run_key] = RunLayout(**attrs["layout"])
+        return self._layouts[run_key]
 
     def write_shard(self, run_key, shard, values, sums) -> None:
         layout = self.layout(run_key)
@@ -242,6 +246,7 @@ class ZarrArrayStore(ArrayStore):
         return group["offsets"][:] if "offsets" in group else None
 
     def delete_run(self, run_key: str) -> None:
+        self._layouts.pop(run_key, None)
         shutil.rmtree(self._run_path(run_key), ignore_errors=True)
 
     def nbytes_stored(self, run_key: str) -> int:

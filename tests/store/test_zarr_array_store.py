@@ -1,0 +1,217 @@
+"""ZarrArrayStore: the ArrayStore contract plus what is specific to Zarr v3 on disk (shard files,
+inner chunks that decode alone, codec metadata, crc32c corruption detection)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from actstore.errors import DataLoss, NotFound
+from actstore.store.arrays import (
+    ZarrArrayStore,
+    bf16_bits_to_float32,
+    decode_stored,
+    float32_to_bf16_bits,
+)
+from tests.store.array_store_contract import (
+    N,
+    NUM_STATES,
+    SHARD_ROWS,
+    WIDTH,
+    ArrayStoreContract,
+    key,
+    pooled_layout,
+    token_layout,
+)
+
+
+class TestZarrArrayStore(ArrayStoreContract):
+    def make_store(self, tmp_path: Path) -> ZarrArrayStore:
+        return ZarrArrayStore(tmp_path / "store")
+
+    # ---- chunk layout on disk -------------------------------------------------------------
+    @staticmethod
+    def files_under(path: Path) -> list[Path]:
+        return sorted(p for p in path.rglob("*") if p.is_file())
+
+    def test_one_file_per_shard(self, store, tmp_path):
+        run_key, layout, _ = self.filled_run(store)
+        acts = tmp_path / "store" / "runs" / run_key / "acts"
+        chunk_files = [p for p in self.files_under(acts) if p.name != "zarr.json"]
+        # chunk keys are c/<shard>/0/0: one shard along rows, all layers and the width in it
+        assert [p.relative_to(acts).parts for p in chunk_files] == [
+            ("c", str(s), "0", "0") for s in range(layout.num_shards)
+        ]
+        assert store.nbytes_stored(run_key) >= sum(p.stat().st_size for p in chunk_files)
+        # layer_sums: one chunk per shard as well, so shard writers never share a file
+        sums = tmp_path / "store" / "runs" / run_key / "layer_sums"
+        assert [p.relative_to(sums).parts for p in self.files_under(sums) if p.name != "zarr.json"] == [
+            ("c", str(s), "0", "0") for s in range(layout.num_shards)
+        ]
+
+    def test_token_runs_store_a_tokens_array(self, store, tmp_path):
+        offsets = np.array([0, 6, 13], dtype=np.int64)
+        layout = token_layout(offsets)
+        self.create(store, key("tok"), layout, offsets=offsets)
+        self.write_all(store, key("tok"), layout)
+        run_dir = tmp_path / "store" / "runs" / key("tok")
+        assert (run_dir / "tokens" / "zarr.json").exists()
+        assert not (run_dir / "acts").exists()
+        assert len([p for p in self.files_under(run_dir / "tokens") if p.name != "zarr.json"]) == 4
+
+    def test_delete_run_removes_the_directory(self, store, tmp_path):
+        run_key, _, _ = self.filled_run(store)
+        assert (tmp_path / "store" / "runs" / run_key).is_dir()
+        store.delete_run(run_key)
+        assert not (tmp_path / "store" / "runs" / run_key).exists()
+        store.delete_run(run_key)  # deleting again is a no-op
+
+    # ---- one layer reads alone; corruption is detected ------------------------------------
+    @staticmethod
+    def shard_index(shard_file: Path, num_states: int) -> np.ndarray:
+        """(offset, nbytes) of each inner chunk, from the index at the end of the shard file
+        (index_location "end": num_states pairs of little-endian uint64, then a crc32c)."""
+        data = shard_file.read_bytes()
+        return np.frombuffer(data[-(16 * num_states + 4):-4], dtype="<u8").reshape(num_states, 2)
+
+    @staticmethod
+    def flip_byte(path: Path, position: int) -> None:
+        data = bytearray(path.read_bytes())
+        data[position] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+    def test_reading_one_layer_decodes_only_its_inner_chunk(self, store, tmp_path, dtype):
+        run_key, layout, numbers = self.filled_run(store, dtype)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0"
+        index = self.shard_index(shard_file, NUM_STATES)
+        assert sorted(index[:, 0].tolist()) == index[:, 0].tolist()  # chunks stored in layer order
+        bad = 2
+        offset, nbytes = (int(v) for v in index[bad])
+        self.flip_byte(shard_file, offset + nbytes // 2)
+        start, stop = layout.shard_range(1)
+
+        # every other layer of the corrupted shard still reads, and reads right
+        for layer in (0, 1, 3):
+            np.testing.assert_array_equal(store.read_layers(run_key, [layer], start, stop)[0],
+                                          numbers[start:stop, layer])
+        np.testing.assert_array_equal(store.read_layers(run_key, [0, 3], 0, N),
+                                      self.expected(numbers, [0, 3], 0, N))
+        # the corrupted layer in the other shards reads too
+        np.testing.assert_array_equal(store.read_layers(run_key, [bad], 0, start)[0], numbers[:start, bad])
+
+        # the corrupted inner chunk never comes back as numbers
+        for layers, a, b in [([bad], start, stop), ([bad], start + 1, start + 2), ([bad], 0, N),
+                             ([0, bad], 0, N), ([bad, 3], start, stop)]:
+            with pytest.raises(DataLoss, match="crc32c") as info:
+                store.read_layers(run_key, layers, a, b)
+            assert run_key[:12] in str(info.value)
+
+    def test_a_corrupted_shard_index_raises_data_loss(self, store, tmp_path):
+        run_key, _, numbers = self.filled_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "0" / "0" / "0"
+        self.flip_byte(shard_file, shard_file.stat().st_size - 10)  # inside the index
+        with pytest.raises(DataLoss, match="crc32c"):
+            store.read_layers(run_key, [0], 0, SHARD_ROWS)
+        np.testing.assert_array_equal(store.read_layers(run_key, [0], SHARD_ROWS, N)[0], numbers[SHARD_ROWS:, 0])
+
+    # ---- codec metadata -------------------------------------------------------------------
+    @pytest.mark.parametrize(("dtype", "zarr_dtype", "itemsize"),
+                             [("float16", "float16", 2), ("float32", "float32", 4), ("bfloat16", "uint16", 2)])
+    @pytest.mark.parametrize("compressor", ["lz4", "zstd"])
+    def test_codec_metadata(self, tmp_path, dtype, zarr_dtype, itemsize, compressor):
+        store = ZarrArrayStore(tmp_path / "store", compressor=compressor)
+        layout = pooled_layout(dtype)
+        self.create(store, key("c"), layout)
+        meta = json.loads((tmp_path / "store" / "runs" / key("c") / "acts" / "zarr.json").read_text())
+        assert meta["zarr_format"] == 3 and meta["node_type"] == "array"
+        assert meta["data_type"] == zarr_dtype
+        assert meta["shape"] == [N, NUM_STATES, WIDTH]
+        assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [SHARD_ROWS, NUM_STATES, WIDTH]
+        [sharding] = meta["codecs"]
+        assert sharding["name"] == "sharding_indexed"
+        config = sharding["configuration"]
+        assert config["chunk_shape"] == [SHARD_ROWS, 1, WIDTH]  # inner chunks: one layer each
+        names = [c["name"] for c in config["codecs"]]
+        assert names == ["bytes", "blosc", "crc32c"]  # the checksum covers the compressed bytes
+        blosc = config["codecs"][1]["configuration"]
+        assert blosc["shuffle"] == "bitshuffle"
+        assert blosc["cname"] == compressor
+        assert blosc["typesize"] == itemsize
+        assert "crc32c" in [c["name"] for c in config["index_codecs"]]
+
+        sums = json.loads((tmp_path / "store" / "runs" / key("c") / "layer_sums" / "zarr.json").read_text())
+        assert sums["data_type"] == "float64"
+        assert sums["chunk_grid"]["configuration"]["chunk_shape"] == [1, NUM_STATES, WIDTH]
+        codecs = {c["name"]: c.get("configuration", {}) for c in sums["codecs"]}
+        assert codecs["blosc"]["shuffle"] == "bitshuffle" and codecs["blosc"]["typesize"] == 8
+        assert [c["name"] for c in sums["codecs"]][-1] == "crc32c"
+
+    # ---- incomplete or replaced runs ------------------------------------------------------
+    def test_a_group_without_layout_is_not_found(self, store, tmp_path):
+        # a create that crashed before its last step leaves a group without the layout attribute
+        zarr.open_group(str(tmp_path / "store" / "runs" / key("half")), mode="w")
+        with pytest.raises(NotFound, match="never completely created"):
+            store.layout(key("half"))
+
+    def test_create_run_after_an_interrupted_create_starts_over(self, store, tmp_path):
+        # create_run writes the layout attribute last; a crash before it leaves the group and
+        # some arrays behind. The resumed capture calls create_run again, which must succeed.
+        run_key, layout = key("interrupted"), pooled_layout("float16")
+        group = zarr.open_group(str(tmp_path / "store" / "runs" / run_key), mode="w")
+        group.create_array("acts", shape=(N, NUM_STATES, WIDTH), dtype="float16", fill_value=0)
+        self.create(store, run_key, layout)
+        assert store.layout(run_key) == layout
+        _, numbers = self.write_all(store, run_key, layout)
+        np.testing.assert_array_equal(store.read_layers(run_key, [1], 0, N)[0], numbers[:, 1])
+
+    def test_create_run_with_another_layout_replaces_the_run(self, store):
+        run_key, layout, _ = self.filled_run(store)
+        other = pooled_layout("float16", n=6)
+        self.create(store, run_key, other)
+        assert store.layout(run_key) == other
+        assert store.sample_ids(run_key) == [f"s{i}" for i in range(6)]
+        np.testing.assert_array_equal(store.read_layers(run_key, [0], 0, 6), np.zeros((1, 6, WIDTH), np.float16))
+
+
+# ---- bfloat16 helpers -----------------------------------------------------------------------
+def special_floats() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    specials = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, -np.nan, 3.4e38, -3.4e38, 1e-45,
+                         -1e-40, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20,
+                         np.finfo(np.float32).max, np.finfo(np.float32).tiny], dtype=np.float32)
+    randoms = (rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000)).astype(np.float32)
+    raw = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32).view(np.float32)  # any bit pattern
+    return np.concatenate([specials, randoms, raw])
+
+
+def test_float32_to_bf16_bits_matches_torch():
+    values = special_floats()
+    expected = torch.from_numpy(values.copy()).bfloat16().view(torch.int16).numpy().view(np.uint16)
+    got = float32_to_bf16_bits(values)
+    assert got.dtype == np.uint16
+    # NaN stays NaN; its bits are not canonical in torch (0x7FC0 scalar path, 0xFFFF vectorised)
+    nan = np.isnan(values)
+    assert nan.sum() > 2
+    assert np.isnan(bf16_bits_to_float32(got[nan])).all()
+    np.testing.assert_array_equal(got[~nan], expected[~nan])
+
+
+def test_bf16_bits_to_float32_matches_torch():
+    bits = np.arange(2**16, dtype=np.uint16)  # every bfloat16
+    expected = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).float().numpy()
+    got = bf16_bits_to_float32(bits)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))  # bit-exact, NaNs too
+
+
+def test_decode_stored():
+    bits = np.array([[0x3F80, 0xC000]], dtype=np.uint16)
+    np.testing.assert_array_equal(decode_stored(bits, "bfloat16"), np.array([[1.0, -2.0]], np.float32))
+    half = np.array([1.5, -2.0], np.float16)
+    assert decode_stored(half, "float16") is half

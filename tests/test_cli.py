@@ -1,0 +1,148 @@
+"""The `actstore` command as a user runs it: a subprocess against a real server on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.factories import sentences
+
+REPO = Path(__file__).resolve().parents[1]
+N = 12
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACTSTORE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def actstore(*args: str, server=None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    address = ["--address", f"127.0.0.1:{server.port}"] if server is not None else []
+    return subprocess.run([sys.executable, "-m", "actstore.cli", *address, *args], capture_output=True, text=True,
+                          env=_env(), cwd=cwd or REPO, timeout=300)
+
+
+def ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def session(module_server, tiny_models):
+    """Register a tiny BERT and a text dataset and capture it, all through the CLI."""
+    texts = sentences(N, seed=3)
+    outputs = {
+        "model": ok(actstore("register-model", str(tiny_models["bert"]), "--name", "tiny-bert", server=module_server)),
+        "dataset": ok(actstore("register-dataset", *[a for t in texts for a in ("--text", t)], "--name", "toy",
+                               server=module_server)),
+        "capture": ok(actstore("capture", "--model", "tiny-bert", "--dataset", "toy", "--pooling", "mean", "-q",
+                               server=module_server)),
+    }
+    match = re.search(r"run ([0-9a-f]{16,})", outputs["capture"])
+    assert match, outputs["capture"]
+    return {"server": module_server, "run": match.group(1), "texts": texts, **outputs}
+
+
+# ---- help -----------------------------------------------------------------------------------------
+def test_help_explains_where_commands_run():
+    out = ok(actstore("--help"))
+    assert "--address" in out and "--store" in out and "--token" in out
+    for command in ("serve", "register-model", "register-dataset", "capture", "cka", "cos", "read", "token"):
+        assert command in out, command
+
+
+def test_capture_help_lists_the_choices():
+    out = ok(actstore("capture", "--help"))
+    assert "--model" in out and "--dataset" in out
+    assert re.search(r"\{cls,last,mean,tokens\}", out), out
+    assert re.search(r"\{float16,float32,bfloat16\}", out), out
+
+
+def test_bad_choice_is_a_usage_error():
+    proc = actstore("capture", "--model", "m", "--dataset", "d", "--pooling", "max")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- a session against a server -----------------------------------------------------------------
+def test_register_and_capture_report_what_they_did(session):
+    assert session["model"].startswith("model ") and "encoder" in session["model"]
+    assert "layers 0..3" in session["model"] and "width 16" in session["model"] and "tiny-bert" in session["model"]
+    assert f"n={N}" in session["dataset"] and "toy" in session["dataset"]
+    assert "(captured)" in session["capture"]
+    again = ok(actstore("capture", "--model", "tiny-bert", "--dataset", "toy", "--pooling", "mean", "-q",
+                        server=session["server"]))
+    assert session["run"] in again and "cache hit" in again
+
+
+def test_runs_and_describe(session):
+    runs = ok(actstore("runs", server=session["server"]))
+    header, *rows = runs.strip().splitlines()
+    assert header.split() == ["run", "model", "dataset", "pooling", "dtype", "n", "layers", "width", "status"]
+    (row,) = [r for r in rows if r.startswith(session["run"][:16])]
+    assert row.split()[3:] == ["mean", "float16", str(N), "4", "16", "committed"]
+
+    described = ok(actstore("describe", session["run"][:10], server=session["server"]))
+    assert f"run      {session['run']}" in described
+    assert "committed" in described and f"n={N}" in described and "width=16" in described
+    assert "tiny-bert" in described and "toy" in described and "all values finite" in described
+
+
+def test_cka_prints_a_table_and_writes_a_plot(session, tmp_path, module_client):
+    png = tmp_path / "cka.png"
+    out = ok(actstore("cka", session["run"], "--plot", str(png), server=session["server"]))
+    assert png.is_file() and png.stat().st_size > 1000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = out.splitlines()
+    assert lines[0].replace(" ", "") == "||0|1|2|3|"
+    table = [[float(v) for v in line.strip("| ").split(" | ")[1:]] for line in lines[2:6]]
+    expected = module_client.cka(session["run"]).biased
+    np.testing.assert_allclose(table, expected, atol=6e-4)  # printed with 3 digits
+    assert "linear CKA (biased)" in out and f"plot written to {png}" in out
+
+
+def test_cos_json(session):
+    out = ok(actstore("cos", session["run"], "--json", server=session["server"]))
+    answer = json.loads(out)
+    matrix = np.array(answer["matrix"])
+    assert matrix.shape == (4, 4) and answer["layers_a"] == answer["layers_b"] == [0, 1, 2, 3]
+    np.testing.assert_allclose(np.diag(matrix), 1.0, atol=1e-3)
+    assert answer["run_keys"] == [session["run"], session["run"]]
+    assert "cosine" in answer["metric"]
+
+
+def test_read_writes_an_npy(session, tmp_path, module_client):
+    target = tmp_path / "layer1.npy"
+    out = ok(actstore("read", session["run"], "--layer", "1", "--out", str(target), server=session["server"]))
+    values = np.load(target)
+    assert values.shape == (N, 16) and values.dtype == np.float16
+    expected, _ = module_client.read_activations(session["run"], 1)
+    np.testing.assert_array_equal(values, expected)
+    assert f"({N}, 16)" in out and f"{N} sample ids" in out
+    part = tmp_path / "part.npy"
+    ok(actstore("read", session["run"], "--layer", "3", "--start", "2", "--stop", "5", "--out", str(part),
+                server=session["server"]))
+    np.testing.assert_array_equal(np.load(part), module_client.read_activations(session["run"], 3)[0][2:5])
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["cka", "{run}", "--layers-a", "99"], "INVALID_ARGUMENT"),
+    (["read", "{run}", "--layer", "1", "--start", "9", "--stop", "3", "--out", "x.npy"], "INVALID_ARGUMENT"),
+    (["describe", "0123456789abcdef"], "NOT_FOUND"),
+    (["capture", "--model", "no-such-model", "--dataset", "toy", "-q"], "NOT_FOUND"),
+])
+def test_errors_exit_2_with_the_status_and_no_traceback(session, tmp_path, args, code):
+    proc = actstore(*[a.format(run=session["run"]) for a in args], server=session["server"], cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"error ({code}): "), proc.stderr
+    assert len(proc.stderr.strip()) > len(f"error ({code}): ") + 10
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "x.npy").exists()
