@@ -26,8 +26,8 @@ def _env() -> dict[str, str]:
 
 def actstore(*args: str, server=None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     address = ["--address", f"127.0.0.1:{server.port}"] if server is not None else []
-    return subprocess.run([sys.executable, "-m", "actstore.cli", *address, *args], capture_output=True, text=True,
-                          env=_env(), cwd=cwd or REPO, timeout=300)
+    return subprocess.run([sys.executable, "-m", "actstore.cli", *address, *args], check=False,
+                          capture_output=True, text=True, env=_env(), cwd=cwd or REPO, timeout=300)
 
 
 def ok(proc: subprocess.CompletedProcess) -> str:

@@ -20,8 +20,8 @@ def _env() -> dict[str, str]:
 
 
 def _python(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_env(), cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -34,7 +34,7 @@ def _files(root: Path) -> dict[str, bytes]:
 def test_committed_stubs_match_a_fresh_generation(tmp_path):
     out = tmp_path / "proto-out"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "generate_protos.py"), "--out", str(out)],
-                          capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
+                          check=False, capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, f"generate_protos.py failed:\n{proc.stdout}\n{proc.stderr}"
     fresh, committed = _files(out), _files(COMMITTED)
     assert "actstore/v1/actstore_pb2.py" in fresh and "actstore/v1/actstore_pb2_grpc.py" in fresh

@@ -72,7 +72,9 @@ class ArrayStoreContract:
     """Tests every ArrayStore backend must pass. Override `make_store`."""
 
     def make_store(self, tmp_path: Path) -> ArrayStore:
-        raise NotImplementedError("a backend's test class returns a fresh, empty store here")
+        """A store over the storage at tmp_path (empty for a fresh tmp_path). Called twice with
+        the same tmp_path it returns two handles on the same storage, as two processes have."""
+        raise NotImplementedError("a backend's test class opens its store here")
 
     @pytest.fixture
     def store(self, tmp_path: Path) -> ArrayStore:
@@ -94,7 +96,7 @@ class ArrayStoreContract:
     def filled_run(self, store: ArrayStore, dtype: str = "float32", name: str = "run"):
         run_key, layout = key(name), pooled_layout(dtype)
         self.create(store, run_key, layout)
-        stored, numbers = self.write_all(store, run_key, layout)
+        _, numbers = self.write_all(store, run_key, layout)
         return run_key, layout, numbers
 
     @staticmethod
@@ -328,6 +330,21 @@ class ArrayStoreContract:
                 call()
         # the other run is untouched
         np.testing.assert_array_equal(store.read_layers(kept, [1], 0, N), self.expected(kept_numbers, [1], 0, N))
+
+    def test_handles_on_the_same_storage_see_each_others_deletes(self, store, tmp_path):
+        # the server deletes runs through its handle while long-lived capture actors and metric
+        # tasks hold their own handles on the same storage
+        run_key, layout, _ = self.filled_run(store)
+        other_handle = self.make_store(tmp_path)
+        assert other_handle.layout(run_key) == layout
+        store.delete_run(run_key)
+        with pytest.raises(NotFound):
+            other_handle.layout(run_key)
+        # a capture of the same key again, by a server with another shard size
+        resized = replace(layout, shard_rows=SHARD_ROWS + 1)
+        other_handle.create_run(run_key, resized, [f"s{i}" for i in range(N)], None, None)
+        assert other_handle.layout(run_key) == resized
+        assert store.layout(run_key) == resized
 
     def test_a_deleted_run_can_be_created_again(self, store):
         run_key, layout, _ = self.filled_run(store)

@@ -13,7 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from actstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from actstore.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from actstore.store.catalog import (
     CHUNK_SCHEMA,
     Catalog,
@@ -31,22 +37,23 @@ def digest(name: str) -> str:
 
 
 def model_record(name: str, **overrides) -> ModelRecord:
-    fields = dict(digest=digest(name), kind="hf", arch="BertModel", num_layers=3, hidden_size=16,
-                  max_positions=64, path=f"/models/{name}", has_head=False,
-                  lineage={"source": name, "steps": [1, 2]})
+    fields = {"digest": digest(name), "kind": "hf", "arch": "BertModel", "num_layers": 3, "hidden_size": 16,
+              "max_positions": 64, "path": f"/models/{name}", "has_head": False,
+              "lineage": {"source": name, "steps": [1, 2]}}
     return ModelRecord(**{**fields, **overrides})
 
 
 def dataset_record(name: str, **overrides) -> DatasetRecord:
-    fields = dict(digest=digest(name), kind="text", n=10, num_labels=2, has_groups=False,
-                  path=f"/datasets/{name}", source={"builtin": name, "limit": 10})
+    fields = {"digest": digest(name), "kind": "text", "n": 10, "num_labels": 2, "has_groups": False,
+              "path": f"/datasets/{name}", "source": {"builtin": name, "limit": 10}}
     return DatasetRecord(**{**fields, **overrides})
 
 
 def run_record(name: str, model: str = "m", dataset: str = "d", status: str = "running", **overrides) -> RunRecord:
-    fields = dict(run_key=digest(name), model_digest=digest(model), dataset_digest=digest(dataset),
-                  pooling="mean", dtype="float16", max_len=32, n=10, rows=10, num_layers=3, width=16,
-                  num_shards=2, status=status, spec={"pooling": "mean", "layers": [0, 1, 2, 3]})
+    fields = {"run_key": digest(name), "model_digest": digest(model), "dataset_digest": digest(dataset),
+              "pooling": "mean", "dtype": "float16", "max_len": 32, "n": 10, "rows": 10, "num_layers": 3,
+              "width": 16, "num_shards": 2, "status": status,
+              "spec": {"pooling": "mean", "layers": [0, 1, 2, 3]}}
     return RunRecord(**{**fields, **overrides})
 
 
@@ -115,7 +122,8 @@ def test_second_process_gets_unavailable_with_address_hint(catalog, catalog_path
         else:
             print("opened")
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr
     name, _, message = done.stdout.partition("\n")
     assert name == Unavailable.__name__, done.stdout

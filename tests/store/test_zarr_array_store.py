@@ -19,11 +19,11 @@ from actstore.store.arrays import (
     float32_to_bf16_bits,
 )
 from tests.store.array_store_contract import (
-    N,
     NUM_STATES,
     SHARD_ROWS,
     WIDTH,
     ArrayStoreContract,
+    N,
     key,
     pooled_layout,
     token_layout,
@@ -171,7 +171,7 @@ class TestZarrArrayStore(ArrayStoreContract):
         np.testing.assert_array_equal(store.read_layers(run_key, [1], 0, N)[0], numbers[:, 1])
 
     def test_create_run_with_another_layout_replaces_the_run(self, store):
-        run_key, layout, _ = self.filled_run(store)
+        run_key, _, _ = self.filled_run(store)
         other = pooled_layout("float16", n=6)
         self.create(store, run_key, other)
         assert store.layout(run_key) == other
