@@ -36,8 +36,8 @@ def create_token(catalog: Catalog, name: str, role: str) -> str:
     return token
 
 
-def authorize(catalog: Catalog, metadata: dict[str, str], method: str) -> str:
-    """The principal's name, or an Unauthenticated / PermissionDenied error."""
+def authenticate(catalog: Catalog, metadata: dict[str, str]) -> tuple[str, str]:
+    """(name, role) of the caller's token, or Unauthenticated."""
     header = metadata.get("authorization", "")
     if not header.startswith("Bearer "):
         raise Unauthenticated("this server requires a token: pass --token (or ACTSTORE_TOKEN), "
@@ -45,8 +45,10 @@ def authorize(catalog: Catalog, metadata: dict[str, str], method: str) -> str:
     principal = catalog.principal(hash_token(header.removeprefix("Bearer ").strip()))
     if principal is None:
         raise Unauthenticated("unknown or revoked token")
-    name, role = principal
+    return principal
+
+
+def check_role(name: str, role: str, method: str) -> None:
     needed = METHOD_ROLES.get(method, "admin")
     if ROLES.index(role) < ROLES.index(needed):
         raise PermissionDenied(f"{name} is a {role}; {method} needs the {needed} role")
-    return name

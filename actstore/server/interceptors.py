@@ -12,7 +12,7 @@ import logging
 import grpc
 
 from actstore.errors import ActStoreError
-from actstore.server.auth import METHOD_ROLES, authorize
+from actstore.server.auth import METHOD_ROLES, authenticate, check_role
 from actstore.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,8 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self.catalog = catalog
         self.auth = auth
 
-    def _enter(self, details: grpc.HandlerCallDetails, method: str) -> str | None:
-        if not self.auth:
-            return None
-        return authorize(self.catalog, dict(details.invocation_metadata or ()), method)
+    def _caller(self, details: grpc.HandlerCallDetails) -> tuple[str, str] | None:
+        return authenticate(self.catalog, dict(details.invocation_metadata or ())) if self.auth else None
 
     def _audit(self, principal: str | None, method: str, request, status: str) -> None:
         if method in _AUDITED:
@@ -57,7 +55,10 @@ class ServiceInterceptor(grpc.ServerInterceptor):
             def unary(request, context):
                 principal = None
                 try:
-                    principal = self._enter(details, method)
+                    caller = self._caller(details)
+                    if caller is not None:
+                        principal = caller[0]
+                        check_role(*caller, method)
                     current_principal.set(principal)
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
@@ -74,7 +75,10 @@ class ServiceInterceptor(grpc.ServerInterceptor):
 
         def stream(request, context):
             try:
-                current_principal.set(self._enter(details, method))
+                caller = self._caller(details)
+                if caller is not None:
+                    check_role(*caller, method)
+                current_principal.set(caller[0] if caller else None)
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
                 _abort(context, exc, method)

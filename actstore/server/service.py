@@ -188,6 +188,8 @@ class ActStoreService:
         if dataset.kind == "text" and model.kind == "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds texts but model {request.model!r} is "
                                   "a vision model")
+        if request.max_len < 0 or request.max_len == 1:
+            raise InvalidArgument(f"max_len {request.max_len} must be >= 2 tokens (0 picks the default)")
         max_len = request.max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
         spec = run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
                         pooling=pooling, max_len=max_len, dtype=dtype)

@@ -6,6 +6,7 @@ import json
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore.errors import InvalidArgument
 from actstore.server.interceptors import current_principal
 from actstore.server.jobs import JobSnapshot
 from actstore.server.queries import MetricResult
@@ -15,6 +16,13 @@ from actstore.wire import to_ndarray
 
 _EVENT_KIND = {"done": pb.JobEvent.DONE, "failed": pb.JobEvent.FAILED, "cancelled": pb.JobEvent.CANCELLED,
                "interrupted": pb.JobEvent.FAILED}
+
+
+def enum_name(enum_type, value: int, what: str) -> str:
+    """The lower-case name of a proto enum value; an unknown number is the caller's mistake."""
+    if value not in enum_type.values():
+        raise InvalidArgument(f"unknown {what} {value}: use one of {', '.join(enum_type.keys()[1:])}")
+    return enum_type.Name(value).lower()
 
 
 def model_proto(m: ModelRecord) -> pb.Model:
@@ -140,7 +148,7 @@ class QueryServicer(rpc.QueryServicer):
         self.service = service
 
     def Similarity(self, request, context):
-        metric = pb.SimilarityRequest.Metric.Name(request.metric).lower()
+        metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
         result = self.service.queries.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
                                                  list(request.layers_b), request.center, request.refresh)
         return result_proto(result)

@@ -151,11 +151,14 @@ class ZarrArrayStore(ArrayStore):
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets) -> None:
         path = self._run_path(run_key)
+        self._layouts.pop(run_key, None)
         if (path / "zarr.json").exists():
-            existing = self.layout(run_key)
-            if existing == layout:
-                return
-            shutil.rmtree(path)  # an interrupted create with another layout: start over
+            try:
+                if self.layout(run_key) == layout:
+                    return
+            except NotFound:  # an interrupted create: start over
+                pass
+            shutil.rmtree(path)
             self._layouts.pop(run_key, None)
         group = zarr.open_group(str(path), mode="w")
         dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
@@ -188,6 +191,8 @@ class ZarrArrayStore(ArrayStore):
         group.attrs["layout"] = layout.to_dict()
 
     def layout(self, run_key: str) -> RunLayout:
+        if run_key in self._layouts and not (self._run_path(run_key) / "zarr.json").exists():
+            self._layouts.pop(run_key)  # deleted through another handle
         if run_key not in self._layouts:
             attrs = self._group(run_key).attrs.asdict()
             if "layout" not in attrs:
@@ -200,6 +205,8 @@ class ZarrArrayStore(ArrayStore):
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
             raise ValueError(f"shard {shard} expects {(stop - start, layout.num_states, layout.width)}, got {values.shape}")
+        if sums.shape != (layout.num_states, layout.width):
+            raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
         group = self._group(run_key, mode="r+")
         group[layout.array_name][start:stop] = values
         group["layer_sums"][shard] = sums
@@ -207,6 +214,11 @@ class ZarrArrayStore(ArrayStore):
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         layout = self.layout(run_key)
         array = self._group(run_key)[layout.array_name]
+        shard_dir = self._run_path(run_key) / layout.array_name / "c"
+        for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
+            if not (shard_dir / str(shard) / "0" / "0").exists():  # Zarr would read it as zeros
+                raise DataLoss(f"run {run_key[:12]}: shard {shard} is missing from the store; delete the "
+                               "run and capture it again")
         try:
             if len(layers) == 1:
                 stored = array[start:stop, layers[0], :][None]
@@ -229,7 +241,10 @@ class ZarrArrayStore(ArrayStore):
         return means
 
     def means(self, run_key: str) -> np.ndarray:
-        return self._group(run_key)["means"][:]
+        group = self._group(run_key)
+        if "means" not in group:
+            raise NotFound(f"run {run_key[:12]} has no layer means yet: it is not committed")
+        return group["means"][:]
 
     def sample_ids(self, run_key: str) -> list[str]:
         group = self._group(run_key)

@@ -194,7 +194,7 @@ class Catalog:
         hit = self._rows(f"SELECT digest FROM {alias_table} WHERE alias = ?", [name])
         if hit:
             return hit[0][0]
-        matches = self._rows(f"SELECT digest FROM {table} WHERE digest LIKE ? || '%'", [name])
+        matches = self._rows(f"SELECT digest FROM {table} WHERE starts_with(digest, ?)", [name])
         if len(matches) == 1 and len(name) >= 8:
             return matches[0][0]
         if len(matches) > 1 and len(name) >= 8:
@@ -263,7 +263,7 @@ class Catalog:
 
     def run(self, key_or_prefix: str) -> RunRecord:
         rows = self._rows(
-            f"SELECT {self._RUN_COLUMNS} FROM runs WHERE run_key LIKE ? || '%'", [key_or_prefix]
+            f"SELECT {self._RUN_COLUMNS} FROM runs WHERE starts_with(run_key, ?)", [key_or_prefix]
         ) if len(key_or_prefix) >= 8 else []
         if len(rows) > 1:
             raise InvalidArgument(f"run prefix {key_or_prefix!r} is ambiguous: give more characters")

@@ -176,7 +176,8 @@ class TestZarrArrayStore(ArrayStoreContract):
         self.create(store, run_key, other)
         assert store.layout(run_key) == other
         assert store.sample_ids(run_key) == [f"s{i}" for i in range(6)]
-        np.testing.assert_array_equal(store.read_layers(run_key, [0], 0, 6), np.zeros((1, 6, WIDTH), np.float16))
+        with pytest.raises(DataLoss, match="shard 0 is missing"):  # the old shards are gone, never read as zeros
+            store.read_layers(run_key, [0], 0, 6)
 
 
 # ---- bfloat16 helpers -----------------------------------------------------------------------

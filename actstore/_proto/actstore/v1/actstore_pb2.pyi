@@ -914,6 +914,10 @@ class SimilarityRequest(_message.Message):
         """linear CKA, biased and debiased (streaming exact)"""
         COS: SimilarityRequest._Metric.ValueType  # 2
         """sample-wise cosine similarity, mean and quantiles"""
+        MINIBATCH_CKA: SimilarityRequest._Metric.ValueType  # 3
+        """Nguyen et al. 2021, over equal batches of batch_size rows"""
+        MUTUAL_KNN: SimilarityRequest._Metric.ValueType  # 4
+        """Huh et al. 2024, k nearest neighbours"""
 
     class Metric(_Metric, metaclass=_MetricEnumTypeWrapper): ...
     METRIC_UNSPECIFIED: SimilarityRequest.Metric.ValueType  # 0
@@ -922,6 +926,10 @@ class SimilarityRequest(_message.Message):
     """linear CKA, biased and debiased (streaming exact)"""
     COS: SimilarityRequest.Metric.ValueType  # 2
     """sample-wise cosine similarity, mean and quantiles"""
+    MINIBATCH_CKA: SimilarityRequest.Metric.ValueType  # 3
+    """Nguyen et al. 2021, over equal batches of batch_size rows"""
+    MUTUAL_KNN: SimilarityRequest.Metric.ValueType  # 4
+    """Huh et al. 2024, k nearest neighbours"""
 
     METRIC_FIELD_NUMBER: _builtins.int
     RUN_A_FIELD_NUMBER: _builtins.int
@@ -930,6 +938,9 @@ class SimilarityRequest(_message.Message):
     LAYERS_B_FIELD_NUMBER: _builtins.int
     CENTER_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    REMAINDER_FIELD_NUMBER: _builtins.int
+    K_FIELD_NUMBER: _builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
     run_a: _builtins.str
     run_b: _builtins.str
@@ -938,6 +949,12 @@ class SimilarityRequest(_message.Message):
     """COS only: global-mean (default) | none"""
     refresh: _builtins.bool
     """recompute even if a stored result exists"""
+    batch_size: _builtins.int
+    """MINIBATCH_CKA: rows per batch (>= 4)"""
+    remainder: _builtins.str
+    """MINIBATCH_CKA: drop (default) | merge the short final batch"""
+    k: _builtins.int
+    """MUTUAL_KNN: neighbours (default 10)"""
     @_builtins.property
     def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all layers 0..L"""
@@ -954,14 +971,244 @@ class SimilarityRequest(_message.Message):
         layers_b: _abc.Iterable[_builtins.int] | None = ...,
         center: _builtins.str = ...,
         refresh: _builtins.bool = ...,
+        batch_size: _builtins.int = ...,
+        remainder: _builtins.str = ...,
+        k: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["center", b"center", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SimilarityRequest: _TypeAlias = SimilarityRequest  # noqa: Y015
+
+@_typing.final
+class EntropyRequest(_message.Message):
+    """Matrix-entropy family ("Layer by Layer", Skean et al. 2025), one value per layer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Metric:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _MetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[EntropyRequest._Metric.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        METRIC_UNSPECIFIED: EntropyRequest._Metric.ValueType  # 0
+        """rejected: name the metric"""
+        DATASET_ENTROPY: EntropyRequest._Metric.ValueType  # 1
+        """pooled run: entropy of the normalised matrix of pooled vectors"""
+        PROMPT_ENTROPY: EntropyRequest._Metric.ValueType  # 2
+        """token-level run: per-prompt entropy, averaged"""
+        EFFECTIVE_RANK: EntropyRequest._Metric.ValueType  # 3
+        """pooled run"""
+        CURVATURE: EntropyRequest._Metric.ValueType  # 4
+        """token-level run"""
+        INFONCE: EntropyRequest._Metric.ValueType  # 5
+        """pooled run of an augmented dataset (views 0 and 1 of each group)"""
+        DIME: EntropyRequest._Metric.ValueType  # 6
+        """pooled run of an augmented dataset"""
+        LIDAR: EntropyRequest._Metric.ValueType  # 7
+        """pooled run of an augmented dataset (all views)"""
+
+    class Metric(_Metric, metaclass=_MetricEnumTypeWrapper): ...
+    METRIC_UNSPECIFIED: EntropyRequest.Metric.ValueType  # 0
+    """rejected: name the metric"""
+    DATASET_ENTROPY: EntropyRequest.Metric.ValueType  # 1
+    """pooled run: entropy of the normalised matrix of pooled vectors"""
+    PROMPT_ENTROPY: EntropyRequest.Metric.ValueType  # 2
+    """token-level run: per-prompt entropy, averaged"""
+    EFFECTIVE_RANK: EntropyRequest.Metric.ValueType  # 3
+    """pooled run"""
+    CURVATURE: EntropyRequest.Metric.ValueType  # 4
+    """token-level run"""
+    INFONCE: EntropyRequest.Metric.ValueType  # 5
+    """pooled run of an augmented dataset (views 0 and 1 of each group)"""
+    DIME: EntropyRequest.Metric.ValueType  # 6
+    """pooled run of an augmented dataset"""
+    LIDAR: EntropyRequest.Metric.ValueType  # 7
+    """pooled run of an augmented dataset (all views)"""
+
+    METRIC_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
+    NORMALIZATION_FIELD_NUMBER: _builtins.int
+    CLAMP_FIELD_NUMBER: _builtins.int
+    CONVENTION_FIELD_NUMBER: _builtins.int
+    ABS_COS_FIELD_NUMBER: _builtins.int
+    PERMUTATIONS_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    EXP_FIELD_NUMBER: _builtins.int
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    metric: Global___EntropyRequest.Metric.ValueType
+    run: _builtins.str
+    alpha: _builtins.float
+    """Renyi order; 0 means the default 1"""
+    normalization: _builtins.str
+    """raw (default) | maxEntropy | logN | logD"""
+    clamp: _builtins.bool
+    """clamp the Gram at 0 (reproduces the reference code)"""
+    convention: _builtins.str
+    """EFFECTIVE_RANK: diff-erank (default) | roy-vetterli"""
+    abs_cos: _builtins.bool
+    """CURVATURE: |cos| inside the arccos"""
+    permutations: _builtins.int
+    """DIME: default 10"""
+    seed: _builtins.int
+    """DIME permutations"""
+    exp: _builtins.bool
+    """LIDAR: report exp(S)"""
+    temperature: _builtins.float
+    """INFONCE: default 0.1"""
+    refresh: _builtins.bool
+    @_builtins.property
+    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """empty: all"""
+
+    def __init__(
+        self,
+        *,
+        metric: Global___EntropyRequest.Metric.ValueType = ...,
+        run: _builtins.str = ...,
+        layers: _abc.Iterable[_builtins.int] | None = ...,
+        alpha: _builtins.float = ...,
+        normalization: _builtins.str = ...,
+        clamp: _builtins.bool = ...,
+        convention: _builtins.str = ...,
+        abs_cos: _builtins.bool = ...,
+        permutations: _builtins.int = ...,
+        seed: _builtins.int = ...,
+        exp: _builtins.bool = ...,
+        temperature: _builtins.float = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EntropyRequest: _TypeAlias = EntropyRequest  # noqa: Y015
+
+@_typing.final
+class ResidualNormRequest(_message.Message):
+    """||h_l|| / ||h_{l+1} - h_l|| per sample ("Tracing Representation Progression", App. B.2)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    run: _builtins.str
+    refresh: _builtins.bool
+    @_builtins.property
+    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """l in 0..L-1; empty: all"""
+
+    def __init__(
+        self,
+        *,
+        run: _builtins.str = ...,
+        layers: _abc.Iterable[_builtins.int] | None = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layers", b"layers", "refresh", b"refresh", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResidualNormRequest: _TypeAlias = ResidualNormRequest  # noqa: Y015
+
+@_typing.final
+class StitchRequest(_message.Message):
+    """Model stitching (Brown et al. 2023): run A layer i -> affine map -> run B's model at layer j."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_A_FIELD_NUMBER: _builtins.int
+    LAYER_A_FIELD_NUMBER: _builtins.int
+    RUN_B_FIELD_NUMBER: _builtins.int
+    LAYER_B_FIELD_NUMBER: _builtins.int
+    TEST_FRACTION_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    run_a: _builtins.str
+    """token-level runs of the same dataset with identical tokenisation"""
+    layer_a: _builtins.int
+    run_b: _builtins.str
+    layer_b: _builtins.int
+    test_fraction: _builtins.float
+    """held-out prompts for the penalty; default 0.25"""
+    seed: _builtins.int
+    refresh: _builtins.bool
+    def __init__(
+        self,
+        *,
+        run_a: _builtins.str = ...,
+        layer_a: _builtins.int = ...,
+        run_b: _builtins.str = ...,
+        layer_b: _builtins.int = ...,
+        test_fraction: _builtins.float = ...,
+        seed: _builtins.int = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StitchRequest: _TypeAlias = StitchRequest  # noqa: Y015
+
+@_typing.final
+class CKAMatrixRequest(_message.Message):
+    """The cross-model comparison job: the full (sum of L+1) x (sum of L+1) CKA matrix of M runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    refresh: _builtins.bool
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """run keys or prefixes, same samples in the same order"""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[_builtins.str] | None = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CKAMatrixRequest: _TypeAlias = CKAMatrixRequest  # noqa: Y015
+
+@_typing.final
+class GetResultRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_KEY_FIELD_NUMBER: _builtins.int
+    result_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        result_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_key", b"result_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetResultRequest: _TypeAlias = GetResultRequest  # noqa: Y015
 
 @_typing.final
 class ReadActivationsRequest(_message.Message):

@@ -613,6 +613,31 @@ class QueryStub:
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.SerializeToString,
                 response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
                 _registered_method=True)
+        self.Entropy = channel.unary_unary(
+                '/actstore.v1.Query/Entropy',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.EntropyRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
+        self.ResidualNorm = channel.unary_unary(
+                '/actstore.v1.Query/ResidualNorm',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.ResidualNormRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
+        self.Stitch = channel.unary_unary(
+                '/actstore.v1.Query/Stitch',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.StitchRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
+        self.SubmitCKAMatrix = channel.unary_unary(
+                '/actstore.v1.Query/SubmitCKAMatrix',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.CKAMatrixRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+                _registered_method=True)
+        self.GetResult = channel.unary_unary(
+                '/actstore.v1.Query/GetResult',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.GetResultRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
         self.ReadActivations = channel.unary_stream(
                 '/actstore.v1.Query/ReadActivations',
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.ReadActivationsRequest.SerializeToString,
@@ -624,6 +649,37 @@ class QueryServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Similarity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Entropy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResidualNorm(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stitch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitCKAMatrix(self, request, context):
+        """A long comparison runs as a job: watch it with Capture.WatchJob, then fetch its result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetResult(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -641,6 +697,31 @@ def add_QueryServicer_to_server(servicer, server):
             'Similarity': grpc.unary_unary_rpc_method_handler(
                     servicer.Similarity,
                     request_deserializer=actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'Entropy': grpc.unary_unary_rpc_method_handler(
+                    servicer.Entropy,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.EntropyRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'ResidualNorm': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResidualNorm,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.ResidualNormRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'Stitch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stitch,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.StitchRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'SubmitCKAMatrix': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitCKAMatrix,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.CKAMatrixRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.Job.SerializeToString,
+            ),
+            'GetResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetResult,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.GetResultRequest.FromString,
                     response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
             ),
             'ReadActivations': grpc.unary_stream_rpc_method_handler(
@@ -675,6 +756,141 @@ class Query:
             target,
             '/actstore.v1.Query/Similarity',
             actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Entropy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/Entropy',
+            actstore_dot_v1_dot_actstore__pb2.EntropyRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResidualNorm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/ResidualNorm',
+            actstore_dot_v1_dot_actstore__pb2.ResidualNormRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stitch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/Stitch',
+            actstore_dot_v1_dot_actstore__pb2.StitchRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitCKAMatrix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/SubmitCKAMatrix',
+            actstore_dot_v1_dot_actstore__pb2.CKAMatrixRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/GetResult',
+            actstore_dot_v1_dot_actstore__pb2.GetResultRequest.SerializeToString,
             actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
             options,
             channel_credentials,
