@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from actstore.errors import ActStoreError
 
 DEFAULT_ADDRESS = "127.0.0.1:50151"
@@ -241,6 +243,102 @@ def cmd_cos(args) -> int:
     return 0
 
 
+def cmd_minibatch(args) -> int:
+    with connect(args) as client:
+        result = client.minibatch_cka(args.run_a, args.run_b, batch_size=args.batch_size,
+                                      layers_a=_layers(args.layers_a), layers_b=_layers(args.layers_b),
+                                      remainder=args.remainder, refresh=args.refresh)
+    _show_matrix(f"minibatch CKA (batch {args.batch_size})", result.values, result.layers_a, result.layers_b,
+                 result.provenance, result.notes, args, f"minibatch CKA, batch {args.batch_size}")
+    return 0
+
+
+def cmd_knn(args) -> int:
+    with connect(args) as client:
+        result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=_layers(args.layers_a),
+                                   layers_b=_layers(args.layers_b), refresh=args.refresh)
+    _show_matrix(f"mutual kNN (k={args.k})", result.values, result.layers_a, result.layers_b, result.provenance,
+                 result.notes, args, f"mutual kNN alignment, k={args.k}")
+    return 0
+
+
+def _show_curve(name: str, layers, values, provenance, notes, args, bands=None) -> None:
+    from actstore.report import curves
+
+    if args.json:
+        print(json.dumps({"metric": name, "layers": layers, "values": [float(v) for v in values],
+                          "cached": provenance.cached, "run_keys": provenance.run_keys, "notes": notes}))
+        return
+    for layer, value in zip(layers, values):
+        print(f"layer {layer:3d}  {value: .6f}")
+    print(f"\n{name}; run {provenance.run_keys[0][:12]}; {'cached' if provenance.cached else 'computed'} "
+          f"({provenance.seconds:.2f} s compute)")
+    for note in notes:
+        print(f"note: {note}")
+    if args.plot:
+        curves({name: np.asarray(values)}, Path(args.plot), title=name, xlabel="layer", ylabel=name, bands=bands)
+        print(f"plot written to {args.plot}")
+
+
+def cmd_entropy(args) -> int:
+    with connect(args) as client:
+        result = client.entropy(args.metric.replace("-", "_"), args.run, layers=_layers(args.layers),
+                                alpha=args.alpha, normalization=args.normalization, clamp=args.clamp,
+                                convention=args.convention, abs_cos=args.abs_cos, permutations=args.permutations,
+                                seed=args.seed, exp=args.exp, temperature=args.temperature, refresh=args.refresh)
+    _show_curve(args.metric, result.layers, result.values, result.provenance, result.notes, args)
+    return 0
+
+
+def cmd_residual(args) -> int:
+    with connect(args) as client:
+        result = client.residual_norm(args.run, layers=_layers(args.layers), refresh=args.refresh)
+    levels = list(result.quantile_levels)
+    bands = {"residual norm ratio": (result.quantiles[:, levels.index(0.25)], result.quantiles[:, levels.index(0.75)])}
+    _show_curve("residual norm ratio", result.layers, result.mean, result.provenance, result.notes, args,
+                {"residual norm ratio": bands["residual norm ratio"]})
+    return 0
+
+
+def cmd_cka_matrix(args) -> int:
+    from actstore.report import heatmap
+
+    with connect(args) as client:
+        result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
+    matrix = result.debiased if args.debiased else result.biased
+    labels = [f"{r}:{layer}" for r, layer in zip(result.block_run, result.block_layer)]
+    if args.json:
+        print(json.dumps({"matrix": matrix.tolist(), "blocks": labels, "runs": result.runs,
+                          "cached": result.provenance.cached}))
+        return 0
+    print(f"{matrix.shape[0]} x {matrix.shape[1]} CKA matrix over runs "
+          + ", ".join(f"{i}={k[:12]}" for i, k in enumerate(result.runs))
+          + f" ({'cached' if result.provenance.cached else 'computed'}, {result.provenance.seconds:.1f} s)")
+    for note in result.notes:
+        print(f"note: {note}")
+    if args.plot:
+        heatmap(matrix, Path(args.plot), title="CKA over all layers of all runs", xlabel="run:layer",
+                ylabel="run:layer", xticks=labels, yticks=labels, vmin=None if args.debiased else 0.0)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_stitch(args) -> int:
+    with connect(args) as client:
+        answer = client.stitch(args.run_a, args.layer_a, args.run_b, args.layer_b, test_fraction=args.test_fraction,
+                               seed=args.seed, refresh=args.refresh)
+    if args.json:
+        print(json.dumps(answer.scalars))
+        return 0
+    s = answer.scalars
+    print(f"stitch A layer {args.layer_a} -> B layer {args.layer_b}: penalty {s['penalty']:.4f} "
+          f"(B's loss {s['own_loss']:.4f} -> {s['stitched_loss']:.4f} through the stitch); fit R^2 on held-out "
+          f"tokens {s['test_r2']:.3f}")
+    for note in answer.notes:
+        print(f"note: {note}")
+    return 0
+
+
 def cmd_read(args) -> int:
     import numpy as np
 
@@ -364,9 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a job (a cancelled capture resumes when submitted again)")
     p.add_argument("job")
 
-    for name, func, help_text in (("cka", cmd_cka, "linear CKA between the layers of one or two runs"),
-                                  ("cos", cmd_cos, "sample-wise cosine similarity between layers")):
-        p = command(name, func, help_text)
+    def pair_args(p):
         p.add_argument("run_a", help="run key or prefix (rows of the matrix)")
         p.add_argument("run_b", nargs="?", help="second run (columns); default: run_a")
         p.add_argument("--layers-a", help="e.g. 0,3,5 or 2-6 (default: all)")
@@ -374,10 +470,71 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--plot", help="write a heatmap PNG here")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.add_argument("--refresh", action="store_true", help="recompute even if cached")
+
+    for name, func, help_text in (("cka", cmd_cka, "linear CKA between the layers of one or two runs"),
+                                  ("cos", cmd_cos, "sample-wise cosine similarity between layers")):
+        p = command(name, func, help_text)
+        pair_args(p)
         if name == "cka":
             p.add_argument("--debiased", action="store_true", help="show debiased CKA (default: biased)")
         else:
             p.add_argument("--center", default="global-mean", choices=["global-mean", "none"])
+
+    p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
+    pair_args(p)
+    p.add_argument("--batch-size", type=int, required=True, help="rows per batch (>= 4)")
+    p.add_argument("--remainder", default="drop", choices=["drop", "merge"], help="the short final batch")
+    p = command("knn", cmd_knn, "mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers")
+    pair_args(p)
+    p.add_argument("-k", type=int, default=10, help="neighbours (default 10)")
+
+    p = command("entropy", cmd_entropy, "matrix-entropy family per layer (Skean et al. 2025)",
+                "dataset-entropy, effective-rank: pooled runs. prompt-entropy, curvature: token-level runs\n"
+                "(--pooling tokens). infonce, dime, lidar: pooled runs of an augmented dataset\n"
+                "(register-dataset --augment-views 2).")
+    p.add_argument("metric", choices=["dataset-entropy", "prompt-entropy", "effective-rank", "curvature", "infonce",
+                                      "dime", "lidar"])
+    p.add_argument("run")
+    p.add_argument("--layers", help="e.g. 0-6 (default: all)")
+    p.add_argument("--alpha", type=float, default=1.0, help="Renyi order (default 1: Shannon)")
+    p.add_argument("--normalization", default="raw", choices=["raw", "maxEntropy", "logN", "logD"])
+    p.add_argument("--clamp", action="store_true", help="clamp the Gram at 0 (as the reference code does)")
+    p.add_argument("--convention", default="diff-erank", choices=["diff-erank", "roy-vetterli"])
+    p.add_argument("--abs-cos", action="store_true", help="curvature: |cos| inside the arccos")
+    p.add_argument("--permutations", type=int, default=10, help="DiME permutations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--exp", action="store_true", help="LiDAR: report exp(entropy)")
+    p.add_argument("--temperature", type=float, default=0.1, help="InfoNCE temperature")
+    p.add_argument("--plot", help="write a layer curve PNG here")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
+
+    p = command("residual-norm", cmd_residual, "||h_l|| / ||h_(l+1) - h_l|| per layer (mean and quantiles)")
+    p.add_argument("run")
+    p.add_argument("--layers")
+    p.add_argument("--plot")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
+
+    p = command("cka-matrix", cmd_cka_matrix, "the full CKA matrix over every layer of several runs, as one job",
+                "All runs must hold the same samples. The data is read once; the job shows progress and\n"
+                "resumes from stored partial results if cancelled or interrupted.")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--debiased", action="store_true")
+    p.add_argument("--plot")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
+
+    p = command("stitch", cmd_stitch, "model stitching penalty: run A's layer into run B's model (Brown et al.)",
+                "Both runs token-level (--pooling tokens) on the same dataset with the same tokenisation.")
+    p.add_argument("run_a")
+    p.add_argument("layer_a", type=int)
+    p.add_argument("run_b")
+    p.add_argument("layer_b", type=int)
+    p.add_argument("--test-fraction", type=float, default=0.25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
 
     p = command("read", cmd_read, "download one layer of a run as .npy (streamed)")
     p.add_argument("run")

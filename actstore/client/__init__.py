@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -23,10 +24,14 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client.results import (
     CaptureResult,
+    CKAMatrixResult,
     CKAResult,
     COSResult,
     DatasetInfo,
     JobInfo,
+    LayerDistribution,
+    LayerValues,
+    MatrixResult,
     ModelInfo,
     QueryAnswer,
     RunInfo,
@@ -34,7 +39,10 @@ from actstore.client.results import (
 from actstore.errors import ERRORS_BY_CODE, ActStoreError
 from actstore.wire import from_ndarray
 
-__all__ = ["Client", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo", "ModelInfo", "RunInfo"]
+__all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
+           "LayerDistribution", "LayerValues", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
+
+ENTROPY_METRICS = ("dataset_entropy", "prompt_entropy", "effective_rank", "curvature", "infonce", "dime", "lidar")
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -222,11 +230,81 @@ class Client:
         return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
 
     # ---- queries ------------------------------------------------------------------------------
-    def _similarity(self, metric, run_a, run_b, layers_a, layers_b, center, refresh) -> QueryAnswer:
+    def _similarity(self, metric, run_a, run_b, layers_a, layers_b, center="", refresh=False,
+                    **extra) -> QueryAnswer:
         request = pb.SimilarityRequest(metric=metric, run_a=run_a, run_b=run_b or "",
                                        layers_a=list(layers_a or []), layers_b=list(layers_b or []),
-                                       center=center, refresh=refresh)
+                                       center=center, refresh=refresh, **extra)
         return QueryAnswer.from_proto(self._query.Similarity(request))
+
+    def _matrix(self, answer: QueryAnswer) -> MatrixResult:
+        options = answer.provenance.options
+        return MatrixResult(answer.arrays["values"], options["layers_a"], options["layers_b"], answer.scalars,
+                            answer.provenance, answer.notes)
+
+    def minibatch_cka(self, run_a: str, run_b: str | None = None, *, batch_size: int,
+                      layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
+                      remainder: str = "drop", refresh: bool = False) -> MatrixResult:
+        """Minibatch CKA (Nguyen et al. 2021) over consecutive batches of `batch_size` rows."""
+        return self._matrix(self._similarity(pb.SimilarityRequest.MINIBATCH_CKA, run_a, run_b, layers_a, layers_b,
+                                             refresh=refresh, batch_size=batch_size, remainder=remainder))
+
+    def mutual_knn(self, run_a: str, run_b: str | None = None, *, k: int = 10,
+                   layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
+                   refresh: bool = False) -> MatrixResult:
+        """Mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers."""
+        return self._matrix(self._similarity(pb.SimilarityRequest.MUTUAL_KNN, run_a, run_b, layers_a, layers_b,
+                                             refresh=refresh, k=k))
+
+    def entropy(self, metric: str, run: str, *, layers: Sequence[int] | None = None, alpha: float = 1.0,
+                normalization: str = "raw", clamp: bool = False, convention: str = "diff-erank",
+                abs_cos: bool = False, permutations: int = 10, seed: int = 0, exp: bool = False,
+                temperature: float = 0.1, refresh: bool = False) -> LayerValues:
+        """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
+        dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
+        infonce, dime, lidar (pooled runs of an augmented dataset)."""
+        if metric not in ENTROPY_METRICS:
+            raise ValueError(f"metric must be one of {', '.join(ENTROPY_METRICS)}")
+        request = pb.EntropyRequest(
+            metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
+            normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
+            permutations=permutations, seed=seed, exp=exp, temperature=temperature, refresh=refresh)
+        answer = QueryAnswer.from_proto(self._query.Entropy(request))
+        return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
+                           answer.provenance, answer.notes)
+
+    def residual_norm(self, run: str, *, layers: Sequence[int] | None = None, refresh: bool = False
+                      ) -> LayerDistribution:
+        """||h_l|| / ||h_(l+1) - h_l|| per sample: mean and quantiles per layer l."""
+        answer = QueryAnswer.from_proto(self._query.ResidualNorm(
+            pb.ResidualNormRequest(run=run, layers=list(layers or []), refresh=refresh)))
+        return LayerDistribution(answer.arrays["mean"], answer.arrays["quantiles"], answer.arrays["quantile_levels"],
+                                 answer.provenance.options["layers"], answer.provenance, answer.notes)
+
+    def submit_cka_matrix(self, runs: Sequence[str], refresh: bool = False) -> JobInfo:
+        return JobInfo.from_proto(self._query.SubmitCKAMatrix(pb.CKAMatrixRequest(runs=list(runs), refresh=refresh)))
+
+    def result(self, result_key: str) -> QueryAnswer:
+        return QueryAnswer.from_proto(self._query.GetResult(pb.GetResultRequest(result_key=result_key)))
+
+    def cka_matrix(self, runs: Sequence[str], *, refresh: bool = False, progress: bool = False) -> CKAMatrixResult:
+        """The full CKA matrix over every layer of every run (same samples), computed as one job
+        that reads the data once; resumable if cancelled or interrupted."""
+        job = self.submit_cka_matrix(runs, refresh)
+        if not job.finished:
+            job = self.wait(job.job_id, progress=progress, description="CKA matrix")
+        answer = self.result(job.target)
+        provenance = replace(answer.provenance, cached=job.cache_hit)
+        return CKAMatrixResult(answer.arrays["biased"], answer.arrays["debiased"], answer.arrays["block_run"],
+                               answer.arrays["block_layer"], provenance.run_keys, provenance, answer.notes)
+
+    def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *, test_fraction: float = 0.25,
+               seed: int = 0, refresh: bool = False) -> QueryAnswer:
+        """Stitch run A's layer into run B's model at layer_b (token-level runs, same tokenisation):
+        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2."""
+        return QueryAnswer.from_proto(self._query.Stitch(pb.StitchRequest(
+            run_a=run_a, layer_a=layer_a, run_b=run_b, layer_b=layer_b, test_fraction=test_fraction, seed=seed,
+            refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:

@@ -170,3 +170,56 @@ class COSResult:
     n: int
     provenance: Provenance
     notes: list[str]
+
+
+@dataclass(frozen=True)
+class MatrixResult:
+    """A layers_a x layers_b matrix of one metric (minibatch CKA, mutual kNN)."""
+
+    values: np.ndarray
+    layers_a: list[int]
+    layers_b: list[int]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class LayerValues:
+    """One value per layer (the entropy family)."""
+
+    values: np.ndarray
+    layers: list[int]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class LayerDistribution:
+    """Per layer: the mean and quantiles of a per-sample quantity."""
+
+    mean: np.ndarray
+    quantiles: np.ndarray  # (layers, len(quantile_levels))
+    quantile_levels: np.ndarray
+    layers: list[int]
+    provenance: Provenance
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class CKAMatrixResult:
+    """The cross-model CKA matrix: block i is layer block_layer[i] of run runs[block_run[i]]."""
+
+    biased: np.ndarray
+    debiased: np.ndarray
+    block_run: np.ndarray
+    block_layer: np.ndarray
+    runs: list[str]
+    provenance: Provenance
+    notes: list[str]
+
+    def block(self, run_a: int, run_b: int, *, debiased: bool = False) -> np.ndarray:
+        """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""
+        matrix = self.debiased if debiased else self.biased
+        return matrix[np.ix_(self.block_run == run_a, self.block_run == run_b)]

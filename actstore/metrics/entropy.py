@@ -264,6 +264,11 @@ class DatasetEntropyAccumulator:
             )
         return _product_entropy(self.scatter, self.n, d, alpha, normalization, clamp)
 
+    def effective_rank(self, convention: Literal["diff-erank", "roy-vetterli"] = "diff-erank") -> float:
+        """`effective_rank` of all accumulated rows: the scatter's eigenvalues are sigma^2."""
+        squared = np.clip(np.linalg.eigvalsh(self.scatter), 0.0, None)
+        return _effective_rank_from_squared(squared, convention)
+
 
 def effective_rank(
     z: np.ndarray, convention: Literal["diff-erank", "roy-vetterli"] = "diff-erank"
@@ -275,7 +280,11 @@ def effective_rank(
     All rows at the mean give exp(0) = 1, following the zero entropy of an all-zero spectrum.
     """
     sigma = np.linalg.svd(normalize_rows(z), compute_uv=False)
-    weights = {"diff-erank": sigma**2, "roy-vetterli": sigma}
+    return _effective_rank_from_squared(sigma**2, convention)
+
+
+def _effective_rank_from_squared(squared: np.ndarray, convention: str) -> float:
+    weights = {"diff-erank": squared, "roy-vetterli": np.sqrt(squared)}
     if convention not in weights:
         raise ValueError(f"convention must be one of {sorted(weights)}, got {convention!r}")
     return float(np.exp(entropy_from_eigenvalues(weights[convention])))

@@ -420,3 +420,61 @@ def residual_norm_ratio(h_l: np.ndarray, h_next: np.ndarray) -> np.ndarray:
     # an unchanged sample divides by zero: inf (or nan for a zero h_l) is the honest ratio
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.linalg.norm(a, axis=1) / np.linalg.norm(b - a, axis=1)
+
+
+class ResidualNormAccumulator:
+    """Streaming distribution of the residual norm ratio `||h_l|| / ||h_{l+1} - h_l||` per layer
+    ("Tracing Representation Progression", Appendix B.2).
+
+    `update(blocks)` takes the layers as consecutive pairs: blocks[2k] = h_l, blocks[2k+1] = h_{l+1}.
+    Memory is independent of n: a histogram of log10(ratio) over [-4, 6] with `bins` bins, plus the
+    exact count, mean, min and max, so quantiles are within a factor 10**(10/bins) of exact.
+    A sample whose two layers are equal has an infinite ratio; it is counted in `unchanged`.
+    """
+
+    LOW, HIGH = -4.0, 6.0
+
+    def __init__(self, num_pairs: int, bins: int = 4000) -> None:
+        self.bins = bins
+        self.n = 0
+        self.counts = np.zeros((num_pairs, bins), dtype=np.int64)
+        self.total = np.zeros(num_pairs)
+        self.lowest = np.full(num_pairs, np.inf)
+        self.highest = np.full(num_pairs, -np.inf)
+        self.unchanged = np.zeros(num_pairs, dtype=np.int64)
+
+    def update(self, blocks: list[np.ndarray]) -> None:
+        ratios = np.stack([residual_norm_ratio(blocks[2 * k], blocks[2 * k + 1])
+                           for k in range(len(self.counts))])  # (P, rows)
+        finite = np.isfinite(ratios)
+        self.unchanged += (~finite).sum(axis=1)
+        logs = np.log10(np.where(finite & (ratios > 0), ratios, 1.0))
+        index = np.clip(np.floor((logs - self.LOW) * self.bins / (self.HIGH - self.LOW)), 0, self.bins - 1)
+        for p in range(len(self.counts)):
+            self.counts[p] += np.bincount(index[p][finite[p]].astype(np.int64), minlength=self.bins)
+            if finite[p].any():
+                self.total[p] += ratios[p][finite[p]].sum()
+                self.lowest[p] = min(self.lowest[p], logs[p][finite[p]].min())
+                self.highest[p] = max(self.highest[p], logs[p][finite[p]].max())
+        self.n += ratios.shape[1]
+
+    def merge(self, other: ResidualNormAccumulator) -> ResidualNormAccumulator:
+        self.n += other.n
+        self.counts += other.counts
+        self.total += other.total
+        self.lowest = np.minimum(self.lowest, other.lowest)
+        self.highest = np.maximum(self.highest, other.highest)
+        self.unchanged += other.unchanged
+        return self
+
+    def finalize(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean (P,), quantiles (P, len(QUANTILE_LEVELS))) of the finite ratios."""
+        from actstore.metrics.similarity import histogram_quantiles
+
+        finite_n = self.counts.sum(axis=1)
+        quantiles = np.stack([
+            10.0 ** histogram_quantiles(self.counts[p:p + 1], self.lowest[p:p + 1], self.highest[p:p + 1],
+                                        int(finite_n[p]), self.bins, self.LOW, self.HIGH)[0]
+            if finite_n[p] else np.full(7, np.nan)
+            for p in range(len(self.counts))])
+        return self.total / np.maximum(finite_n, 1), quantiles

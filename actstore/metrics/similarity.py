@@ -294,6 +294,39 @@ def minibatch_cka(
     return MinibatchCKA(float(_normalised(*totals)), n_batches, batch_size, outcome)
 
 
+class MinibatchCKAAccumulator:
+    """Streaming minibatch CKA (Nguyen, Raghu & Kornblith 2021) for block pairs.
+
+    Each `update` is ONE batch (the caller cuts equal batches of >= 4 rows, the last one possibly
+    merged with the short remainder). Per pair it sums `HSIC_u(K_b, L_b)`, `HSIC_u(K_b, K_b)` and
+    `HSIC_u(L_b, L_b)`; `finalize` gives `sum HSIC_u(K,L) / sqrt(sum HSIC_u(K,K) sum HSIC_u(L,L))`.
+    Batches may arrive in any order and partial sums merge by addition.
+    """
+
+    def __init__(self, pairs: Sequence[tuple[int, int]], block_widths: Sequence[int]) -> None:
+        self.block_widths = _validated_widths(block_widths)
+        self.pairs = tuple((int(i), int(j)) for i, j in pairs)
+        self.totals = np.zeros((len(self.pairs), 3))
+        self.batches = 0
+
+    def update(self, blocks: Sequence[np.ndarray]) -> None:
+        matrices = _validated_blocks(blocks, self.block_widths)
+        _require_hsic_samples(len(matrices[0]))
+        centred = {b: column_centered(matrices[b]) for pair in self.pairs for b in pair}
+        for p, (i, j) in enumerate(self.pairs):
+            self.totals[p] += _debiased_cka_terms(centred[i], centred[j])
+        self.batches += 1
+
+    def merge(self, other: MinibatchCKAAccumulator) -> MinibatchCKAAccumulator:
+        self.totals += other.totals
+        self.batches += other.batches
+        return self
+
+    def finalize(self) -> np.ndarray:
+        """(P,) minibatch CKA per pair (NaN where a self-HSIC sum is not positive)."""
+        return np.array([_normalised(*terms) for terms in self.totals], dtype=np.float64)
+
+
 def _rowwise_cosine(hx: np.ndarray, hy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`<hx_i, hy_i> / (||hx_i|| ||hy_i||)` per row, 0 where a norm is 0; and the zero-norm mask."""
     dots = np.einsum("ij,ij->i", hx, hy)
@@ -675,15 +708,17 @@ class CosineStats:
     zero_norm: np.ndarray
 
 
-def _histogram_quantiles(
-    counts: np.ndarray, lowest: np.ndarray, highest: np.ndarray, n: int, bins: int
+def histogram_quantiles(
+    counts: np.ndarray, lowest: np.ndarray, highest: np.ndarray, n: int, bins: int,
+    low: float = -1.0, high: float = 1.0,
 ) -> np.ndarray:
-    """Quantiles at QUANTILE_LEVELS from per-pair histograms over [-1, 1], shape (P, levels).
+    """Quantiles at QUANTILE_LEVELS from per-pair histograms over [low, high], shape (P, levels).
 
     Follows np.quantile's linear rule: the value at position `q (n-1)` of the sorted sample,
     interpolated between the two ranks around it. A rank's value is placed inside its bin,
     the bin's c elements spread evenly (the j-th at the centre of the j-th of c equal slots), so
-    it is within one bin width 2/bins of the exact value; ranks 0 and n-1 are the exact min, max.
+    it is within one bin width (high-low)/bins of the exact value; ranks 0 and n-1 are the exact
+    min and max.
     """
     positions = np.asarray(QUANTILE_LEVELS) * (n - 1)
     ranks = np.stack([np.floor(positions), np.ceil(positions)]).astype(np.int64)  # (2, levels)
@@ -695,7 +730,7 @@ def _histogram_quantiles(
     in_bin = np.take_along_axis(counts, flat_bins, axis=1).reshape(bin_of_rank.shape)
     through_bin = np.take_along_axis(cumulative, flat_bins, axis=1).reshape(bin_of_rank.shape)
     before_bin = through_bin - in_bin
-    values = -1.0 + (2.0 / bins) * (bin_of_rank + (ranks - before_bin + 0.5) / in_bin)
+    values = low + ((high - low) / bins) * (bin_of_rank + (ranks - before_bin + 0.5) / in_bin)
     lowest, highest = lowest[:, None, None], highest[:, None, None]
     values = np.clip(values, lowest, highest)
     values = np.where(ranks == 0, lowest, np.where(ranks == n - 1, highest, values))
@@ -820,7 +855,7 @@ class CosineAccumulator:
             raise ValueError("no rows were added; cosine statistics need at least one sample")
         return CosineStats(
             mean=self._sum / self._n,
-            quantiles=_histogram_quantiles(self._counts, self._min, self._max, self._n, self.bins),
+            quantiles=histogram_quantiles(self._counts, self._min, self._max, self._n, self.bins),
             n=self._n,
             zero_norm=self._zero_norm.copy(),
         )

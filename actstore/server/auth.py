@@ -18,7 +18,8 @@ ROLES = ("reader", "writer", "admin")
 METHOD_ROLES = {
     "ListModels": "reader", "ListDatasets": "reader", "ListRuns": "reader", "DescribeRun": "reader",
     "GetJob": "reader", "ListJobs": "reader", "WatchJob": "reader",
-    "Similarity": "reader", "ReadActivations": "reader",
+    "Similarity": "reader", "ReadActivations": "reader", "Entropy": "reader", "ResidualNorm": "reader",
+    "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin",
 }

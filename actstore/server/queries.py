@@ -11,19 +11,32 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 
 from actstore.config import Settings
-from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from actstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from actstore.metrics import entropy as ent
+from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.store.arrays import ArrayStore
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.keys import result_key
 from actstore.workers import cluster
-from actstore.workers.metric_tasks import accumulate, split_ranges
+from actstore.store.datasets import load_dataset
+from actstore.workers.metric_tasks import (
+    PerLayer,
+    accumulate,
+    accumulate_prompts,
+    evaluate_layers,
+    evaluate_pairs,
+    split_prompts,
+    split_ranges,
+)
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,7 @@ class QueryEngine:
                                     "ask for fewer layers")
 
     # ---- caching ------------------------------------------------------------------------------
-    def _cached_or_compute(self, metric: str, version: int, options: dict, run_keys: list[str],
+    def cached_or_compute(self, metric: str, version: int, options: dict, run_keys: list[str],
                            refresh: bool, compute) -> MetricResult:
         key = result_key(metric, version, options, run_keys)
         stored = None if refresh else self.catalog.result(key)
@@ -121,21 +134,41 @@ class QueryEngine:
         return result
 
     # ---- map-reduce ---------------------------------------------------------------------------
-    def _map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator):
-        parts = self.settings.metric_tasks or cluster.cluster_cpus()
-        groups = split_ranges(rows, self.settings.shard_rows, parts)
+    @property
+    def parts(self) -> int:
+        return self.settings.metric_tasks or cluster.cluster_cpus()
+
+    def _map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
+        """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
+        groups = groups or split_ranges(rows, self.settings.shard_rows, self.parts)
         task = ray.remote(num_cpus=1)(accumulate)
-        refs = [task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator)
-                for g in groups]
+        return self._reduce([task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator)
+                             for g in groups])
+
+    @staticmethod
+    def _reduce(refs: list):
         partials = ray.get(refs)
         total = copy.deepcopy(partials[0])  # objects from Ray's store are read-only
         for partial in partials[1:]:
             total.merge(partial)
         return total
 
+    def check_memory(self, need: int, what: str) -> None:
+        if need > self.settings.max_accumulator_bytes:
+            raise ResourceExhausted(
+                f"{what} would hold {need / 2**30:.2f} GiB in memory, over the "
+                f"{self.settings.max_accumulator_bytes / 2**30:.2f} GiB limit (ACTSTORE_MAX_ACCUMULATOR_BYTES): "
+                "use fewer samples")
+
+    def _in_memory(self, run: RunRecord, layers: int, square: bool) -> None:
+        """Refuse an in-memory metric whose rows (and n x n matrix) would exceed the limit."""
+        self.check_memory(8 * run.rows * run.width * layers + (8 * run.rows**2 if square else 0),
+                          f"this metric (whole layers{' and an n x n matrix' if square else ''}, n={run.rows})")
+
     # ---- similarity ---------------------------------------------------------------------------
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
-                   center: str = "", refresh: bool = False) -> MetricResult:
+                   center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
+                   k: int = 0) -> MetricResult:
         a = self.catalog.committed_run(run_a)
         b = self.catalog.committed_run(run_b) if run_b else a
         la = self.check_layers(a, layers_a, "layer")
@@ -147,7 +180,7 @@ class QueryEngine:
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
-            return self._cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
+            return self.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
                                            lambda: self._cka(a, b, la, lb))
         if metric == "cos":
             center = center or "global-mean"
@@ -158,9 +191,52 @@ class QueryEngine:
                                       f"({a.width} != {b.width}): COS is for layers of one model or of models "
                                       "of equal width; use CKA across widths")
             options = {"layers_a": la, "layers_b": lb, "center": center}
-            return self._cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
+            return self.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
                                            refresh, lambda: self._cos(a, b, la, lb, center))
-        raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos")
+        if metric == "minibatch_cka":
+            remainder = remainder or "drop"
+            if batch_size < sim.MIN_HSIC_SAMPLES or batch_size > a.rows:
+                raise InvalidArgument(f"batch_size {batch_size} must be between {sim.MIN_HSIC_SAMPLES} and "
+                                      f"n={a.rows}")
+            if remainder not in ("drop", "merge"):
+                raise InvalidArgument(f"remainder {remainder!r} is not one of drop, merge")
+            options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
+            return self.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
+                                           lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
+        if metric == "mutual_knn":
+            k = k or 10
+            if not 1 <= k < a.rows:
+                raise InvalidArgument(f"k={k} must be between 1 and n-1={a.rows - 1}")
+            self._in_memory(a, 2, square=True)
+            options = {"layers_a": la, "layers_b": lb, "k": k}
+
+            def knn():
+                task = ray.remote(num_cpus=1)(evaluate_pairs)
+                values = ray.get(task.remote(str(self.arrays.root), self.settings.compressor, a.run_key, la,
+                                             b.run_key, lb, partial(sim.mutual_knn, k=k)))
+                return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
+
+            return self.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
+        raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
+
+    def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
+                   remainder: str):
+        full, short = divmod(a.rows, batch_size)
+        stops = [batch_size * (i + 1) for i in range(full)]
+        if short and remainder == "merge":
+            stops[-1] = a.rows
+        batches = list(zip([0, *stops[:-1]], stops))
+        parts = max(1, min(self.parts, len(batches)))
+        groups = [batches[i::parts] for i in range(parts)]
+        sources, ia, ib = self._blocks(a, b, la, lb)
+        widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
+        pairs = [(i, j) for i in ia for j in ib]
+        total = self._map_reduce(a.rows, sources, sim.MinibatchCKAAccumulator(pairs, widths), groups)
+        outcome = "none" if not short else ("dropped" if remainder == "drop" else "merged")
+        notes = [f"{len(batches)} batches of {batch_size} rows; the short final batch of {short} rows was "
+                 f"{outcome}"] if short else [f"{len(batches)} batches of {batch_size} rows"]
+        return ({"values": total.finalize().reshape(len(la), len(lb))},
+                {"n": float(a.rows), "batches": float(len(batches)), "batch_size": float(batch_size)}, notes)
 
     def _blocks(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]
                 ) -> tuple[list[tuple[str, list[int]]], list[int], list[int]]:
@@ -225,3 +301,153 @@ class QueryEngine:
             notes.append(f"{int(stats.zero_norm.max())} samples had a zero vector; their cosine counts as 0")
         return arrays, {"n": float(stats.n)}, notes
 
+
+    # ---- matrix-entropy family ----------------------------------------------------------------
+    def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
+                clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
+                seed: int = 0, exp: bool = False, temperature: float = 0.0, refresh: bool = False) -> MetricResult:
+        record = self.catalog.committed_run(run)
+        chosen = self.check_layers(record, layers, "layer")
+        self.check_finite(record, chosen)
+        alpha = alpha or 1.0
+        normalization = normalization or "raw"
+        if normalization not in ("raw", "maxEntropy", "logN", "logD"):
+            raise InvalidArgument(f"normalization {normalization!r} is not one of raw, maxEntropy, logN, logD")
+        token_level = metric in ("prompt_entropy", "curvature")
+        if token_level != (record.pooling == "tokens"):
+            raise InvalidArgument(
+                f"{metric} needs a {'token-level' if token_level else 'pooled'} run; run {record.run_key[:12]} is "
+                f"pooled '{record.pooling}': capture with "
+                f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last)'}")
+        options: dict[str, Any] = {"layers": chosen}
+        if metric in ("dataset_entropy", "prompt_entropy", "dime", "lidar"):
+            options["alpha"] = alpha
+        if metric in ("dataset_entropy", "prompt_entropy"):
+            options.update(normalization=normalization, clamp=clamp)
+        if metric == "effective_rank":
+            options["convention"] = convention or "diff-erank"
+            if options["convention"] not in ("diff-erank", "roy-vetterli"):
+                raise InvalidArgument(f"convention {convention!r} is not one of diff-erank, roy-vetterli")
+        if metric == "curvature":
+            options["abs_cos"] = abs_cos
+        if metric == "dime":
+            options.update(permutations=permutations or 10, seed=seed)
+        if metric == "lidar":
+            options["exp"] = exp
+        if metric == "infonce":
+            options["temperature"] = temperature or 0.1
+        compute = {
+            "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
+            "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,
+            "infonce": self._invariance, "dime": self._invariance, "lidar": self._invariance,
+        }.get(metric)
+        if compute is None:
+            raise InvalidArgument(f"entropy metric {metric!r} is unknown")
+        return self.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                       lambda: compute(metric, record, chosen, options))
+
+    def _dataset_entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        means = self.arrays.means(run.run_key)
+        clamp_small = options.get("clamp") and run.rows <= run.width
+        if clamp_small:  # the clamped n x n Gram cannot be streamed: n <= d keeps it small
+            task = ray.remote(num_cpus=1)(evaluate_layers)
+            fn = partial(ent.dataset_entropy, alpha=options["alpha"], normalization=options["normalization"],
+                         clamp=True)
+            values = ray.get(task.remote(str(self.arrays.root), self.settings.compressor, run.run_key, layers, fn))
+        else:
+            accumulators = PerLayer([ent.DatasetEntropyAccumulator(means[layer]) for layer in layers])
+            total = self._map_reduce(run.rows, [(run.run_key, layers)], accumulators)
+            if metric == "effective_rank":
+                values = [acc.effective_rank(options["convention"]) for acc in total.accumulators]
+            else:
+                values = [acc.finalize(options["alpha"], options["normalization"], options["clamp"])
+                          for acc in total.accumulators]
+        return {"values": np.asarray(values, dtype=np.float64)}, {"n": float(run.rows)}, []
+
+    def _prompt_metric(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        make = (lambda: ent.PromptEntropyAccumulator(options["alpha"], options["normalization"], options["clamp"])
+                ) if metric == "prompt_entropy" else (lambda: ent.CurvatureAccumulator(options["abs_cos"]))
+        offsets = self.arrays.offsets(run.run_key)
+        groups = split_prompts(offsets, self.settings.shard_rows, self.parts)
+        task = ray.remote(num_cpus=1)(accumulate_prompts)
+        total = self._reduce([task.remote(str(self.arrays.root), self.settings.compressor, run.run_key, layers, g,
+                                          PerLayer([make() for _ in layers])) for g in groups])
+        first = total.accumulators[0]
+        notes = [f"{first.skipped} prompts were too short and skipped"] if first.skipped else []
+        return ({"values": np.asarray([acc.finalize() for acc in total.accumulators], dtype=np.float64)},
+                {"prompts": float(first.count)}, notes)
+
+    def _invariance(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        data = load_dataset(Path(self.catalog.dataset(run.dataset_digest).path))
+        if data.groups is None:
+            raise FailedPrecondition(
+                f"{metric} needs augmentation groups: register the dataset with --augment-views 2 (or a "
+                "--group-column), then capture it")
+        self._in_memory(run, 1, square=metric != "lidar")
+        groups = np.asarray(data.groups)
+        if metric == "lidar":
+            fn = partial(_lidar_value, groups=groups, alpha=options["alpha"], exp=options["exp"])
+            notes = []
+        else:
+            first, second = _first_two_views(groups)
+            notes = [f"views 0 and 1 of {len(first)} groups"]
+            fn = partial(_paired_value, metric=metric, first=first, second=second, options=options)
+        task = ray.remote(num_cpus=1)(evaluate_layers)
+        values = ray.get(task.remote(str(self.arrays.root), self.settings.compressor, run.run_key, layers, fn))
+        return {"values": np.asarray(values, dtype=np.float64)}, {"n": float(run.rows)}, notes
+
+    # ---- residual norm ratio ------------------------------------------------------------------
+    def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
+        record = self.catalog.committed_run(run)
+        chosen = list(layers) if layers else list(range(record.num_layers))
+        bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
+        if bad:
+            raise InvalidArgument(f"layer {bad[0]} has no next layer: run {record.run_key[:12]} allows 0.."
+                                  f"{record.num_layers - 1}")
+        self.check_finite(record, sorted(set(chosen) | {x + 1 for x in chosen}))
+        options = {"layers": chosen}
+
+        def compute():
+            read = [x for layer in chosen for x in (layer, layer + 1)]
+            total = self._map_reduce(record.rows, [(record.run_key, read)], lens.ResidualNormAccumulator(len(chosen)))
+            mean, quantiles = total.finalize()
+            notes = ([f"{int(total.unchanged.sum())} samples had h_(l+1) == h_l (infinite ratio, excluded)"]
+                     if total.unchanged.any() else [])
+            return ({"mean": mean, "quantiles": quantiles, "quantile_levels": np.asarray(sim.QUANTILE_LEVELS)},
+                    {"n": float(record.rows)}, notes)
+
+        return self.cached_or_compute("residual_norm_ratio", lens.DEFINITION_VERSION, options, [record.run_key],
+                                       refresh, compute)
+
+    def result(self, result_key: str) -> MetricResult:
+        stored = self.catalog.result_record(result_key)
+        if stored is None:
+            raise NotFound(f"no stored result {result_key[:16]}: it is still computing (watch its job) or "
+                           "was never asked for")
+        metric, version, options, run_keys, payload, seconds = stored
+        return MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True, seconds,
+                                                           result_key))
+
+
+def _first_two_views(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of the first and second view of every group that has two."""
+    first, second = {}, {}
+    for row, group in enumerate(groups.tolist()):
+        if group not in first:
+            first[group] = row
+        elif group not in second:
+            second[group] = row
+    paired = [g for g in first if g in second]
+    if len(paired) < 2:
+        raise FailedPrecondition("fewer than 2 groups have two views: augment with --augment-views 2 or more")
+    return np.array([first[g] for g in paired]), np.array([second[g] for g in paired])
+
+
+def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict) -> float:
+    if metric == "infonce":
+        return ent.infonce(z[first], z[second], options["temperature"]).score
+    return ent.dime(z[first], z[second], options["alpha"], options["permutations"], options["seed"])
+
+
+def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
+    return ent.lidar(z, groups, alpha=alpha, exp=exp)

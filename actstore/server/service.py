@@ -18,6 +18,7 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, DataLoss, InvalidArgument, NotFound, Unavailable
+from actstore.server import cka_job
 from actstore.server.capture_pool import CapturePool
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.queries import QueryEngine
@@ -29,6 +30,8 @@ from actstore.workers import cluster
 from actstore.workers.models import BUILTIN_MODELS
 
 log = logging.getLogger(__name__)
+
+STITCH_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -206,14 +209,32 @@ class ActStoreService:
                 "capture", key, job_request,
                 lambda job: self._capture(job, key, spec, model, dataset), principal=principal,
             )
-        snapshot = state.snapshot
-        return JobSnapshot(**{**snapshot.__dict__, "joined": joined})
+        return replace(state.snapshot, joined=joined)
+
+    # ---- cross-model comparison -----------------------------------------------------------------
+    def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None) -> JobSnapshot:
+        records, key, options = cka_job.plan(self.queries, runs)
+        request = {"runs": [r.run_key for r in records]}
+        if not refresh and self.catalog.result_record(key) is not None:
+            return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
+        state, joined = self.jobs.start("cka-matrix", key, request,
+                                        lambda job: cka_job.run(self.queries, job, records, key, options),
+                                        principal=principal)
+        return replace(state.snapshot, joined=joined)
 
     def resume_interrupted(self) -> list[str]:
-        """Restart capture jobs that a previous server left unfinished; only missing shards run."""
+        """Restart jobs that a previous server left unfinished: captures compute only their missing
+        shards, CKA matrix jobs continue from their stored partial accumulators."""
         resumed = []
         for job in self.catalog.jobs():
-            if job.kind != "capture" or job.status in ("done", "failed", "cancelled"):
+            if job.status in ("done", "failed", "cancelled"):
+                continue
+            if job.kind == "cka-matrix":
+                records, key, options = cka_job.plan(self.queries, job.request["runs"])
+                self.jobs.start("cka-matrix", key, job.request,
+                                lambda state, r=records, k=key, o=options: cka_job.run(self.queries, state, r, k, o),
+                                job_id=job.job_id)
+                resumed.append(job.job_id)
                 continue
             run = self.catalog.find_run(job.target)
             if run is None or run.status == "committed":
@@ -303,6 +324,42 @@ class ActStoreService:
                            f"{layout.rows} rows recorded; submit the capture again to finish it")
         self.arrays.write_means(key)
         self.catalog.set_run_status(key, "committed")
+
+    # ---- stitching ----------------------------------------------------------------------------
+    def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, test_fraction: float = 0.0,
+               seed: int = 0, refresh: bool = False):
+        from actstore.workers.stitch import StitchPlan, stitch_penalty
+
+        a, b = self.catalog.committed_run(run_a), self.catalog.committed_run(run_b)
+        self.queries.check_layers(a, [layer_a], "layer_a")
+        self.queries.check_layers(b, [layer_b], "layer_b")
+        if a.pooling != "tokens" or b.pooling != "tokens":
+            raise InvalidArgument("stitching feeds every token of A into B: capture both runs with --pooling tokens")
+        self.queries.check_same_samples(a, b)
+        self.queries.check_finite(a, [layer_a])
+        self.queries.check_finite(b, [layer_b])
+        test_fraction = test_fraction or 0.25
+        if not 0 < test_fraction < 1:
+            raise InvalidArgument(f"test_fraction {test_fraction} must be between 0 and 1")
+        self.queries.check_memory(8 * a.rows * (a.width + 2 * b.width + 1), "the stitch fit")
+        model_b = self.catalog.model(b.model_digest)
+        options = {"layer_a": layer_a, "layer_b": layer_b, "test_fraction": test_fraction, "seed": seed}
+
+        def compute():
+            plan = StitchPlan(str(self.root), self.settings.compressor, a.run_key, layer_a, b.run_key, layer_b,
+                              model_b.path, self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction,
+                              seed)
+            try:
+                scalars = ray.get(ray.remote(num_cpus=1)(stitch_penalty).remote(plan))
+            except Exception as exc:
+                cause = cluster.unwrap(exc)
+                raise (cause if isinstance(cause, ActStoreError) else exc) from None
+            notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
+                     f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
+            return {}, scalars, notes
+
+        return self.queries.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key], refresh,
+                                              compute)
 
     # ---- reading ------------------------------------------------------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int

@@ -150,8 +150,31 @@ class QueryServicer(rpc.QueryServicer):
     def Similarity(self, request, context):
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
         result = self.service.queries.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                                 list(request.layers_b), request.center, request.refresh)
+                                                 list(request.layers_b), request.center, request.refresh,
+                                                 request.batch_size, request.remainder, request.k)
         return result_proto(result)
+
+    def Entropy(self, request, context):
+        metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
+        return result_proto(self.service.queries.entropy(
+            metric, request.run, list(request.layers), alpha=request.alpha, normalization=request.normalization,
+            clamp=request.clamp, convention=request.convention, abs_cos=request.abs_cos,
+            permutations=request.permutations, seed=request.seed, exp=request.exp,
+            temperature=request.temperature, refresh=request.refresh))
+
+    def ResidualNorm(self, request, context):
+        return result_proto(self.service.queries.residual_norm(request.run, list(request.layers), request.refresh))
+
+    def Stitch(self, request, context):
+        return result_proto(self.service.stitch(request.run_a, request.layer_a, request.run_b, request.layer_b,
+                                                request.test_fraction, request.seed, request.refresh))
+
+    def SubmitCKAMatrix(self, request, context):
+        return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
+                                                        principal=current_principal.get()))
+
+    def GetResult(self, request, context):
+        return result_proto(self.service.queries.result(request.result_key))
 
     def ReadActivations(self, request, context):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,

@@ -347,6 +347,14 @@ class Catalog:
         rows = self._rows("SELECT payload, seconds FROM results WHERE result_key = ?", [result_key])
         return (bytes(rows[0][0]), rows[0][1]) if rows else None
 
+    def result_record(self, result_key: str) -> tuple[str, int, dict, list[str], bytes, float] | None:
+        rows = self._rows("SELECT metric, version, options, run_keys, payload, seconds FROM results "
+                          "WHERE result_key = ?", [result_key])
+        if not rows:
+            return None
+        metric, version, options, run_keys, payload, seconds = rows[0]
+        return metric, version, json.loads(options), json.loads(run_keys), bytes(payload), seconds
+
     def put_result(self, result_key: str, metric: str, version: int, options: dict,
                    run_keys: list[str], payload: bytes, seconds: float) -> None:
         self._run(

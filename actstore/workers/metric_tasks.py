@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from collections.abc import Callable
 from typing import Protocol
+
+import numpy as np
 
 from actstore.store.arrays import ZarrArrayStore
 
@@ -42,3 +45,73 @@ def split_ranges(rows: int, shard_rows: int, parts: int) -> list[list[tuple[int,
         groups.append(shards[at: at + take])
         at += take
     return groups
+
+
+class PerLayer:
+    """One accumulator per block: every chunk's block b goes to accumulator b."""
+
+    def __init__(self, accumulators: list) -> None:
+        self.accumulators = accumulators
+
+    def update(self, blocks: list, *extra) -> None:
+        for accumulator, block in zip(self.accumulators, blocks):
+            accumulator.update(block, *extra)
+
+    def merge(self, other: PerLayer) -> PerLayer:
+        for mine, theirs in zip(self.accumulators, other.accumulators):
+            mine.merge(theirs)
+        return self
+
+
+def accumulate_prompts(store_root: str, compressor: str, run_key: str, layers: list[int],
+                       prompt_chunks: list[np.ndarray], accumulator: Accumulator) -> Accumulator:
+    """Token-level map task: each chunk is a slice of the run's offsets (whole prompts), fed to
+    `accumulator.update(blocks, local_offsets)`."""
+    arrays = ZarrArrayStore(Path(store_root), compressor)
+    accumulator = copy.deepcopy(accumulator)
+    for offsets in prompt_chunks:
+        blocks = arrays.read_layers(run_key, layers, int(offsets[0]), int(offsets[-1]))
+        accumulator.update(list(blocks), offsets - offsets[0])
+    return accumulator
+
+
+def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[list[np.ndarray]]:
+    """Cut the prompts into chunks of about `rows_per_chunk` token rows (whole prompts only), dealt
+    into at most `parts` contiguous groups."""
+    chunks, first = [], 0
+    n = len(offsets) - 1
+    while first < n:
+        last = int(np.searchsorted(offsets, offsets[first] + rows_per_chunk, side="right")) - 1
+        last = min(max(last, first + 1), n)
+        chunks.append(offsets[first: last + 1].copy())
+        first = last
+    parts = max(1, min(parts, len(chunks)))
+    size, extra = divmod(len(chunks), parts)
+    groups, at = [], 0
+    for p in range(parts):
+        take = size + (1 if p < extra else 0)
+        groups.append(chunks[at: at + take])
+        at += take
+    return groups
+
+
+def evaluate_layers(store_root: str, compressor: str, run_key: str, layers: list[int],
+                    evaluate: Callable[[np.ndarray], object]) -> list:
+    """In-memory metrics (n x n ones, bounded by the caller): `evaluate(z)` on each whole layer."""
+    arrays = ZarrArrayStore(Path(store_root), compressor)
+    rows = arrays.layout(run_key).rows
+    return [evaluate(arrays.read_layers(run_key, [layer], 0, rows)[0]) for layer in layers]
+
+
+def evaluate_pairs(store_root: str, compressor: str, run_a: str, layers_a: list[int], run_b: str,
+                   layers_b: list[int], evaluate: Callable[[np.ndarray, np.ndarray], float]) -> np.ndarray:
+    """In-memory pairwise metrics: `evaluate(x, y)` for every layer of A against every layer of B."""
+    arrays = ZarrArrayStore(Path(store_root), compressor)
+    rows = arrays.layout(run_a).rows
+    b_layers = {layer: arrays.read_layers(run_b, [layer], 0, rows)[0] for layer in layers_b}
+    out = np.empty((len(layers_a), len(layers_b)))
+    for i, la in enumerate(layers_a):
+        x = arrays.read_layers(run_a, [la], 0, rows)[0]
+        for j, lb in enumerate(layers_b):
+            out[i, j] = evaluate(x, b_layers[lb])
+    return out

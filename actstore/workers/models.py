@@ -22,6 +22,8 @@ No network is ever used: every ``from_pretrained`` call passes ``local_files_onl
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import hashlib
 import importlib.util
 import inspect
@@ -741,6 +743,29 @@ class ModelAdapter:
 
     pool = staticmethod(pool)
     pool_tokens = staticmethod(pool_tokens)
+
+    @contextmanager
+    def replaced_layer(self, layer: int, values: torch.Tensor):
+        """Within the block, any forward of the full model sees `values` (b, s, d) as hidden state
+        `layer` (0 = embeddings, L = last block's output before the final norm): the input of
+        block `layer`, or the output of the last block for layer L. Used by model stitching."""
+        values = values.to(self.device)
+        if layer < self.num_layers:
+            def pre_hook(_m: nn.Module, args: tuple, kwargs: dict):
+                if args:
+                    return (values, *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": values}
+
+            handle = self._blocks[layer].register_forward_pre_hook(pre_hook, with_kwargs=True)
+        else:
+            def hook(_m: nn.Module, _args: tuple, output: Any):
+                return (values, *output[1:]) if isinstance(output, (tuple, list)) else values
+
+            handle = self._blocks[-1].register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     # ---- lens ---------------------------------------------------------------------------------
 
