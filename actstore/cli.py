@@ -339,6 +339,45 @@ def cmd_stitch(args) -> int:
     return 0
 
 
+def cmd_lens(args) -> int:
+    from actstore.report import bars, curves
+
+    taus = [float(t) for t in args.taus.split(",")] if args.taus else None
+    with connect(args) as client:
+        r = client.lens(args.run, epsilon=args.epsilon, taus=taus, refresh=args.refresh)
+    if args.json:
+        print(json.dumps({"accuracy": r.accuracy.tolist(), "saturation_counts": r.saturation_counts.tolist(),
+                          "effective_depth": r.effective_depth, "effective_depth_relative": r.effective_depth_relative,
+                          "taus": r.taus.tolist(), "exit_accuracy": r.exit_accuracy.tolist(),
+                          "speedup": r.speedup.tolist(), "exits": r.exits.tolist(), "n": r.n}))
+        return 0
+    print("layer  accuracy  saturated here  cumulative")
+    for layer, (acc, count, cum) in enumerate(zip(r.accuracy, r.saturation_counts, r.saturation_cumulative)):
+        print(f"{layer:5d}  {acc:8.4f}  {int(count):14d}  {cum:10.4f}")
+    print(f"\n{args.epsilon}-effective depth: {r.effective_depth} (absolute), {r.effective_depth_relative} "
+          f"(relative to the last layer); n={r.n}")
+    print("\ntau    accuracy  speed-up  exits per layer 1..L")
+    for tau, acc, speed, exits in zip(r.taus, r.exit_accuracy, r.speedup, r.exits):
+        print(f"{tau:5.2f}  {acc:8.4f}  {speed:8.3f}  {' '.join(str(int(m)) for m in exits)}")
+    for note in r.notes:
+        print(f"note: {note}")
+    if args.plot_prefix:
+        prefix = Path(args.plot_prefix)
+        curves({"lens accuracy": r.accuracy}, prefix.with_name(prefix.name + "_accuracy.png"),
+               title="logit-lens accuracy per layer", xlabel="layer", ylabel="accuracy", ylim=(0, 1))
+        bars({"samples": r.saturation_counts}, prefix.with_name(prefix.name + "_saturation.png"),
+             title="saturation layer distribution", xlabel="layer", ylabel="samples")
+        print(f"plots written to {prefix}_accuracy.png and {prefix}_saturation.png")
+    return 0
+
+
+def cmd_nc1(args) -> int:
+    with connect(args) as client:
+        result = client.neural_collapse(args.run, layers=_layers(args.layers), refresh=args.refresh)
+    _show_curve("NC1", result.layers, result.values, result.provenance, result.notes, args)
+    return 0
+
+
 def cmd_read(args) -> int:
     import numpy as np
 
@@ -533,6 +572,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("layer_b", type=int)
     p.add_argument("--test-fraction", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
+
+    p = command("lens", cmd_lens, "logit lens: per-layer accuracy, saturation, effective depth, exit sweep",
+                "Applies the model's own head (final norm + classifier/unembedding) to every stored layer.\n"
+                "Classifiers: a cls-pooled run of a labelled dataset. Causal LMs: a token-level run\n"
+                "(next-token labels).")
+    p.add_argument("run")
+    p.add_argument("--epsilon", type=float, default=0.1, help="effective depth tolerance (default 0.1)")
+    p.add_argument("--taus", help="exit confidence thresholds, e.g. 0.5,0.8,0.9 (default 0.5..0.99)")
+    p.add_argument("--plot-prefix", help="write PREFIX_accuracy.png and PREFIX_saturation.png")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--refresh", action="store_true")
+    p = command("nc1", cmd_nc1, "neural collapse NC1 per layer (labelled pooled run)")
+    p.add_argument("run")
+    p.add_argument("--layers")
+    p.add_argument("--plot")
     p.add_argument("--json", action="store_true")
     p.add_argument("--refresh", action="store_true")
 

@@ -31,6 +31,7 @@ from actstore.client.results import (
     JobInfo,
     LayerDistribution,
     LayerValues,
+    LensResult,
     MatrixResult,
     ModelInfo,
     QueryAnswer,
@@ -40,7 +41,7 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError
 from actstore.wire import from_ndarray
 
 __all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
-           "LayerDistribution", "LayerValues", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
+           "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
 
 ENTROPY_METRICS = ("dataset_entropy", "prompt_entropy", "effective_rank", "curvature", "infonce", "dime", "lidar")
 
@@ -323,6 +324,25 @@ class Client:
         return COSResult(answer.arrays["mean"], answer.arrays["quantiles"], answer.arrays["quantile_levels"],
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,
                          answer.notes)
+
+    def lens(self, run: str, *, epsilon: float = 0.1, taus: Sequence[float] | None = None,
+             refresh: bool = False) -> LensResult:
+        """Logit lens with the model's stored head on every layer: per-layer accuracy, saturation
+        distribution, epsilon-effective depth (absolute and relative) and the multi-exit sweep."""
+        answer = QueryAnswer.from_proto(self._query.Lens(pb.LensRequest(run=run, epsilon=epsilon,
+                                                                         taus=list(taus or []), refresh=refresh)))
+        a, s = answer.arrays, answer.scalars
+        return LensResult(a["accuracy"], a["saturation_counts"], a["saturation_cumulative"],
+                          int(s["effective_depth"]), int(s["effective_depth_relative"]), a["taus"], a["exits"],
+                          a["exit_accuracy"], a["speedup"], int(s["n"]), answer.provenance, answer.notes)
+
+    def neural_collapse(self, run: str, *, layers: Sequence[int] | None = None, rcond: float = 1e-10,
+                        refresh: bool = False) -> LayerValues:
+        """NC1 = (1/C) tr(Sigma_W Sigma_B^+) per layer of a labelled pooled run."""
+        answer = QueryAnswer.from_proto(self._query.NeuralCollapse(pb.NeuralCollapseRequest(
+            run=run, layers=list(layers or []), rcond=rcond, refresh=refresh)))
+        return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
+                           answer.provenance, answer.notes)
 
     def read_activations(self, run: str, layer: int, start: int = 0, stop: int | None = None
                          ) -> tuple[np.ndarray, list[str]]:

@@ -223,3 +223,21 @@ class CKAMatrixResult:
         """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""
         matrix = self.debiased if debiased else self.biased
         return matrix[np.ix_(self.block_run == run_a, self.block_run == run_b)]
+
+
+@dataclass(frozen=True)
+class LensResult:
+    """Logit lens over layers 0..L: accuracy, saturation layers, effective depth, exit sweep."""
+
+    accuracy: np.ndarray
+    saturation_counts: np.ndarray
+    saturation_cumulative: np.ndarray
+    effective_depth: int
+    effective_depth_relative: int
+    taus: np.ndarray
+    exits: np.ndarray  # (taus, L): samples exiting at layers 1..L
+    exit_accuracy: np.ndarray
+    speedup: np.ndarray
+    n: int
+    provenance: Provenance
+    notes: list[str]

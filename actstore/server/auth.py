@@ -19,7 +19,8 @@ METHOD_ROLES = {
     "ListModels": "reader", "ListDatasets": "reader", "ListRuns": "reader", "DescribeRun": "reader",
     "GetJob": "reader", "ListJobs": "reader", "WatchJob": "reader",
     "Similarity": "reader", "ReadActivations": "reader", "Entropy": "reader", "ResidualNorm": "reader",
-    "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader",
+    "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader", "Lens": "reader",
+    "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin",
 }

@@ -451,3 +451,85 @@ def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndar
 
 def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
     return ent.lidar(z, groups, alpha=alpha, exp=exp)
+
+    # ---- logit lens and neural collapse -------------------------------------------------------
+    def _labels(self, run: RunRecord) -> np.ndarray:
+        labels = self.arrays.labels(run.run_key)
+        if labels is None:
+            raise FailedPrecondition(f"run {run.run_key[:12]}'s dataset has no labels: register it with a label "
+                                     "column (or use a labelled builtin)")
+        return labels
+
+    def lens(self, run: str, epsilon: float = 0.0, taus: list[float] | None = None, heads: str = "",
+             refresh: bool = False) -> MetricResult:
+        record = self.catalog.committed_run(run)
+        model = self.catalog.model(record.model_digest)
+        if not model.has_head:
+            raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
+                                     "needs a final norm + classifier or unembedding (a *ForCausalLM or "
+                                     "*ForSequence/ImageClassification model)")
+        heads = heads or "shared"
+        if heads != "shared":
+            raise InvalidArgument(f"heads {heads!r}: only 'shared' (the model's one head) is available")
+        self.check_finite(record, list(range(record.num_layers + 1)))
+        next_token = model.kind == "causal-lm"
+        if next_token and record.pooling != "tokens":
+            raise InvalidArgument("the lens of a causal LM predicts each next token: capture with --pooling tokens")
+        if not next_token and record.pooling not in ("cls", "last"):
+            raise InvalidArgument(f"the classifier reads one position, but run {record.run_key[:12]} is pooled "
+                                  f"'{record.pooling}': capture with the model's own pooling (cls for BERT/ViT)")
+        labels = None if next_token else self._labels(record)
+        epsilon = epsilon or 0.1
+        taus = sorted(taus) if taus else [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+        if not 0 < epsilon < 1 or any(not 0 <= t <= 1 for t in taus):
+            raise InvalidArgument("epsilon must be in (0, 1) and every tau in [0, 1]")
+        options = {"epsilon": epsilon, "taus": taus, "heads": heads}
+
+        def compute():
+            from actstore.workers.lens_tasks import LensPlan, lens_partial  # torch: only where it is needed
+
+            plan = LensPlan(str(self.arrays.root), self.settings.compressor, record.run_key, record.num_layers + 1,
+                            model.path, next_token)
+            groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
+            task = ray.remote(num_cpus=1)(lens_partial)
+            empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
+            summary = self._reduce([task.remote(plan, g, labels, empty) for g in groups]).finalize()
+            depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
+                     for variant in ("absolute", "relative")}
+            arrays = {
+                "accuracy": summary.accuracy,
+                "saturation_counts": summary.saturation_counts,
+                "saturation_cumulative": summary.saturation_cumulative,
+                "taus": np.asarray([row.tau for row in summary.exits]),
+                "exits": np.stack([row.exits for row in summary.exits]),
+                "exit_accuracy": np.asarray([row.accuracy for row in summary.exits]),
+                "speedup": np.asarray([row.speedup for row in summary.exits]),
+            }
+            scalars = {"effective_depth": depth["absolute"], "effective_depth_relative": depth["relative"],
+                       "n": float(summary.saturation_counts.sum())}
+            notes = ["next-token labels; each prompt's last token has none and is left out"] if next_token else []
+            return arrays, scalars, notes
+
+        return self.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                      compute)
+
+    def neural_collapse(self, run: str, layers: list[int], rcond: float = 0.0, refresh: bool = False) -> MetricResult:
+        record = self.catalog.committed_run(run)
+        if record.pooling == "tokens":
+            raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
+        chosen = self.check_layers(record, layers, "layer")
+        self.check_finite(record, chosen)
+        labels = self._labels(record)
+        rcond = rcond or 1e-10
+        options = {"layers": chosen, "rcond": rcond}
+
+        def compute():
+            groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
+            task = ray.remote(num_cpus=1)(accumulate)
+            empty = PerLayer([lens.NC1Accumulator() for _ in chosen])
+            total = self._reduce([task.remote(str(self.arrays.root), self.settings.compressor,
+                                              [(record.run_key, chosen)], g, empty, labels) for g in groups])
+            values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
+            return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
+
+        return self.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh, compute)

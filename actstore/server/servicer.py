@@ -173,6 +173,14 @@ class QueryServicer(rpc.QueryServicer):
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
                                                         principal=current_principal.get()))
 
+    def Lens(self, request, context):
+        return result_proto(self.service.queries.lens(request.run, request.epsilon, list(request.taus),
+                                                      request.heads, request.refresh))
+
+    def NeuralCollapse(self, request, context):
+        return result_proto(self.service.queries.neural_collapse(request.run, list(request.layers), request.rcond,
+                                                                 request.refresh))
+
     def GetResult(self, request, context):
         return result_proto(self.service.queries.result(request.result_key))
 

@@ -95,8 +95,14 @@ class ArrayStore(ABC):
     def layout(self, run_key: str) -> RunLayout: ...
 
     @abstractmethod
-    def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray) -> None:
-        """Write one whole shard (rows, L+1, d) in the storage dtype, and its float64 layer sums."""
+    def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
+                    token_ids: np.ndarray | None = None) -> None:
+        """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums and, for
+        token-level runs of text models, the token id of every row."""
+
+    @abstractmethod
+    def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
+        """Token ids of rows [start, stop) of a token-level run (None for other runs)."""
 
     @abstractmethod
     def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
@@ -187,6 +193,8 @@ class ZarrArrayStore(ArrayStore):
             group.create_array("labels", data=np.asarray(labels, dtype=np.int64))
         if offsets is not None:
             group.create_array("offsets", data=np.asarray(offsets, dtype=np.int64))
+            group.create_array("token_ids", shape=(layout.rows,), chunks=(layout.shard_rows,), dtype="int64",
+                               compressors=self._codecs(8), fill_value=-1)
         # The layout is written last: its presence marks a completely created group.
         group.attrs["layout"] = layout.to_dict()
 
@@ -200,7 +208,7 @@ class ZarrArrayStore(ArrayStore):
             self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
-    def write_shard(self, run_key, shard, values, sums) -> None:
+    def write_shard(self, run_key, shard, values, sums, token_ids=None) -> None:
         layout = self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
@@ -210,6 +218,8 @@ class ZarrArrayStore(ArrayStore):
         group = self._group(run_key, mode="r+")
         group[layout.array_name][start:stop] = values
         group["layer_sums"][shard] = sums
+        if token_ids is not None:
+            group["token_ids"][start:stop] = token_ids
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         layout = self.layout(run_key)
@@ -259,6 +269,10 @@ class ZarrArrayStore(ArrayStore):
     def offsets(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
         return group["offsets"][:] if "offsets" in group else None
+
+    def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
+        group = self._group(run_key)
+        return group["token_ids"][start:stop] if "token_ids" in group else None
 
     def delete_run(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)

@@ -99,34 +99,40 @@ class ShardCapturer:
             parts.append(self.adapter.pool(hidden, batch.mask, plan.pooling).transpose(0, 1))
         return torch.cat(parts)
 
-    def _tokens(self, plan: CapturePlan, start: int, stop: int) -> torch.Tensor:
-        """(rows, L+1, d) float32 for token rows [start, stop)."""
+    def _tokens(self, plan: CapturePlan, start: int, stop: int) -> tuple[torch.Tensor, np.ndarray | None]:
+        """(rows, L+1, d) float32 for token rows [start, stop), and their token ids (text models)."""
         if plan.run_key not in self._offsets:
             self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
         offsets = self._offsets[plan.run_key]
         data = self._data(plan)
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, stop, side="left"))
-        parts = []
+        parts, ids = [], []
         for lo in range(first, last, plan.batch_size):
             hi = min(lo + plan.batch_size, last)
             batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
             hidden = self.adapter.hidden_states(batch)
             tokens, _ = self.adapter.pool_tokens(hidden, batch.mask)
             parts.append(tokens.transpose(0, 1))
-        local = torch.cat(parts)
+            if batch.mask is not None and "input_ids" in batch.inputs:
+                ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
         begin = start - int(offsets[first])
-        return local[begin: begin + (stop - start)]
+        token_ids = np.concatenate(ids)[begin: begin + (stop - start)] if ids else None
+        return torch.cat(parts)[begin: begin + (stop - start)], token_ids
 
     def capture(self, plan: CapturePlan, shard: int) -> dict[str, list]:
         layout = plan.layout
         start, stop = layout.shard_range(shard)
-        values = self._tokens(plan, start, stop) if layout.pooling == "tokens" else self._pooled(plan, start, stop)
+        token_ids = None
+        if layout.pooling == "tokens":
+            values, token_ids = self._tokens(plan, start, stop)
+        else:
+            values = self._pooled(plan, start, stop)
         stored = to_storage(values, layout.dtype)
         numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
         numbers = numbers.astype(np.float32, copy=False)
         sums = numbers.sum(axis=0, dtype=np.float64)
-        self.arrays.write_shard(plan.run_key, shard, stored, sums)
+        self.arrays.write_shard(plan.run_key, shard, stored, sums, token_ids)
         return chunk_metadata(plan.run_key, shard, stored, numbers)
 
 

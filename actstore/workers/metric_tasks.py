@@ -21,16 +21,17 @@ class Accumulator(Protocol):
 
 
 def accumulate(store_root: str, compressor: str, sources: list[tuple[str, list[int]]],
-               ranges: list[tuple[int, int]], accumulator: Accumulator) -> Accumulator:
+               ranges: list[tuple[int, int]], accumulator: Accumulator,
+               labels: np.ndarray | None = None) -> Accumulator:
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
-    in the accumulator's block order."""
+    in the accumulator's block order. With `labels`, each update also gets the rows' labels."""
     arrays = ZarrArrayStore(Path(store_root), compressor)
     accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
     for start, stop in ranges:
         blocks = []
         for run_key, layers in sources:
             blocks.extend(arrays.read_layers(run_key, layers, start, stop))
-        accumulator.update(blocks)
+        accumulator.update(blocks, *(() if labels is None else (labels[start:stop],)))
     return accumulator
 
 
@@ -115,3 +116,4 @@ def evaluate_pairs(store_root: str, compressor: str, run_a: str, layers_a: list[
         for j, lb in enumerate(layers_b):
             out[i, j] = evaluate(x, b_layers[lb])
     return out
+

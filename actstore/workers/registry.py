@@ -41,6 +41,24 @@ def save_lens_head(head: dict, path: Path) -> None:
     np.savez(path, **arrays, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
 
 
+def load_lens_head(model_path: str | Path) -> dict | None:
+    """The head saved at registration (the dict of ``ModelAdapter.lens_head``), or None."""
+    path = Path(model_path) / HEAD_FILE
+    if not path.exists():
+        return None
+    head: dict = {}
+    with np.load(path, allow_pickle=False) as saved:
+        for key in saved.files:
+            value = saved[key]
+            if key.startswith("meta_"):
+                head[key.removeprefix("meta_")] = value.item()
+            else:
+                head[key] = value
+    for optional in ("norm_weight", "norm_bias", "pooler_weight", "pooler_bias", "bias"):
+        head.setdefault(optional, None)
+    return head
+
+
 def register_model(source: str, store_root: str) -> RegisteredModel:
     root = Path(store_root)
     path = resolve_model_source(source, root / "cache" / "builtin-models")

@@ -1211,6 +1211,126 @@ class GetResultRequest(_message.Message):
 Global___GetResultRequest: _TypeAlias = GetResultRequest  # noqa: Y015
 
 @_typing.final
+class LensRequest(_message.Message):
+    """Logit lens on stored activations with the model's stored head (final norm + classifier or
+    unembedding), one pass over the run: layer accuracy, saturation, effective depth, exit sweep.
+    Pooled runs use the dataset labels; token-level runs of causal LMs use next-token labels.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    TAUS_FIELD_NUMBER: _builtins.int
+    HEADS_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    run: _builtins.str
+    epsilon: _builtins.float
+    """effective depth: default 0.1"""
+    heads: _builtins.str
+    """shared (default: the model's one head at every layer) | exits (a multi-exit model's own)"""
+    refresh: _builtins.bool
+    @_builtins.property
+    def taus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """exit sweep confidence thresholds; empty: 0.5, 0.6, ..., 0.99"""
+
+    def __init__(
+        self,
+        *,
+        run: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        taus: _abc.Iterable[_builtins.float] | None = ...,
+        heads: _builtins.str = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epsilon", b"epsilon", "heads", b"heads", "refresh", b"refresh", "run", b"run", "taus", b"taus"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LensRequest: _TypeAlias = LensRequest  # noqa: Y015
+
+@_typing.final
+class NeuralCollapseRequest(_message.Message):
+    """NC1 within-class variability collapse per layer (Papyan et al. 2020), labelled pooled runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    RCOND_FIELD_NUMBER: _builtins.int
+    REFRESH_FIELD_NUMBER: _builtins.int
+    run: _builtins.str
+    rcond: _builtins.float
+    """pseudo-inverse threshold, relative; default 1e-10"""
+    refresh: _builtins.bool
+    @_builtins.property
+    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        run: _builtins.str = ...,
+        layers: _abc.Iterable[_builtins.int] | None = ...,
+        rcond: _builtins.float = ...,
+        refresh: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layers", b"layers", "rcond", b"rcond", "refresh", b"refresh", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NeuralCollapseRequest: _TypeAlias = NeuralCollapseRequest  # noqa: Y015
+
+@_typing.final
+class TrainRequest(_message.Message):
+    """Training (standard vs aligned, "Tracing Representation Progression"): a job whose checkpoints
+    are registered as models with their lineage.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECIPE_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    SMOKE_FIELD_NUMBER: _builtins.int
+    ALTERNATING_FIELD_NUMBER: _builtins.int
+    WEIGHTS_FIELD_NUMBER: _builtins.int
+    recipe: _builtins.str
+    """vit-fmnist | minilm-rt | gpt2-austen"""
+    method: _builtins.str
+    """standard | aligned | multi-exit | ce-reg"""
+    seed: _builtins.int
+    steps: _builtins.int
+    """0: the recipe's"""
+    smoke: _builtins.bool
+    """the recipe's tiny size, for tests"""
+    alternating: _builtins.bool
+    """aligned: last-layer CE on odd steps, aligned loss on even steps"""
+    weights: _builtins.str
+    """aligned layer weights: linear (default) | uniform"""
+    def __init__(
+        self,
+        *,
+        recipe: _builtins.str = ...,
+        method: _builtins.str = ...,
+        seed: _builtins.int = ...,
+        steps: _builtins.int = ...,
+        smoke: _builtins.bool = ...,
+        alternating: _builtins.bool = ...,
+        weights: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternating", b"alternating", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
+
+@_typing.final
 class ReadActivationsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -389,6 +389,11 @@ class CaptureStub:
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=actstore_dot_v1_dot_actstore__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.SubmitTrain = channel.unary_unary(
+                '/actstore.v1.Capture/SubmitTrain',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.TrainRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+                _registered_method=True)
 
 
 class CaptureServicer:
@@ -424,6 +429,12 @@ class CaptureServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitTrain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CaptureServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -451,6 +462,11 @@ def add_CaptureServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=actstore_dot_v1_dot_actstore__pb2.ListJobsRequest.FromString,
                     response_serializer=actstore_dot_v1_dot_actstore__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'SubmitTrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTrain,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.TrainRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.Job.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -598,6 +614,33 @@ class Capture:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def SubmitTrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Capture/SubmitTrain',
+            actstore_dot_v1_dot_actstore__pb2.TrainRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class QueryStub:
     """Missing associated documentation comment in .proto file."""
@@ -636,6 +679,16 @@ class QueryStub:
         self.GetResult = channel.unary_unary(
                 '/actstore.v1.Query/GetResult',
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.GetResultRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
+        self.Lens = channel.unary_unary(
+                '/actstore.v1.Query/Lens',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.LensRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
+        self.NeuralCollapse = channel.unary_unary(
+                '/actstore.v1.Query/NeuralCollapse',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.NeuralCollapseRequest.SerializeToString,
                 response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
                 _registered_method=True)
         self.ReadActivations = channel.unary_stream(
@@ -685,6 +738,18 @@ class QueryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NeuralCollapse(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadActivations(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -722,6 +787,16 @@ def add_QueryServicer_to_server(servicer, server):
             'GetResult': grpc.unary_unary_rpc_method_handler(
                     servicer.GetResult,
                     request_deserializer=actstore_dot_v1_dot_actstore__pb2.GetResultRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'Lens': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lens,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.LensRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'NeuralCollapse': grpc.unary_unary_rpc_method_handler(
+                    servicer.NeuralCollapse,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.NeuralCollapseRequest.FromString,
                     response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
             ),
             'ReadActivations': grpc.unary_stream_rpc_method_handler(
@@ -891,6 +966,60 @@ class Query:
             target,
             '/actstore.v1.Query/GetResult',
             actstore_dot_v1_dot_actstore__pb2.GetResultRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/Lens',
+            actstore_dot_v1_dot_actstore__pb2.LensRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NeuralCollapse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/NeuralCollapse',
+            actstore_dot_v1_dot_actstore__pb2.NeuralCollapseRequest.SerializeToString,
             actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
             options,
             channel_credentials,

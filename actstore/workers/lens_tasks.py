@@ -1,0 +1,74 @@
+"""The map side of lens queries: stored activations through the model's stored head.
+
+Lens logits are computed in float32 with torch (the GEMM against a 49k-token unembedding is the
+cost; argmax and max-softmax are robust to float32), on the task's GPU when it has one. Labels:
+pooled runs use the dataset labels; token-level runs of causal LMs use the next token of the same
+prompt (a prompt's last token has none and is left out).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from actstore.metrics.lens import LensAccumulator
+from actstore.store.arrays import ZarrArrayStore
+from actstore.workers.models import apply_lens_head
+from actstore.workers.registry import load_lens_head
+
+
+@dataclass(frozen=True)
+class LensPlan:
+    store_root: str
+    compressor: str
+    run_key: str
+    num_states: int
+    model_path: str
+    next_token: bool
+
+
+def next_token_labels(token_ids: np.ndarray, offsets: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Label of token row t in [start, stop): the id of row t+1 if it is in the same prompt, else -1.
+    `token_ids` holds rows [start, stop + 1) (or to the end)."""
+    rows = np.arange(start, stop)
+    prompt_end = offsets[np.searchsorted(offsets, rows, side="right")]
+    labels = np.full(stop - start, -1, dtype=np.int64)
+    has_next = rows + 1 < prompt_end
+    labels[has_next] = token_ids[1:][: stop - start][has_next]
+    return labels
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@torch.no_grad()
+def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarray | None,
+                 accumulator: LensAccumulator, sub_rows: int = 256) -> LensAccumulator:
+    arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
+    head = load_lens_head(plan.model_path)
+    device = _device()
+    cache: dict = {}
+    accumulator = copy.deepcopy(accumulator)
+    offsets = arrays.offsets(plan.run_key) if plan.next_token else None
+    layers = list(range(plan.num_states))
+    for range_start, range_stop in ranges:
+        for start in range(range_start, range_stop, sub_rows):
+            stop = min(start + sub_rows, range_stop)
+            if plan.next_token:
+                ids = arrays.token_ids(plan.run_key, start, min(stop + 1, int(offsets[-1])))
+                chunk_labels = next_token_labels(ids, offsets, start, stop)
+            else:
+                chunk_labels = labels[start:stop]
+            keep = chunk_labels >= 0
+            if not keep.any():
+                continue
+            hidden = torch.from_numpy(arrays.read_layers(plan.run_key, layers, start, stop)[:, keep]).to(device)
+            logits = apply_lens_head(head, hidden, cache)  # (L+1, rows, C)
+            confidence, predicted = torch.softmax(logits.double(), dim=-1).max(dim=-1)
+            accumulator.update(predicted.cpu().numpy(), confidence.cpu().numpy(), chunk_labels[keep])
+    return accumulator
