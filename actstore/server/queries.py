@@ -429,29 +429,6 @@ class QueryEngine:
                                                            result_key))
 
 
-def _first_two_views(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices of the first and second view of every group that has two."""
-    first, second = {}, {}
-    for row, group in enumerate(groups.tolist()):
-        if group not in first:
-            first[group] = row
-        elif group not in second:
-            second[group] = row
-    paired = [g for g in first if g in second]
-    if len(paired) < 2:
-        raise FailedPrecondition("fewer than 2 groups have two views: augment with --augment-views 2 or more")
-    return np.array([first[g] for g in paired]), np.array([second[g] for g in paired])
-
-
-def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict) -> float:
-    if metric == "infonce":
-        return ent.infonce(z[first], z[second], options["temperature"]).score
-    return ent.dime(z[first], z[second], options["alpha"], options["permutations"], options["seed"])
-
-
-def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
-    return ent.lidar(z, groups, alpha=alpha, exp=exp)
-
     # ---- logit lens and neural collapse -------------------------------------------------------
     def _labels(self, run: RunRecord) -> np.ndarray:
         labels = self.arrays.labels(run.run_key)
@@ -533,3 +510,27 @@ def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> 
             return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
 
         return self.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh, compute)
+
+
+def _first_two_views(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of the first and second view of every group that has two."""
+    first, second = {}, {}
+    for row, group in enumerate(groups.tolist()):
+        if group not in first:
+            first[group] = row
+        elif group not in second:
+            second[group] = row
+    paired = [g for g in first if g in second]
+    if len(paired) < 2:
+        raise FailedPrecondition("fewer than 2 groups have two views: augment with --augment-views 2 or more")
+    return np.array([first[g] for g in paired]), np.array([second[g] for g in paired])
+
+
+def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict) -> float:
+    if metric == "infonce":
+        return ent.infonce(z[first], z[second], options["temperature"]).score
+    return ent.dime(z[first], z[second], options["alpha"], options["permutations"], options["seed"])
+
+
+def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
+    return ent.lidar(z, groups, alpha=alpha, exp=exp)

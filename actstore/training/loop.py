@@ -48,7 +48,7 @@ from torch import nn
 from actstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument
 from actstore.store.datasets import DatasetData
 from actstore.training import objectives as obj
-from actstore.training.recipes import Recipe, get_recipe
+from actstore.training.recipes import Recipe, get_recipe, quiet_transformers
 
 __all__ = [
     "CHECKPOINT_RE",
@@ -404,9 +404,10 @@ def _save_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=out_dir))
     try:
         os.chmod(tmp, 0o755)
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
         L = int(model.config.num_hidden_layers)
         if heads is not None:
             _save_exit_heads(tmp, heads, parts, L)
@@ -468,9 +469,10 @@ def _load_model(ckpt: Path, recipe: Recipe) -> tuple[nn.Module, Any]:
     cls = getattr(transformers, arch, None) if arch else None
     if cls is None:
         raise DataLoss(f"the checkpoint {ckpt} names no usable architecture ({arch!r})")
-    model, info = cls.from_pretrained(
-        ckpt, config=config, dtype=torch.float32, local_files_only=True, output_loading_info=True
-    )
+    with quiet_transformers():
+        model, info = cls.from_pretrained(
+            ckpt, config=config, dtype=torch.float32, local_files_only=True, output_loading_info=True
+        )
     bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | (
         {"error_msgs": info["error_msgs"]} if info.get("error_msgs") else {}
     )
@@ -715,7 +717,7 @@ def _train_locked(
         )
         if not torch.isfinite(out_loss.loss):
             raise FailedPrecondition(
-                f"the loss is {float(out_loss.loss)} at step {step} of {recipe.label}/{run.method}"
+                f"the loss is {float(out_loss.loss.detach())} at step {step} of {recipe.label}/{run.method}"
             )
         optimizer.zero_grad(set_to_none=True)
         out_loss.loss.backward()
@@ -724,7 +726,7 @@ def _train_locked(
         optimizer.step()
         train_seconds += time.perf_counter() - t0
         metrics: dict[str, Any] = {
-            "loss": float(out_loss.loss),
+            "loss": float(out_loss.loss.detach()),
             "ce_last": out_loss.ce_last,
             "lr": lr,
             "objective": out_loss.objective,

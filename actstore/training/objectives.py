@@ -416,15 +416,15 @@ def training_loss(
     lam = layer_weights(L, weights)
     if objective == "standard":
         ce = _ce(layer_logits(parts, states[L]), targets)
-        return LossOutput(loss=ce, objective=objective, layer_ce=None, ce_last=float(ce))
+        return LossOutput(loss=ce, objective=objective, layer_ce=None, ce_last=float(ce.detach()))
     if objective in ("aligned", "multi-exit"):
         heads = exit_heads if objective == "multi-exit" else None
         loss, per_layer = weighted_layer_ce(parts, states, targets, lam, heads)
         return LossOutput(
             loss=loss,
             objective=objective,
-            layer_ce=[float(x) for x in per_layer],
-            ce_last=float(per_layer[-1]),
+            layer_ce=[float(x.detach()) for x in per_layer],
+            ce_last=float(per_layer[-1].detach()),
         )
     # ce-reg
     ce = _ce(layer_logits(parts, states[L]), targets)
@@ -433,6 +433,6 @@ def training_loss(
         loss=ce + beta * reg,
         objective=objective,
         layer_ce=None,
-        ce_last=float(ce),
-        regulariser=float(reg),
+        ce_last=float(ce.detach()),
+        regulariser=float(reg.detach()),
     )

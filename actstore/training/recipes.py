@@ -112,16 +112,21 @@ def _builtin(name: str, split: str | None) -> DatasetData:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report (e.g. the newly initialised classifier of MiniLM)."""
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load reports (e.g. MiniLM's newly initialised classifier) and its
+    progress bars ("Writing model shards") for the duration; restores both afterwards."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +193,7 @@ def build_minilm(_tokenizer: Any) -> Any:
     pooler comes from the package, the classifier is initialised from torch's RNG."""
     from transformers import BertForSequenceClassification
 
-    with _quiet_transformers():
+    with quiet_transformers():
         model, info = BertForSequenceClassification.from_pretrained(
             _minilm_path(),
             num_labels=2,

@@ -38,7 +38,8 @@ def next_token_labels(token_ids: np.ndarray, offsets: np.ndarray, start: int, st
     prompt_end = offsets[np.searchsorted(offsets, rows, side="right")]
     labels = np.full(stop - start, -1, dtype=np.int64)
     has_next = rows + 1 < prompt_end
-    labels[has_next] = token_ids[1:][: stop - start][has_next]
+    following = np.append(token_ids[1:], -1)[: stop - start]  # the run's last row has no next token
+    labels[has_next] = following[has_next]
     return labels
 
 
