@@ -34,7 +34,7 @@ def plan(engine: QueryEngine, runs: list[str]) -> tuple[list[RunRecord], str, di
     """Validate the request; returns the runs, the result key and the options."""
     if len(runs) < 1:
         raise InvalidArgument("give at least one run")
-    records = [engine.catalog.committed_run(r) for r in runs]
+    records = [engine.committed_run(r) for r in runs]
     if len({r.run_key for r in records}) != len(records):
         raise InvalidArgument("a run is listed twice")
     for other in records[1:]:

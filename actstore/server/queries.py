@@ -10,7 +10,9 @@ import copy
 import io
 import json
 import time
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from actstore.metrics import entropy as ent
 from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.store.arrays import ArrayStore
-from actstore.store.catalog import Catalog, RunRecord
+from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
 from actstore.store.keys import result_key
 from actstore.workers import cluster
 from actstore.store.datasets import load_dataset
@@ -72,10 +74,37 @@ class MetricResult:
 
 
 class QueryEngine:
+    """Committed runs are immutable, so their records, health and the pairs already checked for
+    matching samples are remembered in memory (until a run is deleted); recent results too."""
+
+    RESULT_CACHE_ENTRIES = 512
+
     def __init__(self, catalog: Catalog, arrays: ArrayStore, settings: Settings) -> None:
         self.catalog = catalog
         self.arrays = arrays
         self.settings = settings
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+        self._health: dict[str, ChunkHealth] = {}
+        self._same_samples: set[tuple[str, str]] = set()
+        self._results: OrderedDict[str, MetricResult] = OrderedDict()
+
+    def forget(self) -> None:
+        """Drop what is remembered (a run was deleted)."""
+        with self._lock:
+            self._runs.clear()
+            self._health.clear()
+            self._same_samples.clear()
+            self._results.clear()
+
+    def committed_run(self, name: str) -> RunRecord:
+        with self._lock:
+            record = self._runs.get(name)
+        if record is None:
+            record = self.catalog.committed_run(name)
+            with self._lock:
+                self._runs[name] = record
+        return record
 
     # ---- validation shared by every metric ----------------------------------------------------
     @staticmethod
@@ -88,7 +117,7 @@ class QueryEngine:
         return chosen
 
     def check_same_samples(self, a: RunRecord, b: RunRecord) -> None:
-        if a.run_key == b.run_key:
+        if a.run_key == b.run_key or (a.run_key, b.run_key) in self._same_samples:
             return
         try:
             sim.check_same_samples(self.arrays.sample_ids(a.run_key), self.arrays.sample_ids(b.run_key))
@@ -100,9 +129,13 @@ class QueryEngine:
                                                             self.arrays.offsets(b.run_key)):
                 raise InvalidArgument("token-level comparison needs both runs tokenised identically "
                                       "(same offsets): compare pooled runs instead")
+        with self._lock:
+            self._same_samples.update({(a.run_key, b.run_key), (b.run_key, a.run_key)})
 
     def check_finite(self, run: RunRecord, layers: list[int]) -> None:
-        health = self.catalog.chunk_health(run.run_key, run.num_layers)
+        health = self._health.get(run.run_key)
+        if health is None:
+            health = self._health[run.run_key] = self.catalog.chunk_health(run.run_key, run.num_layers)
         for layer in layers:
             if health.nan_count[layer] or health.inf_count[layer]:
                 raise FailedPrecondition(
@@ -121,17 +154,32 @@ class QueryEngine:
     def cached_or_compute(self, metric: str, version: int, options: dict, run_keys: list[str],
                            refresh: bool, compute) -> MetricResult:
         key = result_key(metric, version, options, run_keys)
-        stored = None if refresh else self.catalog.result(key)
-        if stored is not None:
-            payload, seconds = stored
-            return MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True, seconds, key))
+        if not refresh:
+            with self._lock:
+                if key in self._results:
+                    self._results.move_to_end(key)
+                    return self._results[key]
+            stored = self.catalog.result(key)
+            if stored is not None:
+                payload, seconds = stored
+                result = MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True,
+                                                                     seconds, key))
+                self._remember(key, result)
+                return result
         started = time.perf_counter()
         arrays, scalars, notes = compute()
         seconds = time.perf_counter() - started
         result = MetricResult(arrays, scalars, Provenance(metric, version, options, run_keys, False, seconds, key),
                               notes)
         self.catalog.put_result(key, metric, version, options, run_keys, result.to_bytes(), seconds)
+        self._remember(key, replace(result, provenance=replace(result.provenance, cached=True)))
         return result
+
+    def _remember(self, key: str, result: MetricResult) -> None:
+        with self._lock:
+            self._results[key] = result
+            while len(self._results) > self.RESULT_CACHE_ENTRIES:
+                self._results.popitem(last=False)
 
     # ---- map-reduce ---------------------------------------------------------------------------
     @property
@@ -169,8 +217,8 @@ class QueryEngine:
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
                    k: int = 0) -> MetricResult:
-        a = self.catalog.committed_run(run_a)
-        b = self.catalog.committed_run(run_b) if run_b else a
+        a = self.committed_run(run_a)
+        b = self.committed_run(run_b) if run_b else a
         la = self.check_layers(a, layers_a, "layer")
         lb = self.check_layers(b, layers_b, "layer")
         self.check_matrix(len(la), len(lb))
@@ -306,7 +354,7 @@ class QueryEngine:
     def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
                 clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
                 seed: int = 0, exp: bool = False, temperature: float = 0.0, refresh: bool = False) -> MetricResult:
-        record = self.catalog.committed_run(run)
+        record = self.committed_run(run)
         chosen = self.check_layers(record, layers, "layer")
         self.check_finite(record, chosen)
         alpha = alpha or 1.0
@@ -398,7 +446,7 @@ class QueryEngine:
 
     # ---- residual norm ratio ------------------------------------------------------------------
     def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
-        record = self.catalog.committed_run(run)
+        record = self.committed_run(run)
         chosen = list(layers) if layers else list(range(record.num_layers))
         bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
         if bad:
@@ -439,7 +487,7 @@ class QueryEngine:
 
     def lens(self, run: str, epsilon: float = 0.0, taus: list[float] | None = None, heads: str = "",
              refresh: bool = False) -> MetricResult:
-        record = self.catalog.committed_run(run)
+        record = self.committed_run(run)
         model = self.catalog.model(record.model_digest)
         if not model.has_head:
             raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
@@ -491,7 +539,7 @@ class QueryEngine:
                                       compute)
 
     def neural_collapse(self, run: str, layers: list[int], rcond: float = 0.0, refresh: bool = False) -> MetricResult:
-        record = self.catalog.committed_run(run)
+        record = self.committed_run(run)
         if record.pooling == "tokens":
             raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
         chosen = self.check_layers(record, layers, "layer")

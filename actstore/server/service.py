@@ -170,6 +170,7 @@ class ActStoreService:
                                   "cancel it first")
         self.catalog.delete_run(record.run_key)
         self.arrays.delete_run(record.run_key)
+        self.queries.forget()
         return record.run_key
 
     # ---- capture ------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ class ActStoreService:
                seed: int = 0, refresh: bool = False):
         from actstore.workers.stitch import StitchPlan, stitch_penalty
 
-        a, b = self.catalog.committed_run(run_a), self.catalog.committed_run(run_b)
+        a, b = self.queries.committed_run(run_a), self.queries.committed_run(run_b)
         self.queries.check_layers(a, [layer_a], "layer_a")
         self.queries.check_layers(b, [layer_b], "layer_b")
         if a.pooling != "tokens" or b.pooling != "tokens":
@@ -364,7 +365,7 @@ class ActStoreService:
     # ---- reading ------------------------------------------------------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int
                          ) -> Iterator[tuple[int, np.ndarray, list[str]]]:
-        record = self.catalog.committed_run(run)
+        record = self.queries.committed_run(run)
         self.queries.check_layers(record, [layer], "layer")
         stop = stop or record.rows
         if not 0 <= start < stop <= record.rows:

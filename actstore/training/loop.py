@@ -616,8 +616,9 @@ def train(
                     f"{out} holds a different run ({resume_from.name}): "
                     + ", ".join(f"{k}: stored {a!r}, asked {b!r}" for k, (a, b) in differ.items())
                 )
-        return _train_locked(run, total, out, resume_from, existing, progress, device, stop_at,
-                             keep_training_states, t_start)
+        return _train_locked(
+            run, total, out, resume_from, progress, device, stop_at, keep_training_states, t_start
+        )
 
 
 def _train_locked(
@@ -625,7 +626,6 @@ def _train_locked(
     total: int,
     out: Path,
     resume_from: Path | None,
-    existing: list[Path],
     progress: ProgressFn | None,
     device: torch.device,
     stop_at: int | None,

@@ -77,9 +77,9 @@ class Recipe:
         return src
 
     def eval_data(self) -> DatasetData:
-        src = dict(self.eval_source())
-        name = src.pop("name")
-        return load_builtin(name, **src)
+        """``load_builtin(**eval_source())`` (cached per process; do not mutate it)."""
+        src = self.eval_source()
+        return _eval_split(src["name"], src.get("split"), src["limit"])
 
     def train_data(self) -> DatasetData:
         if self.dataset == "fashion-mnist":
@@ -106,6 +106,14 @@ class Recipe:
 @functools.lru_cache(maxsize=4)
 def _builtin(name: str, split: str | None) -> DatasetData:
     kwargs: dict[str, Any] = {"seed": SPLIT_SEED}
+    if split is not None:
+        kwargs["split"] = split
+    return load_builtin(name, **kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_split(name: str, split: str | None, limit: int) -> DatasetData:
+    kwargs: dict[str, Any] = {"seed": SPLIT_SEED, "limit": limit}
     if split is not None:
         kwargs["split"] = split
     return load_builtin(name, **kwargs)
@@ -147,6 +155,7 @@ def build_vit(
     num_heads: int,
     intermediate_size: int,
     patch_size: int,
+    dropout: float = 0.0,
 ) -> Any:
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -158,8 +167,8 @@ def build_vit(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         intermediate_size=intermediate_size,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
         num_labels=10,
         id2label=dict(enumerate(FMNIST_LABELS)),
         label2id={n: i for i, n in enumerate(FMNIST_LABELS)},

@@ -46,7 +46,7 @@ def vit_states_by_hand(model, x):
     """ViT's residual stream via explicit module calls (not the hooks under test)."""
     h = model.vit.embeddings(x)
     states = [h]
-    for block in model.vit.encoder.layer:
+    for block in model.vit.layers:
         out = block(h)
         h = out[0] if isinstance(out, (tuple, list)) else out
         states.append(h)
@@ -141,8 +141,8 @@ def test_states_carry_gradients():
     states = obj.residual_states(model, {"pixel_values": images(2)})
     assert all(s.requires_grad for s in states)
     states[1].sum().backward()
-    assert model.vit.encoder.layer[0].output.dense.weight.grad is not None
-    assert model.vit.encoder.layer[2].output.dense.weight.grad is None
+    assert model.vit.layers[0].mlp.fc2.weight.grad is not None
+    assert model.vit.layers[2].mlp.fc2.weight.grad is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_aligned_loss_gpt2_next_token_by_hand():
         total = 0.0
         for layer in range(1, L + 1):
             if layer < L:
-                logits = hand_layer_norm(hs[layer], ln.weight, ln.bias, ln.epsilon) @ E.T
+                logits = hand_layer_norm(hs[layer], ln.weight, ln.bias, ln.eps) @ E.T
             else:
                 logits = out.logits  # the model's own logits
             losses = []
@@ -288,7 +288,7 @@ def test_gradients_reach_shallow_layers_only_with_aligned():
     for method in ("standard", "aligned"):
         model.zero_grad()
         obj.training_loss(model, {"pixel_values": x}, y, method).loss.backward()
-        grads[method] = model.vit.encoder.layer[0].output.dense.weight.grad.clone()
+        grads[method] = model.vit.layers[0].mlp.fc2.weight.grad.clone()
         assert model.classifier.weight.grad is not None
     assert not torch.allclose(grads["standard"], grads["aligned"])
     assert math.isfinite(float(grads["aligned"].norm()))
