@@ -27,8 +27,18 @@ import time
 from pathlib import Path
 
 import benchlib  # noqa: F401  (sets the Ray environment first)
-from benchlib import (cores, embedded, in_job_rate, machine, median, register_reviews, review_texts, timed_capture,
-                      verdict, write_result)
+from benchlib import (
+    cores,
+    embedded,
+    in_job_rate,
+    machine,
+    median,
+    register_reviews,
+    review_texts,
+    timed_capture,
+    verdict,
+    write_result,
+)
 
 TARGET = 0.85
 

@@ -31,7 +31,15 @@ from pathlib import Path
 
 import benchlib  # noqa: F401  (sets the Ray environment first)
 import numpy as np
-from benchlib import cores, embedded, machine, median, register_reviews, verdict, write_result
+from benchlib import (
+    cores,
+    embedded,
+    machine,
+    median,
+    register_reviews,
+    verdict,
+    write_result,
+)
 
 SPEEDUP_TARGET = 5.0
 DIFF_TARGET = 1e-6
@@ -99,34 +107,34 @@ def main() -> None:
     print(f"CKA matrix: n={args.n} pooling={args.pooling} dtype={args.dtype} naive pairs={args.pairs} "
           f"center={args.center} frobenius={args.frobenius}; {cores()} cores, load {info['loadavg_start']}")
 
-    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp:
-        with embedded(Path(tmp) / "store", shard_rows=args.shard_rows) as client:
-            client.register_model(builtin="minilm-l6")
-            register_reviews(client, args.n, args.seed, name="reviews")
-            started = time.perf_counter()
-            run = client.capture("minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
-                                 max_len=args.max_len).run_key
-            capture_seconds = time.perf_counter() - started
-            described = client.describe(run)
-            states = described.num_layers + 1
-            print(f"  captured run {run[:12]} ({args.n} x {states} x {described.width}) in {capture_seconds:.1f} s "
-                  "(untimed for the comparison)")
+    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp, \
+            embedded(Path(tmp) / "store", shard_rows=args.shard_rows) as client:
+        client.register_model(builtin="minilm-l6")
+        register_reviews(client, args.n, args.seed, name="reviews")
+        started = time.perf_counter()
+        run = client.capture("minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
+                             max_len=args.max_len).run_key
+        capture_seconds = time.perf_counter() - started
+        described = client.describe(run)
+        states = described.num_layers + 1
+        print(f"  captured run {run[:12]} ({args.n} x {states} x {described.width}) in {capture_seconds:.1f} s "
+              "(untimed for the comparison)")
 
-            store_seconds, server_seconds = [], []
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                result = client.cka(run, refresh=True)
-                store_seconds.append(time.perf_counter() - started)
-                server_seconds.append(result.provenance.seconds)
-                assert not result.provenance.cached and result.n == args.n
-            store = result.biased
-            print("  store cka(refresh=True): " + ", ".join(f"{s:.3f}" for s in store_seconds)
-                  + f" s (server compute {', '.join(f'{s:.3f}' for s in server_seconds)} s); "
-                  + "; ".join(result.notes))
-
+        store_seconds, server_seconds = [], []
+        for _ in range(args.repeats):
             started = time.perf_counter()
-            layers = [client.read_activations(run, layer)[0].astype(np.float32) for layer in range(states)]
-            read_seconds = time.perf_counter() - started
+            result = client.cka(run, refresh=True)
+            store_seconds.append(time.perf_counter() - started)
+            server_seconds.append(result.provenance.seconds)
+            assert not result.provenance.cached and result.n == args.n
+        store = result.biased
+        print("  store cka(refresh=True): " + ", ".join(f"{s:.3f}" for s in store_seconds)
+              + f" s (server compute {', '.join(f'{s:.3f}' for s in server_seconds)} s); "
+              + "; ".join(result.notes))
+
+        started = time.perf_counter()
+        layers = [client.read_activations(run, layer)[0].astype(np.float32) for layer in range(states)]
+        read_seconds = time.perf_counter() - started
 
     print(f"  read {states} layers into float32 arrays: {read_seconds:.2f} s (untimed for the comparison)")
     h = None

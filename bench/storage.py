@@ -48,27 +48,27 @@ def main() -> None:
     print(f"storage: n={args.n} pooling={args.pooling} compressor={args.compressor} shard_rows={args.shard_rows}; "
           f"{cores()} cores, load {info['loadavg_start']}")
     results = {}
-    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp:
-        with embedded(Path(tmp) / "store", shard_rows=args.shard_rows, compressor=args.compressor) as client:
-            client.register_model(builtin="minilm-l6")
-            register_reviews(client, args.n, args.seed, name="reviews")
-            runs = {}
-            for dtype in dtypes:
-                started = time.perf_counter()
-                runs[dtype] = client.capture("minilm-l6", "reviews", pooling=args.pooling, dtype=dtype,
-                                             max_len=args.max_len).run_key
-                described = client.describe(runs[dtype])
-                values = described.n * (described.num_layers + 1) * described.width
-                results[dtype] = {"run": runs[dtype], "stored_bytes": described.stored_bytes, "values": values,
-                                  "capture_seconds": time.perf_counter() - started,
-                                  "shape": [described.n, described.num_layers + 1, described.width]}
-            states = results["float32"]["shape"][1]
-            exact = [client.read_activations(runs["float32"], layer)[0] for layer in range(states)]
-            scale = max(float(np.max(np.abs(x))) for x in exact)
-            for dtype in dtypes:
-                error = max(float(np.max(np.abs(client.read_activations(runs[dtype], layer)[0].astype(np.float32)
-                                                - exact[layer]))) for layer in range(states))
-                results[dtype].update(max_abs_error=error, max_abs_value=scale)
+    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp, \
+            embedded(Path(tmp) / "store", shard_rows=args.shard_rows, compressor=args.compressor) as client:
+        client.register_model(builtin="minilm-l6")
+        register_reviews(client, args.n, args.seed, name="reviews")
+        runs = {}
+        for dtype in dtypes:
+            started = time.perf_counter()
+            runs[dtype] = client.capture("minilm-l6", "reviews", pooling=args.pooling, dtype=dtype,
+                                         max_len=args.max_len).run_key
+            described = client.describe(runs[dtype])
+            values = described.n * (described.num_layers + 1) * described.width
+            results[dtype] = {"run": runs[dtype], "stored_bytes": described.stored_bytes, "values": values,
+                              "capture_seconds": time.perf_counter() - started,
+                              "shape": [described.n, described.num_layers + 1, described.width]}
+        states = results["float32"]["shape"][1]
+        exact = [client.read_activations(runs["float32"], layer)[0] for layer in range(states)]
+        scale = max(float(np.max(np.abs(x))) for x in exact)
+        for dtype in dtypes:
+            error = max(float(np.max(np.abs(client.read_activations(runs[dtype], layer)[0].astype(np.float32)
+                                            - exact[layer]))) for layer in range(states))
+            results[dtype].update(max_abs_error=error, max_abs_value=scale)
 
     print(f"baseline: raw float32 = {RAW_FLOAT32} bytes/value")
     print(f"{'dtype':<9} {'stored bytes':>13} {'values':>10} {'B/value':>8} {'vs raw f32':>11} "

@@ -108,7 +108,12 @@ def curvature_np(tokens: np.ndarray, offsets: np.ndarray, abs_cos: bool = False)
         if b - a < 3:
             continue
         v = np.diff(tokens[a:b], axis=0)
-        cos = np.sum(v[1:] * v[:-1], axis=1) / (np.linalg.norm(v[1:], axis=1) * np.linalg.norm(v[:-1], axis=1))
+        dots = np.sum(v[1:] * v[:-1], axis=1)
+        scale = np.linalg.norm(v[1:], axis=1) * np.linalg.norm(v[:-1], axis=1)
+        # a zero-length step (a repeated token at the embedding layer of a model without position
+        # embeddings) has no direction: its angle counts as 0, the documented convention
+        cos = np.ones_like(dots)
+        np.divide(dots, scale, out=cos, where=scale > 0)
         cos = np.abs(cos) if abs_cos else cos
         per_prompt.append(np.mean(np.arccos(np.clip(cos, -1.0, 1.0))))
     return float(np.mean(per_prompt))
