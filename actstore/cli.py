@@ -182,6 +182,14 @@ def cmd_capture(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    with connect(args) as client:
+        model = client.train(args.recipe, args.method, seed=args.seed, steps=args.steps, smoke=args.smoke,
+                             alternating=args.alternating, weights=args.weights, progress=not args.quiet)
+    print(f"trained: model {model.digest[:12]} ({', '.join(model.aliases)}); every checkpoint is registered")
+    return 0
+
+
 def cmd_jobs(args) -> int:
     with connect(args) as client:
         rows = [{"job": j.job_id, "kind": j.kind, "status": j.status, "progress": f"{j.done}/{j.total} {j.unit}",
@@ -344,7 +352,7 @@ def cmd_lens(args) -> int:
 
     taus = [float(t) for t in args.taus.split(",")] if args.taus else None
     with connect(args) as client:
-        r = client.lens(args.run, epsilon=args.epsilon, taus=taus, refresh=args.refresh)
+        r = client.lens(args.run, epsilon=args.epsilon, taus=taus, heads=args.heads, refresh=args.refresh)
     if args.json:
         print(json.dumps({"accuracy": r.accuracy.tolist(), "saturation_counts": r.saturation_counts.tolist(),
                           "effective_depth": r.effective_depth, "effective_depth_relative": r.effective_depth_relative,
@@ -494,6 +502,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, help="token limit (default 128)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
+    p = command("train", cmd_train, "train a model (standard / aligned / multi-exit / ce-reg) as a job",
+                "Recipes: vit-fmnist (ViT from scratch on Fashion-MNIST), minilm-rt (MiniLM fine-tuned on\n"
+                "Rotten Tomatoes), gpt2-austen (small GPT-2 on Jane Austen). Methods: standard (last-layer CE),\n"
+                "aligned (one shared head on every layer, lambda_l = 2l/(L(L+1))), multi-exit (a classifier\n"
+                "per layer), ce-reg (CE + cosine regulariser). Checkpoints are registered as models;\n"
+                "resubmitting the same command resumes from the last checkpoint.")
+    p.add_argument("--recipe", required=True, choices=["vit-fmnist", "minilm-rt", "gpt2-austen"])
+    p.add_argument("--method", required=True, choices=["standard", "aligned", "multi-exit", "ce-reg"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, help="optimizer steps (default: the recipe's)")
+    p.add_argument("--smoke", action="store_true", help="the recipe's tiny size (seconds)")
+    p.add_argument("--alternating", action="store_true", help="aligned: last-layer CE on odd steps")
+    p.add_argument("--weights", default="linear", choices=["linear", "uniform"], help="aligned layer weights")
+    p.add_argument("-q", "--quiet", action="store_true")
+
     p = command("jobs", cmd_jobs, "list jobs")
     p.add_argument("--status")
     p = command("watch", cmd_watch, "follow a job with a progress bar")
@@ -582,6 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("--epsilon", type=float, default=0.1, help="effective depth tolerance (default 0.1)")
     p.add_argument("--taus", help="exit confidence thresholds, e.g. 0.5,0.8,0.9 (default 0.5..0.99)")
+    p.add_argument("--heads", default="shared", choices=["shared", "exits"],
+                   help="the model's one head at every layer, or a multi-exit model's own exits")
     p.add_argument("--plot-prefix", help="write PREFIX_accuracy.png and PREFIX_saturation.png")
     p.add_argument("--json", action="store_true")
     p.add_argument("--refresh", action="store_true")

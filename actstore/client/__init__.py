@@ -221,6 +221,19 @@ class Client:
             job = JobInfo(**{**job.__dict__, "joined": joined})
         return CaptureResult(run_key=job.target, job=job)
 
+    def train(self, recipe: str, method: str, *, seed: int = 0, steps: int | None = None, smoke: bool = False,
+              alternating: bool = False, weights: str = "linear", progress: bool = False) -> ModelInfo:
+        """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (the name without
+        @step follows the newest). Returns the final model. Resubmitting resumes a stopped run."""
+        job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
+            recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
+            weights=weights)))
+        if not job.finished:
+            self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
+        name = f"{recipe}{'-smoke' if smoke else ''}-{method}-s{seed}"
+        return next(m for m in self.models() if name in m.aliases)
+
     def cancel(self, job_id: str) -> JobInfo:
         return JobInfo.from_proto(self._capture.CancelJob(pb.CancelJobRequest(job_id=job_id)))
 
@@ -325,12 +338,13 @@ class Client:
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,
                          answer.notes)
 
-    def lens(self, run: str, *, epsilon: float = 0.1, taus: Sequence[float] | None = None,
+    def lens(self, run: str, *, epsilon: float = 0.1, taus: Sequence[float] | None = None, heads: str = "shared",
              refresh: bool = False) -> LensResult:
         """Logit lens with the model's stored head on every layer: per-layer accuracy, saturation
-        distribution, epsilon-effective depth (absolute and relative) and the multi-exit sweep."""
-        answer = QueryAnswer.from_proto(self._query.Lens(pb.LensRequest(run=run, epsilon=epsilon,
-                                                                         taus=list(taus or []), refresh=refresh)))
+        distribution, epsilon-effective depth (absolute and relative) and the multi-exit sweep.
+        heads='exits' uses a multi-exit model's own per-layer classifiers instead."""
+        answer = QueryAnswer.from_proto(self._query.Lens(pb.LensRequest(
+            run=run, epsilon=epsilon, taus=list(taus or []), heads=heads, refresh=refresh)))
         a, s = answer.arrays, answer.scalars
         return LensResult(a["accuracy"], a["saturation_counts"], a["saturation_cumulative"],
                           int(s["effective_depth"]), int(s["effective_depth_relative"]), a["taus"], a["exits"],

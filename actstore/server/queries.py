@@ -494,8 +494,11 @@ class QueryEngine:
                                      "needs a final norm + classifier or unembedding (a *ForCausalLM or "
                                      "*ForSequence/ImageClassification model)")
         heads = heads or "shared"
-        if heads != "shared":
-            raise InvalidArgument(f"heads {heads!r}: only 'shared' (the model's one head) is available")
+        if heads not in ("shared", "exits"):
+            raise InvalidArgument(f"heads {heads!r} is not one of shared, exits")
+        if heads == "exits" and not (Path(model.path) / "exit_heads.safetensors").exists():
+            raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
+                                     "trained with --method multi-exit")
         self.check_finite(record, list(range(record.num_layers + 1)))
         next_token = model.kind == "causal-lm"
         if next_token and record.pooling != "tokens":
@@ -514,7 +517,7 @@ class QueryEngine:
             from actstore.workers.lens_tasks import LensPlan, lens_partial  # torch: only where it is needed
 
             plan = LensPlan(str(self.arrays.root), self.settings.compressor, record.run_key, record.num_layers + 1,
-                            model.path, next_token)
+                            model.path, next_token, heads == "exits")
             groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
             task = ray.remote(num_cpus=1)(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))

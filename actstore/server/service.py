@@ -6,6 +6,7 @@ array store and the job manager, and sends model work to Ray.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from actstore.server.queries import QueryEngine
 from actstore.store import datasets as ds
 from actstore.store.arrays import RunLayout, ZarrArrayStore
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
-from actstore.store.keys import POOLINGS, STORAGE_DTYPES, run_key, run_spec
+from actstore.store.keys import POOLINGS, STORAGE_DTYPES, run_key, run_spec, sha256_hex
 from actstore.workers import cluster
 from actstore.workers.models import BUILTIN_MODELS
 
@@ -53,6 +54,17 @@ class DatasetSource:
     group_column: str | None = None
     augment_views: int = 0
     augment_method: str = "word-dropout"
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    recipe: str
+    method: str
+    seed: int = 0
+    steps: int = 0
+    smoke: bool = False
+    alternating: bool = False
+    weights: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,7 @@ class ActStoreService:
 
     # ---- models -------------------------------------------------------------------------------
     def register_model(self, *, path: str | None = None, builtin: str | None = None,
-                       name: str | None = None) -> ModelRecord:
+                       name: str | None = None, lineage: dict | None = None) -> ModelRecord:
         if bool(path) == bool(builtin):
             raise InvalidArgument("give exactly one of a model folder path or a builtin name "
                                   f"({', '.join(BUILTIN_MODELS)})")
@@ -113,7 +125,7 @@ class ActStoreService:
             digest=registered.digest, kind=registered.kind, arch=registered.arch,
             num_layers=registered.num_layers, hidden_size=registered.hidden_size,
             max_positions=registered.max_positions, path=registered.path, has_head=registered.has_head,
-            lineage={"source": builtin or source},
+            lineage={"source": builtin or source, **(lineage or {})},
         )
         self.catalog.add_model(record)
         self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
@@ -325,6 +337,68 @@ class ActStoreService:
                            f"{layout.rows} rows recorded; submit the capture again to finish it")
         self.arrays.write_means(key)
         self.catalog.set_run_status(key, "committed")
+
+    # ---- training -----------------------------------------------------------------------------
+    def submit_train(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
+        from actstore.training import METHODS, RECIPES
+
+        if request.recipe not in RECIPES:
+            raise NotFound(f"no recipe {request.recipe!r}; the recipes are {', '.join(RECIPES)}")
+        if request.method not in METHODS:
+            raise InvalidArgument(f"method {request.method!r} is not one of {', '.join(METHODS)}")
+        if request.steps < 0 or request.seed < 0:
+            raise InvalidArgument("steps and seed must be >= 0 (steps 0: the recipe's budget)")
+        spec = {"recipe": request.recipe, "method": request.method, "seed": request.seed,
+                "steps": request.steps or None, "smoke": request.smoke, "alternating": request.alternating,
+                "weights": request.weights or "linear"}
+        key = sha256_hex({"training": spec})
+        state, joined = self.jobs.start("train", key, spec, lambda job: self._train(job, spec, key),
+                                        principal=principal)
+        return replace(state.snapshot, joined=joined)
+
+    def _train(self, job: JobState, spec: dict, key: str) -> None:
+        from actstore.training import list_checkpoints
+        from actstore.workers.train_task import read_progress, run_training
+
+        out_dir = self.root / "training" / key[:16]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        gpus = cluster.cluster_gpus()
+        resources = {"num_gpus": 1} if gpus else {"num_cpus": cluster.cluster_cpus()}
+        task = ray.remote(max_retries=0, **resources)(run_training).remote(
+            spec["recipe"], spec["method"], spec["seed"], spec["steps"], spec["smoke"], spec["alternating"],
+            spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus())
+        registered: set[str] = set()
+        name = f"{spec['recipe']}{'-smoke' if spec['smoke'] else ''}-{spec['method']}-s{spec['seed']}"
+        while True:
+            ready, _ = ray.wait([task], timeout=0.5)
+            if job.cancel_requested.is_set():
+                ray.cancel(task, force=True)
+                raise Cancelled(f"training {name} cancelled; its checkpoints are kept: submit it again to resume")
+            for checkpoint in list_checkpoints(out_dir):
+                if checkpoint.name not in registered:
+                    self._register_checkpoint(checkpoint, name)
+                    registered.add(checkpoint.name)
+            progress = read_progress(out_dir)
+            if progress:
+                job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
+            if ready:
+                break
+        try:
+            ray.get(task)
+        except Exception as exc:
+            cause = cluster.unwrap(exc)
+            if isinstance(cause, ActStoreError):
+                raise cause from None
+            raise Unavailable(f"training {name} failed: {cause}; the checkpoints so far are kept") from None
+        for checkpoint in list_checkpoints(out_dir):
+            if checkpoint.name not in registered:
+                self._register_checkpoint(checkpoint, name)
+
+    def _register_checkpoint(self, checkpoint: Path, name: str) -> ModelRecord:
+        lineage = json.loads((checkpoint / "lineage.json").read_text())
+        record = self.register_model(path=str(checkpoint), name=f"{name}@step{lineage['step']}", lineage=lineage)
+        self.catalog.set_model_alias(name, record.digest)  # the name alone follows the newest checkpoint
+        return record
 
     # ---- stitching ----------------------------------------------------------------------------
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, test_fraction: float = 0.0,

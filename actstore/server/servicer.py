@@ -10,7 +10,7 @@ from actstore.errors import InvalidArgument
 from actstore.server.interceptors import current_principal
 from actstore.server.jobs import JobSnapshot
 from actstore.server.queries import MetricResult
-from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource
+from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
 from actstore.wire import to_ndarray
 
@@ -138,6 +138,12 @@ class CaptureServicer(rpc.CaptureServicer):
 
     def GetJob(self, request, context):
         return job_proto(self.service.jobs.snapshot(request.job_id))
+
+    def SubmitTrain(self, request, context):
+        return job_proto(self.service.submit_train(
+            TrainRequest(recipe=request.recipe, method=request.method, seed=request.seed, steps=request.steps,
+                         smoke=request.smoke, alternating=request.alternating, weights=request.weights),
+            principal=current_principal.get()))
 
     def ListJobs(self, request, context):
         return pb.ListJobsResponse(jobs=[job_proto(s) for s in self.service.jobs.list(request.status or None)])

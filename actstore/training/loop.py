@@ -453,9 +453,11 @@ def _save_checkpoint(
     return final, digest
 
 
-def _load_state(ckpt: Path, device: torch.device) -> dict[str, Any]:
+def _load_state(ckpt: Path) -> dict[str, Any]:
+    # on the CPU: RNG states must stay CPU byte tensors; the optimizer moves its state to the
+    # parameters' device itself
     try:
-        return torch.load(ckpt / STATE_FILE, map_location=device, weights_only=True)
+        return torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise DataLoss(f"cannot read {ckpt / STATE_FILE} ({type(exc).__name__}: {exc})") from exc
 
@@ -649,7 +651,7 @@ def _train_locked(
 
     state: dict[str, Any] | None = None
     if resume_from is not None:
-        state = _load_state(resume_from, device)
+        state = _load_state(resume_from)
         start = int(state["step"])
         result.resumed_from = start
         result.step = start

@@ -301,10 +301,10 @@ RECIPES: dict[str, Recipe] = {
         batch_size=128,
         lr=1e-3,
         weight_decay=0.05,
-        steps=600,
+        steps=1000,
         warmup_steps=50,
         eval_size=2000,
-        checkpoint_every=200,
+        checkpoint_every=250,
         eval_batch_size=500,
     ),
     "minilm-rt": Recipe(

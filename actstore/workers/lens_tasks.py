@@ -29,6 +29,20 @@ class LensPlan:
     num_states: int
     model_path: str
     next_token: bool
+    exit_heads: bool = False  # a multi-exit model's own classifier at each layer 1..L
+
+
+def layer_heads(plan: LensPlan) -> list[dict]:
+    """The head applied at each layer 0..L: the shared one, or (exit_heads) the model's per-layer
+    classifiers on the shared final norm / pooler (layer 0 has no exit and keeps the shared head)."""
+    head = load_lens_head(plan.model_path)
+    heads = [head] * plan.num_states
+    if plan.exit_heads:
+        from actstore.training import exit_heads
+
+        for layer, (weight, bias) in (exit_heads(plan.model_path) or {}).items():
+            heads[layer] = {**head, "weight": weight, "bias": bias, "digest": f"{head.get('digest', '')}:exit{layer}"}
+    return heads
 
 
 def next_token_labels(token_ids: np.ndarray, offsets: np.ndarray, start: int, stop: int) -> np.ndarray:
@@ -51,7 +65,7 @@ def _device() -> torch.device:
 def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarray | None,
                  accumulator: LensAccumulator, sub_rows: int = 256) -> LensAccumulator:
     arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
-    head = load_lens_head(plan.model_path)
+    heads = layer_heads(plan)
     device = _device()
     cache: dict = {}
     accumulator = copy.deepcopy(accumulator)
@@ -69,7 +83,7 @@ def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarr
             if not keep.any():
                 continue
             hidden = torch.from_numpy(arrays.read_layers(plan.run_key, layers, start, stop)[:, keep]).to(device)
-            logits = apply_lens_head(head, hidden, cache)  # (L+1, rows, C)
+            logits = torch.stack([apply_lens_head(heads[layer], hidden[layer], cache) for layer in layers])
             confidence, predicted = torch.softmax(logits.double(), dim=-1).max(dim=-1)
             accumulator.update(predicted.cpu().numpy(), confidence.cpu().numpy(), chunk_labels[keep])
     return accumulator

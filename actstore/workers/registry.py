@@ -17,6 +17,7 @@ import numpy as np
 from actstore.workers.models import ModelAdapter, resolve_model_source
 
 HEAD_FILE = "lens_head.npz"
+CARRIED_FILES = ("exit_heads.safetensors", "exit_heads.json", "lineage.json")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ def register_model(source: str, store_root: str) -> RegisteredModel:
         adapter.save(staging)
         if head is not None:
             save_lens_head(head, staging / HEAD_FILE)
+        for extra in CARRIED_FILES:  # a multi-exit checkpoint's own classifiers, its lineage
+            if (path / extra).is_file():
+                shutil.copy2(path / extra, staging / extra)
         try:
             os.rename(staging, target)
         except OSError:  # a concurrent registration of the same digest won the race

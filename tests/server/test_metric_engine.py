@@ -185,13 +185,12 @@ def runs(client, tiny_models):
         client.register_model(tiny_models[name], name=name)
     client.register_dataset(texts=TEXTS, name="toy")
     client.register_dataset(texts=AUG_TEXTS, name="aug", augment_views=2)
-    return {
-        "gpt2": client.capture("gpt2", "toy", pooling="mean").run_key,
-        "bert": client.capture("bert", "toy", pooling="mean").run_key,
-        "gpt2_tok": client.capture("gpt2", "toy", pooling="tokens").run_key,
-        "llama_tok": client.capture("llama", "toy", pooling="tokens").run_key,
-        "aug": client.capture("gpt2", "aug", pooling="mean").run_key,
-    }
+    specs = {"gpt2": ("gpt2", "toy", "mean"), "bert": ("bert", "toy", "mean"),
+             "llama_tok": ("llama", "toy", "tokens"), "gpt2_tok": ("gpt2", "toy", "tokens"),
+             "aug": ("gpt2", "aug", "mean")}
+    # submitted together, so the three models' capture replicas start side by side
+    jobs = {name: client.submit_capture(m, d, pooling=p) for name, (m, d, p) in specs.items()}
+    return {name: client.wait(job.job_id).target for name, job in jobs.items()}
 
 
 _LAYERS: dict[str, list[np.ndarray]] = {}

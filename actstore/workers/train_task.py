@@ -1,0 +1,49 @@
+"""Training as a Ray task: `actstore.training.train` with its progress written to a file that the
+job manager follows (a Ray task has no channel back to the job but the shared store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+PROGRESS_FILE = "progress.json"
+
+
+def progress_path(out_dir: str | Path) -> Path:
+    return Path(out_dir) / PROGRESS_FILE
+
+
+def read_progress(out_dir: str | Path) -> dict | None:
+    try:
+        return json.loads(progress_path(out_dir).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: bool, alternating: bool,
+                 weights: str, out_dir: str, num_threads: int | None = None) -> dict:
+    import torch
+
+    from actstore.training import get_recipe, train
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    path = progress_path(out_dir)
+    written = [0.0]
+
+    def progress(step: int, total: int, metrics: dict) -> None:
+        now = time.monotonic()
+        if now - written[0] < 0.5 and step != total and "checkpoint" not in metrics:
+            return
+        written[0] = now
+        record = {"step": step, "total": total, "loss": float(metrics.get("loss", float("nan")))}
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(record))
+        os.replace(staging, path)
+
+    result = train(get_recipe(recipe, smoke=smoke), method, seed, steps, out_dir=out_dir, progress=progress,
+                   alternating=alternating, weights=weights)
+    return {"step": result.step, "total": result.total_steps, "checkpoint": str(result.checkpoint),
+            "metrics": result.metrics}
