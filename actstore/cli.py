@@ -415,6 +415,14 @@ def cmd_token(args) -> int:
     return 0
 
 
+def cmd_experiment(args) -> int:
+    from actstore.experiment import run_experiment
+
+    run_experiment(args.recipe, Path(args.out or f"actstore-experiment-{args.recipe}"), smoke=args.smoke,
+                   seed=args.seed, steps=args.steps, store=args.store, address=args.address, epsilon=args.epsilon)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from actstore.demo import run_demo
 
@@ -457,6 +465,17 @@ def build_parser() -> argparse.ArgumentParser:
                 "Markdown report to --out.")
     p.add_argument("--out", default="actstore-demo", help="output folder (default ./actstore-demo)")
     p.add_argument("--n", type=int, default=300, help="number of reviews (default 300)")
+
+    p = command("experiment", cmd_experiment, "aligned vs standard training: train, capture, lens, report",
+                "Trains standard, aligned, multi-exit and ce-reg models with one recipe, seed and budget,\n"
+                "captures the held-out set, and writes accuracy / COS / saturation plots, effective depths,\n"
+                "the multi-exit table and a verdict on each of the paper's claims.")
+    p.add_argument("--recipe", default="vit-fmnist", choices=["vit-fmnist", "minilm-rt", "gpt2-austen"])
+    p.add_argument("--out", help="output folder (default ./actstore-experiment-RECIPE)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds), for tests")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, help="training steps per method (default: the recipe's)")
+    p.add_argument("--epsilon", type=float, default=0.1)
 
     p = command("register-model", cmd_register_model, "register a local Hugging Face folder or a builtin model")
     p.add_argument("path", nargs="?", help="a HF model folder on the server's file system")

@@ -148,3 +148,210 @@ def _json_default(value):
 def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     ok = value >= target if higher_is_better else value <= target
     return "PASS" if ok else "FAIL"
+
+
+# ---- synthetic runs written straight into an embedded server's store ----------------------------
+
+def _synthetic_digest(kind: str, **fields) -> str:
+    from actstore.store.keys import sha256_hex
+
+    return sha256_hex({"bench-synthetic": kind, **fields})
+
+
+def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, width: int = 384, seed: int = 0,
+                         latent: int = 32, outliers: int = 4, log: bool = True) -> list[str]:
+    """Write `runs` committed float16 pooled runs of n samples x `states` layers x `width` into the
+    embedded server's store through its in-process service (no model, no capture job), and return
+    their run keys. Capturing 100k real samples would take about an hour on 2 cores.
+
+    Every run holds the same samples (identical sample ids "s0000000", ... and one dataset
+    record), so runs of one call can be compared with each other. The data is shaped like a
+    residual stream: each sample has a latent vector z (`latent` dims, drawn per sample, shared by
+    every run); run m's embedding layer is z @ W_m plus noise plus a mean vector with `outliers`
+    large-mean dimensions (means 8..40, as the massive activations of real transformers), and
+    layer l+1 = layer l + noise (std 0.6) plus a growing term along the outlier dimensions. W_m and
+    the outlier dimensions differ between runs.
+
+    Path: a RunLayout (actstore.store.arrays) and a RunRecord (catalog) with placeholder model
+    and dataset records (the query path reads only the run record and the arrays); each shard
+    goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
+    (`actstore.workers.capture.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
+    `service.catalog.insert_chunks`, then `service._commit` checks every shard is recorded,
+    writes the layer means and marks the run committed, as a capture job does."""
+    import pyarrow as pa
+
+    from actstore.store.arrays import RunLayout
+    from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
+    from actstore.store.keys import run_key, run_spec
+    from actstore.workers.capture import chunk_metadata
+
+    service = client._server.service
+    shard_rows = service.settings.shard_rows
+    dataset_digest = _synthetic_digest("dataset", n=n, seed=seed, latent=latent)
+    service.catalog.add_dataset(DatasetRecord(digest=dataset_digest, kind="text", n=n, num_labels=0,
+                                              has_groups=False, path="", source={"bench-synthetic": n}))
+    sample_ids = [f"s{i:07d}" for i in range(n)]
+    keys = []
+    for m in range(runs):
+        started = time.perf_counter()
+        model_digest = _synthetic_digest("model", index=m, seed=seed, states=states, width=width)
+        service.catalog.add_model(ModelRecord(digest=model_digest, kind="encoder", arch="bench-synthetic",
+                                              num_layers=states - 1, hidden_size=width, max_positions=None,
+                                              path="", has_head=False, lineage={"bench-synthetic": m}))
+        spec = run_spec(model_digest=model_digest, dataset_digest=dataset_digest, num_layers=states - 1,
+                        pooling="mean", max_len=128, dtype="float16")
+        key = run_key(spec)
+        layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype="float16", pooling="mean",
+                           shard_rows=shard_rows)
+        service.arrays.create_run(key, layout, sample_ids, None, None)
+        service.catalog.add_run(RunRecord(run_key=key, model_digest=model_digest, dataset_digest=dataset_digest,
+                                          pooling="mean", dtype="float16", max_len=128, n=n, rows=n,
+                                          num_layers=states - 1, width=width, num_shards=layout.num_shards,
+                                          status="running", spec=spec))
+        model_rng = np.random.default_rng([seed, 1, m])
+        mixing = (model_rng.standard_normal((latent, width)) / np.sqrt(latent)).astype(np.float32)
+        mean = np.zeros(width, np.float32)
+        hot = model_rng.choice(width, size=outliers, replace=False)
+        mean[hot] = model_rng.uniform(8, 40, size=outliers) * model_rng.choice([-1, 1], size=outliers)
+        drift = np.zeros(width, np.float32)
+        drift[hot] = np.sign(mean[hot]) * 2.0
+        pending: dict[str, list] = {}
+        for shard in range(layout.num_shards):
+            start, stop = layout.shard_range(shard)
+            z = np.random.default_rng([seed, 0, shard]).standard_normal((stop - start, latent), dtype=np.float32)
+            noise_rng = np.random.default_rng([seed, 2, m, shard])
+            values = np.empty((stop - start, states, width), np.float32)
+            values[:, 0] = z @ mixing + 0.5 * noise_rng.standard_normal((stop - start, width), dtype=np.float32) + mean
+            for layer in range(1, states):
+                values[:, layer] = (values[:, layer - 1] + drift
+                                    + 0.6 * noise_rng.standard_normal((stop - start, width), dtype=np.float32))
+            stored = values.astype(np.float16)
+            numbers = stored.astype(np.float32)
+            service.arrays.write_shard(key, shard, stored, numbers.sum(axis=0, dtype=np.float64))
+            for column, cells in chunk_metadata(key, shard, stored, numbers).items():
+                pending.setdefault(column, []).extend(cells)
+            if shard % 64 == 63 or shard == layout.num_shards - 1:
+                service.catalog.insert_chunks(pa.table(pending))
+                pending = {}
+        service._commit(key, layout, states - 1)
+        keys.append(key)
+        if log:
+            print(f"  wrote synthetic run {key[:12]} ({n} x {states} x {width} float16, {layout.num_shards} shards) "
+                  f"in {time.perf_counter() - started:.1f} s", flush=True)
+    return keys
+
+
+def run_files(client, run: str) -> list[Path]:
+    """The run's activation shard files in the store (what a query decompresses)."""
+    service = client._server.service
+    layout = service.arrays.layout(run)
+    return sorted(p for p in (service.arrays.root / "runs" / run / layout.array_name).rglob("*") if p.is_file())
+
+
+def read_files(paths: list[Path], block: int = 8 << 20) -> tuple[int, float]:
+    """Read every file once with plain buffered reads; (bytes, seconds)."""
+    total = 0
+    started = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as handle:
+            while chunk := handle.read(block):
+                total += len(chunk)
+    return total, time.perf_counter() - started
+
+
+# ---- memory of the server and the Ray workers ---------------------------------------------------
+
+def release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc malloc_trim), so this process's RSS baseline is
+    live memory rather than a free heap a query would reuse unseen."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class RssSampler:
+    """Samples the RSS of this process (the embedded server) and of our Ray cluster's worker
+    processes (descendants of this process whose title starts with `ray::`, not the dashboard or
+    runtime-env agents) every `interval` seconds in a thread, between start() and stop().
+
+    Per process: RSS at start (baseline; 0 for a process that appeared during the window), peak,
+    and peak - baseline. Totals: the largest simultaneous sum over the processes (peak of the sum,
+    and its increase over the summed baseline). Shared pages (Ray's object store in /dev/shm) count
+    in every process that touched them, so sums can double count them."""
+
+    AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE_SPILL", "ray::IDLE_RESTORE")
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.interval = interval
+        self.me = psutil.Process()
+        self._stop = None
+        self._thread = None
+
+    def processes(self) -> dict[int, tuple[str, object]]:
+        found = {self.me.pid: ("server (bench process)", self.me)}
+        for child in self.me.children(recursive=True):
+            try:
+                title = (child.cmdline() or [""])[0]
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied, self._psutil.ZombieProcess):
+                continue
+            if title.startswith("ray::") and not title.startswith(self.AGENTS):
+                found[child.pid] = ("ray worker", child)
+        return found
+
+    def _rss(self) -> dict[int, int]:
+        out = {}
+        for pid, (_, proc) in self._procs.items():
+            try:
+                out[pid] = proc.memory_info().rss
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                pass
+        return out
+
+    def start(self) -> RssSampler:
+        import threading
+
+        self._procs = self.processes()
+        self.baseline = self._rss()
+        self.peak = dict(self.baseline)
+        self.peak_sum = sum(self.baseline.values())
+        self.samples = 0
+        self._stop = threading.Event()
+
+        def loop():
+            rescan = 0
+            while not self._stop.wait(self.interval):
+                rescan += 1
+                if rescan % 20 == 0:  # pick up worker processes Ray starts during the window
+                    for pid, entry in self.processes().items():
+                        self._procs.setdefault(pid, entry)
+                rss = self._rss()
+                for pid, value in rss.items():
+                    self.peak[pid] = max(self.peak.get(pid, 0), value)
+                self.peak_sum = max(self.peak_sum, sum(rss.values()))
+                self.samples += 1
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        mib = 1 / 2**20
+        per_process = []
+        for pid, peak in sorted(self.peak.items()):
+            base = self.baseline.get(pid, 0)
+            per_process.append({"pid": pid, "role": self._procs[pid][0], "baseline_mib": base * mib,
+                                "peak_mib": peak * mib, "increase_mib": (peak - base) * mib,
+                                "new": pid not in self.baseline})
+        baseline_sum = sum(self.baseline.values())
+        return {"interval_s": self.interval, "samples": self.samples, "per_process": per_process,
+                "peak_sum_mib": self.peak_sum * mib, "baseline_sum_mib": baseline_sum * mib,
+                "increase_of_sum_mib": (self.peak_sum - baseline_sum) * mib,
+                "sum_of_increases_mib": sum(p["increase_mib"] for p in per_process)}
