@@ -59,18 +59,10 @@ def curves(series: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str
         if bands and name in bands:
             low, high = bands[name]
             ax.fill_between(xs, low, high, alpha=0.2)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
 def bars(counts: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, ylabel: str) -> Path:
@@ -80,6 +72,10 @@ def bars(counts: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, 
     width = 0.8 / max(1, len(counts))
     for k, (name, values) in enumerate(counts.items()):
         ax.bar(np.arange(len(values)) + k * width, values, width=width, label=name)
+    return _finish(plt, fig, ax, path, title, xlabel, ylabel)
+
+
+def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

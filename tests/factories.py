@@ -28,7 +28,7 @@ def word_tokenizer(kind: str):
 
 
 def build_tiny_model(name: str, hidden_size: int = 16, seed: int = 0):
-    """(model, tokenizer or None) for name in bert, bert-cls, gpt2, llama, vit, vit-cls."""
+    """(model, tokenizer or None) for name in bert, bert-cls, gpt2, gpt2-cls, llama, vit, vit-cls."""
     import transformers as T
 
     torch.manual_seed(seed)
@@ -38,11 +38,12 @@ def build_tiny_model(name: str, hidden_size: int = 16, seed: int = 0):
         tok, v = word_tokenizer("encoder")
         cfg = T.BertConfig(vocab_size=v, max_position_embeddings=64, pad_token_id=0, num_labels=3, **common)
         model = T.BertModel(cfg) if name == "bert" else T.BertForSequenceClassification(cfg)
-    elif name == "gpt2":
+    elif name in ("gpt2", "gpt2-cls"):
         tok, v = word_tokenizer("causal")
         cfg = T.GPT2Config(vocab_size=v, n_embd=hidden_size, n_layer=3, n_head=2, n_positions=64,
-                           bos_token_id=1, eos_token_id=1)
-        model = T.GPT2LMHeadModel(cfg)
+                           bos_token_id=1, eos_token_id=1, pad_token_id=1 if name == "gpt2-cls" else None,
+                           num_labels=3)
+        model = T.GPT2LMHeadModel(cfg) if name == "gpt2" else T.GPT2ForSequenceClassification(cfg)
     elif name == "llama":
         tok, v = word_tokenizer("causal")
         cfg = T.LlamaConfig(vocab_size=v, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=1,

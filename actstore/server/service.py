@@ -35,6 +35,16 @@ log = logging.getLogger(__name__)
 STITCH_VERSION = 1
 
 
+def _ray_get(ref, otherwise):
+    """ray.get, re-raising our errors from inside the task as themselves and anything else as
+    `otherwise(cause)` (a task that died, a library error), with the message the user needs."""
+    try:
+        return ray.get(ref)
+    except Exception as exc:
+        cause = cluster.unwrap(exc)
+        raise (cause if isinstance(cause, ActStoreError) else otherwise(cause)) from None
+
+
 @dataclass(frozen=True)
 class DatasetSource:
     """Where a dataset comes from: exactly one of path, builtin, texts."""
@@ -114,13 +124,7 @@ class ActStoreService:
         from actstore.workers.registry import register_model
 
         task = ray.remote(num_cpus=1)(register_model).remote(source, str(self.root))
-        try:
-            registered = ray.get(task)
-        except Exception as exc:
-            cause = cluster.unwrap(exc)
-            if isinstance(cause, ActStoreError):
-                raise cause from None
-            raise InvalidArgument(f"the model at {source} failed to load: {cause}") from None
+        registered = _ray_get(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
         record = ModelRecord(
             digest=registered.digest, kind=registered.kind, arch=registered.arch,
             num_layers=registered.num_layers, hidden_size=registered.hidden_size,
@@ -310,14 +314,9 @@ class ActStoreService:
                                     f"{layout.num_shards} shards; submit it again to resume")
                 for ref in ready:
                     pending.pop(ref)
-                    try:
-                        rows = ray.get(ref)
-                    except Exception as exc:
-                        cause = cluster.unwrap(exc)
-                        if isinstance(cause, ActStoreError):
-                            raise cause from None
-                        raise Unavailable(f"a capture worker failed: {cause}; the shards stored so far "
-                                          "are kept: submit the capture again to resume") from None
+                    rows = _ray_get(ref, lambda cause: Unavailable(
+                        f"a capture worker failed: {cause}; the shards stored so far are kept: submit the "
+                        "capture again to resume"))
                     self.catalog.insert_chunks(pa.table(rows))
                     done += 1
                 if ready:
@@ -383,13 +382,7 @@ class ActStoreService:
                 job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
             if ready:
                 break
-        try:
-            ray.get(task)
-        except Exception as exc:
-            cause = cluster.unwrap(exc)
-            if isinstance(cause, ActStoreError):
-                raise cause from None
-            raise Unavailable(f"training {name} failed: {cause}; the checkpoints so far are kept") from None
+        _ray_get(task, lambda cause: Unavailable(f"training {name} failed: {cause}; the checkpoints so far are kept"))
         for checkpoint in list_checkpoints(out_dir):
             if checkpoint.name not in registered:
                 self._register_checkpoint(checkpoint, name)
@@ -424,11 +417,8 @@ class ActStoreService:
             plan = StitchPlan(str(self.root), self.settings.compressor, a.run_key, layer_a, b.run_key, layer_b,
                               model_b.path, self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction,
                               seed)
-            try:
-                scalars = ray.get(ray.remote(num_cpus=1)(stitch_penalty).remote(plan))
-            except Exception as exc:
-                cause = cluster.unwrap(exc)
-                raise (cause if isinstance(cause, ActStoreError) else exc) from None
+            scalars = _ray_get(ray.remote(num_cpus=1)(stitch_penalty).remote(plan),
+                               lambda cause: Unavailable(f"the stitching task failed: {cause}"))
             notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
                      f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
             return {}, scalars, notes

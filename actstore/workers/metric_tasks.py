@@ -35,17 +35,21 @@ def accumulate(store_root: str, compressor: str, sources: list[tuple[str, list[i
     return accumulator
 
 
-def split_ranges(rows: int, shard_rows: int, parts: int) -> list[list[tuple[int, int]]]:
-    """Shard-aligned row ranges, dealt into at most `parts` contiguous groups of near-equal size."""
-    shards = [(s, min(s + shard_rows, rows)) for s in range(0, rows, shard_rows)]
-    parts = max(1, min(parts, len(shards)))
-    size, extra = divmod(len(shards), parts)
+def deal(items: list, parts: int) -> list[list]:
+    """`items` in at most `parts` contiguous groups of near-equal size."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
     groups, at = [], 0
     for p in range(parts):
         take = size + (1 if p < extra else 0)
-        groups.append(shards[at: at + take])
+        groups.append(items[at: at + take])
         at += take
     return groups
+
+
+def split_ranges(rows: int, shard_rows: int, parts: int) -> list[list[tuple[int, int]]]:
+    """Shard-aligned row ranges, dealt into at most `parts` contiguous groups of near-equal size."""
+    return deal([(s, min(s + shard_rows, rows)) for s in range(0, rows, shard_rows)], parts)
 
 
 class PerLayer:
@@ -86,14 +90,7 @@ def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[
         last = min(max(last, first + 1), n)
         chunks.append(offsets[first: last + 1].copy())
         first = last
-    parts = max(1, min(parts, len(chunks)))
-    size, extra = divmod(len(chunks), parts)
-    groups, at = [], 0
-    for p in range(parts):
-        take = size + (1 if p < extra else 0)
-        groups.append(chunks[at: at + take])
-        at += take
-    return groups
+    return deal(chunks, parts)
 
 
 def evaluate_layers(store_root: str, compressor: str, run_key: str, layers: list[int],
