@@ -17,6 +17,11 @@ import numpy as np
 
 from ._numerics import as_float64_matrix, column_centered
 
+try:  # BLAS syrk that accumulates in place (scipy ships with the server's dependencies)
+    from scipy.linalg.blas import dsyrk as _dsyrk
+except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
+    _dsyrk = None
+
 DEFINITION_VERSION = 1
 QUANTILE_LEVELS = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 MIN_HSIC_SAMPLES = 4
@@ -414,6 +419,37 @@ def _block_sums(matrix: np.ndarray, widths: tuple[int, ...], axis: int) -> np.nd
     return np.add.reduceat(matrix, _block_starts(widths), axis=axis)
 
 
+def _add_gram_upper(target: np.ndarray, rows: np.ndarray) -> bool:
+    """`target += rows^T rows` for a symmetric, C-contiguous float64 `target`, in place.
+
+    With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
+    straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
+    the lower triangle is then stale until `_mirror_upper`. Otherwise the whole matrix is updated
+    (numpy) and False is returned.
+    """
+    if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
+        target += rows.T @ rows
+        return False
+    # target.T is the Fortran-ordered view of the same memory, and its lower triangle is
+    # target's upper one; rows.T is Fortran-ordered too, so BLAS copies nothing.
+    result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
+    if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
+        target[...] = result.T
+    return True
+
+
+def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
+    """Copy the upper triangle of a square matrix onto its lower one, in place, in row blocks
+    (no index arrays or temporaries of the matrix's size)."""
+    size = len(matrix)
+    for start in range(0, size, block):
+        stop = min(start + block, size)
+        matrix[start:stop, :start] = matrix[:start, start:stop].T
+        diagonal = matrix[start:stop, start:stop]
+        lower = np.tril_indices(stop - start, -1)
+        diagonal[lower] = diagonal.T[lower]
+
+
 @dataclass
 class _FeatureMoments:
     """Float64 moments of the stacked rows `u_i = z_i - shift`, enough for every block pair's CKA.
@@ -423,6 +459,10 @@ class _FeatureMoments:
     `norm_weighted_sum` AU_b = sum_i a_i^(b) u_i and
     `norm_products` AA_bb' = sum_i a_i^(b) a_i^(b').
     Memory O(D^2) with D = sum of the widths, whatever n.
+
+    `add_rows` updates only the upper triangle of G (BLAS syrk in place, `_add_gram_upper`);
+    `upper_only` then says the lower triangle is stale, and every reader of the full G
+    (`move_shift`, hence `absorb` and `pairwise_statistics`) mirrors it first.
     """
 
     widths: tuple[int, ...]
@@ -433,6 +473,7 @@ class _FeatureMoments:
     norm_sum: np.ndarray = field(init=False)
     norm_weighted_sum: np.ndarray = field(init=False)
     norm_products: np.ndarray = field(init=False)
+    upper_only: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         total, blocks = sum(self.widths), len(self.widths)
@@ -468,7 +509,8 @@ class _FeatureMoments:
         norms = _block_sums(shifted * shifted, self.widths, axis=1)
         self.n += len(shifted)
         self.row_sum += shifted.sum(axis=0)
-        self.cross_products += shifted.T @ shifted
+        if _add_gram_upper(self.cross_products, shifted):
+            self.upper_only = True
         self.norm_sum += norms.sum(axis=0)
         self.norm_weighted_sum += norms.T @ shifted
         self.norm_products += norms.T @ norms
@@ -483,6 +525,7 @@ class _FeatureMoments:
         `AA' = AA - 2(AP + AP^T) + 4 PP + (A - 2P) e^T + e (A - 2P)^T + n e e^T`
         with `AP_bb' = sum a^(b) p^(b')` and `PP_bb' = sum p^(b) p^(b')`.
         """
+        self.make_symmetric()
         delta = new_shift - self.shift
         block_of_column = np.repeat(np.arange(len(self.widths)), self.widths)
         # Column b of delta_blocks holds δ^(b) in block b's rows and zeros elsewhere, so that
@@ -518,12 +561,20 @@ class _FeatureMoments:
         self.row_sum -= self.n * delta
         self.shift = self.shift + delta
 
+    def make_symmetric(self) -> None:
+        """Restore the full symmetric G after upper-triangle updates (in place)."""
+        if self.upper_only:
+            _mirror_upper(self.cross_products)
+            self.upper_only = False
+
     def absorb(self, other: _FeatureMoments) -> None:
-        """Add another accumulator's rows: move this one to the other's shift, then add moments."""
+        """Add another accumulator's rows: move this one to the other's shift, then add moments.
+        `other` is only read (it may be a read-only buffer from Ray's object store)."""
         self.move_shift(other.shift)
         self.n += other.n
         self.row_sum += other.row_sum
-        self.cross_products += other.cross_products
+        self.cross_products += other.cross_products  # the upper triangle is right either way
+        self.upper_only = other.upper_only
         self.norm_sum += other.norm_sum
         self.norm_weighted_sum += other.norm_weighted_sum
         self.norm_products += other.norm_products
@@ -551,16 +602,43 @@ class _FeatureMoments:
         return cross_sq, hsic
 
 
+GRAM_STRIP_BYTES = 128 << 20
+"""Default memory for the Gram strips of a gram-mode `finalize` (see `_StoredRows`)."""
+
+
+def _gram_strip_rows(n: int, blocks: int, strip_bytes: int) -> int:
+    """Rows of the n x n Grams computed at once in gram mode: as many as `strip_bytes` holds for
+    all B blocks (at least 1, at most n)."""
+    return int(min(max(n, 1), max(1, strip_bytes // (_FLOAT64_BYTES * blocks * max(n, 1)))))
+
+
 @dataclass
 class _StoredRows:
-    """All rows kept in float64, for the Gram-space computation when n <= width."""
+    """All rows kept in float64, for the Gram-space computation (the cheaper one for small n).
+
+    `finalize` never holds the B n x n Grams: it walks the Grams' upper triangle in strips of
+    `strip_rows` rows (all B blocks at once, `strip_bytes` of them) and accumulates the pairwise
+    Frobenius products from each strip, so its peak is the rows twice (kept + centred copy) plus
+    one strip, whatever B is (`estimate_peak_nbytes`).
+    """
 
     widths: tuple[int, ...]
     chunks: list[np.ndarray] = field(default_factory=list)
+    strip_bytes: int = GRAM_STRIP_BYTES
 
     @staticmethod
     def estimate_nbytes(widths: tuple[int, ...], n: int) -> int:
         return _FLOAT64_BYTES * n * sum(widths)
+
+    @staticmethod
+    def estimate_finalize_nbytes(widths: tuple[int, ...], n: int, strip_bytes: int) -> int:
+        """Bytes `pairwise_statistics` allocates on top of the held rows: the centred copy of the
+        rows, one strip of the B Grams, the copy of its diagonal square, and O(B n) vectors."""
+        blocks = len(widths)
+        strip = _gram_strip_rows(n, blocks, strip_bytes)
+        return _FLOAT64_BYTES * (
+            n * sum(widths) + blocks * strip * n + blocks * strip * strip + 4 * blocks * n
+        )
 
     @property
     def n(self) -> int:
@@ -580,26 +658,74 @@ class _StoredRows:
     def pairwise_statistics(self, with_hsic: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """`(<K_b, K_b'>_F, HSIC_u(K_b, K_b') or None)` from the centred Grams K_b = Xc_b Xc_b^T.
 
-        One n x n Gram per block, then all pairwise products as one (B, n^2) x (n^2, B) product;
-        the unbiased HSIC uses the Gram form of Song et al. 2007 on the zero-diagonal Grams.
+        The Grams are symmetric, so `<K_b, K_b'> = sum over strips of rows r of (2 <K_b[r, r:],
+        K_b'[r, r:]> - <K_b[r, r], K_b'[r, r]>)`: each strip computes only the columns from its
+        first row on (B GEMMs), then all pairwise products of the strip as one (B, m) x (m, B)
+        product. The unbiased HSIC uses the Gram form of Song et al. 2007 on the zero-diagonal
+        Grams K~ = K - diag(K), whose terms follow without forming K~:
+        `<K~, L~> = <K, L> - diag(K)^T diag(L)`, `K~ 1 = Xc (Xc^T 1) - diag(K)`.
         """
-        centred = column_centered(np.concatenate(self.chunks))
+        centred = np.concatenate(self.chunks)
+        centred -= centred.mean(axis=0)
         n, blocks = len(centred), len(self.widths)
-        grams = np.empty((blocks, n, n))
-        for block, (start, width) in enumerate(zip(_block_starts(self.widths), self.widths)):
-            part = centred[:, start : start + width]
-            np.matmul(part, part.T, out=grams[block])
-        flat = grams.reshape(blocks, n * n)
-        cross_sq = flat @ flat.T
+        parts = [centred[:, start : start + width]
+                 for start, width in zip(_block_starts(self.widths), self.widths)]
+        strip = _gram_strip_rows(n, blocks, self.strip_bytes)
+        buffer = np.empty(blocks * strip * n)
+        cross_sq = np.zeros((blocks, blocks))
+        for first in range(0, n, strip):
+            last = min(first + strip, n)
+            rows, cols = last - first, n - first
+            grams = buffer[: blocks * rows * cols].reshape(blocks, rows, cols)
+            for block, part in enumerate(parts):
+                np.matmul(part[first:last], part[first:].T, out=grams[block])
+            flat = grams.reshape(blocks, rows * cols)
+            square = np.ascontiguousarray(grams[:, :, :rows]).reshape(blocks, rows * rows)
+            cross_sq += 2.0 * (flat @ flat.T) - square @ square.T
         if not with_hsic:
             return cross_sq, None
-        flat[:, :: n + 1] = 0.0
-        totals = flat.sum(axis=1)
-        row_sums = grams.sum(axis=2)
+        diagonals = np.stack([np.einsum("ij,ij->i", part, part) for part in parts])  # K_b[i, i]
+        column_sums = [part.sum(axis=0) for part in parts]
+        row_sums = np.stack([part @ total for part, total in zip(parts, column_sums)]) - diagonals
+        totals = np.array([total @ total for total in column_sums]) - diagonals.sum(axis=1)
         hsic = _hsic_u_from_grams(
-            flat @ flat.T, totals[:, None], totals[None, :], row_sums @ row_sums.T, n
+            cross_sq - diagonals @ diagonals.T,
+            totals[:, None],
+            totals[None, :],
+            row_sums @ row_sums.T,
+            n,
         )
         return cross_sq, hsic
+
+
+def cka_mode_costs(block_widths: Sequence[int], n: int) -> dict[str, float]:
+    """Multiply-adds of the streaming CKA of B blocks (total width D) over n rows, per mode.
+
+    feature: one syrk of every chunk into the D x D moments, `n D^2 / 2` (plus O(n B D)).
+    gram: the upper triangle of one n x n Gram per block, `n^2 D / 2`, plus the pairwise
+    Frobenius products of the B Grams, `n^2 B^2 / 2`.
+    """
+    widths = _validated_widths(block_widths)
+    total, blocks = sum(widths), len(widths)
+    return {
+        "feature": n * total * total / 2 + n * blocks * total,
+        "gram": n * n * total / 2 + n * n * blocks * blocks / 2,
+    }
+
+
+def choose_cka_mode(
+    block_widths: Sequence[int], n: int, memory_limit: int, strip_bytes: int = GRAM_STRIP_BYTES
+) -> Literal["feature", "gram"]:
+    """The cheaper mode (`cka_mode_costs`) for the streaming CKA of these blocks over n rows,
+    gram only if its whole peak, finalize included (`estimate_peak_nbytes`), fits
+    `memory_limit`. Feature mode is the fallback: its state does not grow with n, and a caller
+    tiles the blocks when even that exceeds the limit."""
+    costs = cka_mode_costs(block_widths, n)
+    if costs["gram"] < costs["feature"]:
+        peak = SimilarityAccumulator.estimate_peak_nbytes(block_widths, "gram", n, strip_bytes)
+        if peak <= memory_limit:
+            return "gram"
+    return "feature"
 
 
 @dataclass(frozen=True)
@@ -624,23 +750,31 @@ class SimilarityAccumulator:
     `mode="feature"` keeps the moments of the stacked rows `z_i = concat_b(block_b[i])` relative
     to a shift (the first chunk's column mean), in float64, O(D^2) memory with D = sum of widths,
     never O(n); `finalize` moves them exactly to the global mean and applies the centred
-    feature-space formulas. `mode="gram"` keeps the rows (O(n D)) and finalizes with one n x n
-    Gram per block: the cheaper choice when n <= width.
+    feature-space formulas. `mode="gram"` keeps the rows (O(n D)) and finalizes with the n x n
+    Gram of every block, computed in strips of rows (`gram_strip_bytes` for all B blocks at
+    once), never all B Grams at once: the cheaper choice when n is small against D
+    (`choose_cka_mode`).
 
     Memory: `nbytes` / `estimate_nbytes` count the state held between calls. On top of it,
-    feature mode transiently needs up to 2 D^2 float64 during `finalize` (one during `update`,
-    `merge`); gram mode needs n D + B n^2 float64 during `finalize`.
+    feature mode transiently needs up to 2 D^2 float64 during `finalize` (one during `merge`);
+    gram mode needs the centred rows (n D float64) and one strip during `finalize`.
+    `estimate_peak_nbytes` counts both.
     """
 
     def __init__(
-        self, block_widths: Sequence[int], mode: Literal["feature", "gram"] = "feature"
+        self,
+        block_widths: Sequence[int],
+        mode: Literal["feature", "gram"] = "feature",
+        gram_strip_bytes: int = GRAM_STRIP_BYTES,
     ) -> None:
         self.block_widths = _validated_widths(block_widths)
         if mode not in ("feature", "gram"):
             raise ValueError(f"mode must be 'feature' or 'gram', got {mode!r}")
         self.mode = mode
-        state_type = _FeatureMoments if mode == "feature" else _StoredRows
-        self._state = state_type(self.block_widths)
+        if mode == "feature":
+            self._state = _FeatureMoments(self.block_widths)
+        else:
+            self._state = _StoredRows(self.block_widths, strip_bytes=int(gram_strip_bytes))
 
     @staticmethod
     def estimate_nbytes(
@@ -653,6 +787,21 @@ class SimilarityAccumulator:
         if mode == "gram":
             return _StoredRows.estimate_nbytes(widths, n)
         raise ValueError(f"mode must be 'feature' or 'gram', got {mode!r}")
+
+    @staticmethod
+    def estimate_peak_nbytes(
+        block_widths: Sequence[int],
+        mode: Literal["feature", "gram"],
+        n: int,
+        gram_strip_bytes: int = GRAM_STRIP_BYTES,
+    ) -> int:
+        """Bytes held at the peak of `finalize` after `n` rows: the state plus what `finalize`
+        allocates (feature: 2 D^2 float64; gram: the centred rows and one Gram strip)."""
+        widths = _validated_widths(block_widths)
+        held = SimilarityAccumulator.estimate_nbytes(widths, mode, n)
+        if mode == "feature":
+            return held + 2 * _FLOAT64_BYTES * sum(widths) ** 2
+        return held + _StoredRows.estimate_finalize_nbytes(widths, n, int(gram_strip_bytes))
 
     @property
     def nbytes(self) -> int:

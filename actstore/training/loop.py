@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -523,7 +523,7 @@ class _DirLock:
         self.path = directory / ".lock"
         self.fd: int | None = None
 
-    def __enter__(self) -> _DirLock:
+    def __enter__(self) -> Self:
         import fcntl
 
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -537,7 +537,7 @@ class _DirLock:
             ) from None
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         import fcntl
 
         if self.fd is not None:

@@ -138,7 +138,7 @@ def model_kind(model: nn.Module) -> str:
     if getattr(model, "main_input_name", "input_ids") == "pixel_values":
         return "vision"
     arch = type(model).__name__
-    if arch.endswith("LMHeadModel") or arch.endswith("ForCausalLM"):
+    if arch.endswith(("LMHeadModel", "ForCausalLM")):
         return "causal-lm"
     return "encoder"
 

@@ -344,40 +344,40 @@ RECIPES: dict[str, Recipe] = {
 }
 
 _SMOKE: dict[str, dict[str, Any]] = {
-    "vit-fmnist": dict(
-        model_builder=_P(
+    "vit-fmnist": {
+        "model_builder": _P(
             build_vit, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, patch_size=7
         ),
-        batch_size=32,
-        steps=4,
-        warmup_steps=1,
-        eval_size=64,
-        checkpoint_every=2,
-        train_limit=512,
-        eval_batch_size=64,
-    ),
-    "minilm-rt": dict(
-        batch_size=8,
-        steps=2,
-        warmup_steps=1,
-        eval_size=16,
-        checkpoint_every=2,
-        train_limit=256,
-        max_len=32,
-        eval_batch_size=16,
-    ),
-    "gpt2-austen": dict(
-        model_builder=_P(build_gpt2, n_embd=32, n_layer=3, n_head=2, n_positions=64),
-        tokenizer_builder=_P(train_bpe_tokenizer, vocab_size=320, limit=200),
-        batch_size=8,
-        steps=4,
-        warmup_steps=1,
-        eval_size=16,
-        checkpoint_every=2,
-        train_limit=256,
-        max_len=48,
-        eval_batch_size=16,
-    ),
+        "batch_size": 32,
+        "steps": 4,
+        "warmup_steps": 1,
+        "eval_size": 64,
+        "checkpoint_every": 2,
+        "train_limit": 512,
+        "eval_batch_size": 64,
+    },
+    "minilm-rt": {
+        "batch_size": 8,
+        "steps": 2,
+        "warmup_steps": 1,
+        "eval_size": 16,
+        "checkpoint_every": 2,
+        "train_limit": 256,
+        "max_len": 32,
+        "eval_batch_size": 16,
+    },
+    "gpt2-austen": {
+        "model_builder": _P(build_gpt2, n_embd=32, n_layer=3, n_head=2, n_positions=64),
+        "tokenizer_builder": _P(train_bpe_tokenizer, vocab_size=320, limit=200),
+        "batch_size": 8,
+        "steps": 4,
+        "warmup_steps": 1,
+        "eval_size": 16,
+        "checkpoint_every": 2,
+        "train_limit": 256,
+        "max_len": 48,
+        "eval_batch_size": 16,
+    },
 }
 
 

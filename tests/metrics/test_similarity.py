@@ -12,6 +12,8 @@ from actstore.metrics.similarity import (
     CosineAccumulator,
     SimilarityAccumulator,
     check_same_samples,
+    choose_cka_mode,
+    cka_mode_costs,
     hsic_unbiased,
     hsic_unbiased_gram,
     linear_cka,
@@ -93,14 +95,14 @@ def one_pass_matrices(blocks):
     )
 
 
-def streamed(blocks, rng, mode="feature", n_chunks=6):
+def streamed(blocks, rng, mode="feature", n_chunks=6, **options):
     """Accumulate random, shuffled chunks (some of one row) and merge them in a random tree."""
     n = len(blocks[0])
     cuts = np.sort(rng.choice(np.arange(1, n), size=n_chunks - 1, replace=False))
     order = rng.permutation(n)
     pool = []
     for rows in np.split(order, cuts):
-        accumulator = SimilarityAccumulator([b.shape[1] for b in blocks], mode)
+        accumulator = SimilarityAccumulator([b.shape[1] for b in blocks], mode, **options)
         for sub_rows in np.array_split(rows, rng.integers(1, 3)):
             accumulator.update([b[sub_rows] for b in blocks])
         pool.append(accumulator)
@@ -339,6 +341,78 @@ def test_accumulator_rejects_bad_input():
         accumulator.update([rng.normal(size=(4, 3)), rng.normal(size=(4, 3))])
     with pytest.raises(ValueError, match="cannot merge"):
         accumulator.merge(SimilarityAccumulator([3, 2], "gram"))
+
+
+@pytest.mark.parametrize("strip_rows", [1, 7, 50, 200])
+def test_gram_strips_agree_with_feature_mode_and_the_reference(strip_rows):
+    """Gram mode walks the Grams' upper triangle in strips of rows: any strip height (1 row, a
+    height that does not divide n, all n rows) gives the feature-space values to 1e-9."""
+    rng = np.random.default_rng(20)
+    n, widths = 83, [40, 35, 50, 9]
+    blocks = [b + 30.0 * (i == 1) for i, b in enumerate(blocks_of_widths(rng, n, widths))]
+    strip_bytes = 8 * len(widths) * n * strip_rows
+    feature = streamed(blocks, rng, "feature").finalize()
+    gram = streamed(blocks, rng, "gram", gram_strip_bytes=strip_bytes).finalize()
+    np.testing.assert_allclose(gram.biased, feature.biased, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(gram.debiased, feature.debiased, rtol=0, atol=1e-9)
+    expected_biased, expected_debiased = one_pass_matrices(blocks)
+    np.testing.assert_allclose(gram.biased, expected_biased, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(gram.debiased, expected_debiased, rtol=0, atol=1e-9)
+
+
+def test_feature_updates_merge_from_read_only_partials():
+    """Feature mode updates only the upper triangle of its moments (BLAS syrk in place) and
+    mirrors it when read; partial accumulators arrive from Ray's object store read-only."""
+    rng = np.random.default_rng(21)
+    blocks = blocks_of_widths(rng, 90, [6, 11, 4])
+    first, second = SimilarityAccumulator([6, 11, 4]), SimilarityAccumulator([6, 11, 4])
+    first.update([b[:50] for b in blocks])
+    second.update([b[50:] for b in blocks])
+    for array in vars(second._state).values():
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+    result = first.merge(second).finalize()
+    expected_biased, expected_debiased = one_pass_matrices(blocks)
+    np.testing.assert_allclose(result.biased, expected_biased, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result.debiased, expected_debiased, rtol=0, atol=1e-9)
+
+
+def test_gram_finalize_stays_within_its_peak_estimate():
+    """The gram finalize never holds the B n x n Grams: what it allocates (numpy reports to
+    tracemalloc) stays within `estimate_peak_nbytes` minus the held rows."""
+    import tracemalloc
+
+    rng = np.random.default_rng(22)
+    n, widths, strip_bytes = 400, [30] * 12, 8 * 12 * 400 * 16  # strips of 16 rows
+    accumulator = SimilarityAccumulator(widths, "gram", gram_strip_bytes=strip_bytes)
+    accumulator.update(blocks_of_widths(rng, n, widths))
+    held = accumulator.nbytes
+    allowed = SimilarityAccumulator.estimate_peak_nbytes(widths, "gram", n, strip_bytes) - held
+    all_grams = 8 * len(widths) * n * n
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        accumulator.finalize()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak <= allowed + (64 << 10)  # small temporaries: B x B matrices, Python objects
+    assert allowed < all_grams / 4
+
+
+def test_mode_chooser_picks_the_cheaper_mode_that_fits():
+    # M = 4 runs x 7 layers of width 384 at n = 4096: n D^2 is ~2.3x B n^2 d (+ B^2 n^2)
+    widths, n = [384] * 28, 4096
+    costs = cka_mode_costs(widths, n)
+    assert costs["feature"] > 2 * costs["gram"]
+    assert choose_cka_mode(widths, n, memory_limit=1 << 30) == "gram"
+    # the gram peak (rows twice + one strip) must fit, else feature (whose state is O(D^2))
+    assert choose_cka_mode(widths, n, memory_limit=512 << 20) == "feature"
+    # n far above the total width: feature space
+    assert choose_cka_mode([384] * 7, 100_000, memory_limit=1 << 40) == "feature"
+    assert choose_cka_mode([384] * 7, 1000, memory_limit=1 << 30) == "gram"
+    peak = SimilarityAccumulator.estimate_peak_nbytes(widths, "gram", n)
+    assert 2 * 8 * n * sum(widths) < peak < 8 * len(widths) * n * n / 4
 
 
 # --------------------------------------------------------------------------------------------------

@@ -144,26 +144,24 @@ def test_runs_with_other_samples_are_refused(client, runs):
 
 
 # ---- cancel and resume --------------------------------------------------------------------------
-CANCEL_AFTER = 6
-
-
 @pytest.fixture
-def slow_server(tmp_path, ray_cluster, tiny_models):
-    """Small shards, one map-task slot, and a 10 kB accumulator limit that allows only one pair of
-    16-wide blocks per tile: the job for two 4-layer runs is 36 tiles of 4 map tasks each.
-    The models are copies with other weights (digests), so this server's capture replicas are its own."""
+def slow_server(tmp_path, ray_cluster):
+    """Small shards (4 rows), one map-task slot, and a 10 kB accumulator limit that allows only one
+    pair of 16-wide blocks per tile: the matrix of two 4-layer runs is 36 tiles of 4 map tasks,
+    each reading its shards one by one, so the job is slow enough to cancel halfway. Both runs
+    are captures of one tiny model (mean and last-token pooling) with weights of its own, so this server
+    starts one capture replica of its own."""
     from actstore.client import Client
     from actstore.server.app import start_server
 
-    models = {name: save_tiny_model(name, tmp_path / name, seed=7) for name in ("bert", "gpt2")}
+    model = save_tiny_model("bert", tmp_path / "bert", seed=7)
     server = start_server(make_settings(tmp_path / "store", shard_rows=4, metric_tasks=1,
                                         max_accumulator_bytes=10_000))
     try:
         with Client(f"127.0.0.1:{server.port}") as c:
-            for name, path in models.items():
-                c.register_model(path, name=name)
-            c.register_dataset(texts=sentences(300, seed=21), name="many")
-            jobs = [c.submit_capture(name, "many", pooling="mean") for name in models]
+            c.register_model(model, name="bert")
+            c.register_dataset(texts=sentences(160, seed=21), name="many")
+            jobs = [c.submit_capture("bert", "many", pooling=pooling) for pooling in ("mean", "last")]
             yield c, [c.wait(job.job_id).target for job in jobs], tmp_path / "store"
     finally:
         server.stop()
@@ -176,17 +174,17 @@ def test_cancel_then_resume_from_partial_results(slow_server):
     events = []
     for event in c.watch(job.job_id):
         events.append(event)
-        if cancelled_at is None and event.done >= CANCEL_AFTER and event.done < event.total:
+        if cancelled_at is None and event.total and event.total // 3 <= event.done < event.total:
             c.cancel(job.job_id)
             cancelled_at = event.done
     final = events[-1]
-    assert cancelled_at is not None, (f"the job never reported {CANCEL_AFTER} tasks done before finishing "
-                                      f"(events: {[(e.status, e.done, e.total) for e in events]})")
+    seen = [(e.status, e.done, e.total) for e in events]
     if final.status == "done":
         pytest.fail(f"the CKA matrix job finished ({final.done}/{final.total} tasks) before the cancel landed: "
-                    "the setup is not slow enough to test resuming")
+                    f"the setup is not slow enough to test resuming (events: {seen})")
+    assert cancelled_at is not None, f"the job ended without reaching a third of its tasks: {seen}"
     assert final.status == "cancelled", final
-    assert final.total > final.done >= cancelled_at
+    assert final.total > final.done >= cancelled_at > 0
     partials = store / "partials" / job.target
     assert partials.is_dir() and any(partials.iterdir()), "no partial results were stored for the resume"
     with pytest.raises(NotFound):
@@ -208,8 +206,6 @@ def test_cancel_then_resume_from_partial_results(slow_server):
     biased, debiased = numpy_matrices(c, runs)
     np.testing.assert_allclose(result.biased, biased, rtol=0, atol=1e-9)
     np.testing.assert_allclose(result.debiased, debiased, rtol=0, atol=1e-9)
-    # the pairwise query (tiled under the same limit) agrees with the resumed matrix
-    np.testing.assert_allclose(result.block(0, 1), c.cka(runs[0], runs[1]).biased, rtol=0, atol=1e-9)
 
 
 # ---- a second store on the same Ray cluster -----------------------------------------------------

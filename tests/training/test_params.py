@@ -7,10 +7,10 @@ from transformers import GPT2Config, ViTConfig
 
 from actstore.training.params import multi_exit_params, truncate_percent
 
-DEIT_S = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
-              image_size=224, patch_size=16, num_labels=1000)
-DEIT_B = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-              intermediate_size=3072, image_size=224, patch_size=16, num_labels=1000)
+DEIT_S = {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536,
+              "image_size": 224, "patch_size": 16, "num_labels": 1000}
+DEIT_B = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+              "intermediate_size": 3072, "image_size": 224, "patch_size": 16, "num_labels": 1000}
 
 
 def millions(n):
