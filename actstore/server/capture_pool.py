@@ -9,6 +9,7 @@ beside an idle replica.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ class _Replicas:
 class CapturePool:
     def __init__(self, store_root: str, compressor: str, replicas_per_model: int, idle_seconds: float) -> None:
         self.store_root = store_root
+        # actor names are global to the Ray cluster: another server (another store) has its own replicas
+        self._prefix = f"capture-{hashlib.sha256(store_root.encode()).hexdigest()[:8]}"
         self.compressor = compressor
         self.replicas_per_model = replicas_per_model
         self.idle_seconds = idle_seconds
@@ -50,11 +53,14 @@ class CapturePool:
                 threads = None if gpus else max(1, cluster.cluster_cpus() // count)
                 resources = {"num_gpus": 1} if gpus else {"num_cpus": 0}
                 actors = [ray.remote(ShardCapturer).options(
-                    name=f"capture-{digest[:12]}-{i}", max_restarts=2, max_task_retries=2, **resources,
+                    name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2, **resources,
                 ).remote(model_path, self.store_root, self.compressor, threads) for i in range(count)]
                 entry = self._pool[digest] = _Replicas(actors)
             entry.busy += 1
             return list(entry.actors)
+
+    def actor_name(self, digest: str, replica: int) -> str:
+        return f"{self._prefix}-{digest[:12]}-{replica}"
 
     def release(self, digest: str, broken: bool = False) -> None:
         """Hand the replicas back; `broken` ones (a failed job) are killed rather than kept."""

@@ -124,14 +124,14 @@ def test_token_level_capture(client, registered, tiny_models):
     np.testing.assert_allclose(values[start:start + counts[7]].astype(np.float32), hs.numpy(), atol=2e-3)
 
 
-def test_worker_killed_mid_capture_still_commits_exact_rows(client, tiny_models):
+def test_worker_killed_mid_capture_still_commits_exact_rows(server, client, tiny_models):
     digest = client.register_model(tiny_models["bert"], name="bert").digest
     texts = sentences(600, seed=5)
     client.register_dataset(texts=texts, name="big")
     job = client.submit_capture("bert", "big")
     for state in client.watch(job.job_id):
         if state.done >= 2:
-            ray.kill(ray.get_actor(f"capture-{digest[:12]}-0"), no_restart=False)
+            ray.kill(ray.get_actor(server.service.capture_pool.actor_name(digest, 0)), no_restart=False)
             break
     final = client.wait(job.job_id)
     assert final.status == "done"

@@ -8,6 +8,7 @@ explicit loops over batches and prompts), never with actstore's own metric funct
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -98,13 +99,13 @@ def effective_rank_np(z: np.ndarray, convention: str) -> float:
 
 
 def prompt_entropy_np(tokens: np.ndarray, offsets: np.ndarray, alpha: float = 1.0) -> float:
-    values = [matrix_entropy_np(tokens[a:b], alpha) for a, b in zip(offsets[:-1], offsets[1:]) if b - a >= 2]
+    values = [matrix_entropy_np(tokens[a:b], alpha) for a, b in pairwise(offsets) if b - a >= 2]
     return float(np.mean(values))
 
 
 def curvature_np(tokens: np.ndarray, offsets: np.ndarray, abs_cos: bool = False) -> float:
     per_prompt = []
-    for a, b in zip(offsets[:-1], offsets[1:]):
+    for a, b in pairwise(offsets):
         if b - a < 3:
             continue
         v = np.diff(tokens[a:b], axis=0)
