@@ -396,11 +396,27 @@ def _validated_widths(block_widths: Sequence[int]) -> tuple[int, ...]:
     return widths
 
 
-def _validated_blocks(blocks: Sequence[np.ndarray], widths: tuple[int, ...]) -> list[np.ndarray]:
-    """One chunk's blocks as float64 matrices, checked against the widths and for equal rows."""
+_EXACT_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _as_exact_matrix(values: np.ndarray, name: str) -> np.ndarray:
+    """`values` as a 2-D float16/32/64 matrix, keeping float16 and float32 as they are (the
+    caller upcasts before any product); other real dtypes become float64."""
+    array = np.asarray(values)
+    if array.dtype in _EXACT_FLOATS and array.ndim == 2:
+        return array
+    return as_float64_matrix(array, name)
+
+
+def _validated_blocks(
+    blocks: Sequence[np.ndarray], widths: tuple[int, ...], upcast: bool = True
+) -> list[np.ndarray]:
+    """One chunk's blocks as float64 matrices (or, with `upcast=False`, in their own float16/32
+    dtype), checked against the widths and for equal rows."""
     if len(blocks) != len(widths):
         raise ValueError(f"expected {len(widths)} blocks, got {len(blocks)}")
-    matrices = [as_float64_matrix(block, f"blocks[{b}]") for b, block in enumerate(blocks)]
+    convert = as_float64_matrix if upcast else _as_exact_matrix
+    matrices = [convert(block, f"blocks[{b}]") for b, block in enumerate(blocks)]
     shapes = [matrix.shape for matrix in matrices]
     expected = [(shapes[0][0], width) for width in widths]
     if shapes != expected:
@@ -603,7 +619,7 @@ class _FeatureMoments:
 
 
 GRAM_STRIP_BYTES = 128 << 20
-"""Default memory for the Gram strips of a gram-mode `finalize` (see `_StoredRows`)."""
+"""Default memory for one strip of the Grams in a gram-mode `finalize` (see `_StoredRows`)."""
 
 
 def _gram_strip_rows(n: int, blocks: int, strip_bytes: int) -> int:
@@ -612,14 +628,53 @@ def _gram_strip_rows(n: int, blocks: int, strip_bytes: int) -> int:
     return int(min(max(n, 1), max(1, strip_bytes // (_FLOAT64_BYTES * blocks * max(n, 1)))))
 
 
+def gram_strips(n: int, blocks: int, strip_bytes: int = GRAM_STRIP_BYTES) -> list[tuple[int, int]]:
+    """The row strips [first, last) that a gram-mode finalize walks."""
+    height = _gram_strip_rows(n, blocks, strip_bytes)
+    return [(first, min(first + height, n)) for first in range(0, n, height)]
+
+
+def gram_strip_products(
+    rows: np.ndarray, means: np.ndarray, widths: Sequence[int], strips: Sequence[tuple[int, int]]
+) -> np.ndarray:
+    """`sum over strips of 2 <K_b[r, first:], K_b'[r, first:]>_F - <K_b[r, r], K_b'[r, r]>_F`
+    (B x B) for the centred Grams `K_b = Xc_b Xc_b^T`, r = rows [first, last) of a strip.
+
+    Over strips that tile 0..n this is `<K_b, K_b'>_F` (each Gram is symmetric: a strip holds
+    its diagonal square once and the part right of it, which stands for its mirror too). `rows`
+    is (n, D) in any float dtype; each block's rows from `first` on are upcast to float64 and
+    centred with `means` (float64, D) before any product. Memory: one strip of the B Grams plus
+    one block's rows. Pure, so strips can be dealt to parallel tasks and the results added.
+    """
+    widths = _validated_widths(widths)
+    n, blocks = len(rows), len(widths)
+    total = np.zeros((blocks, blocks))
+    if not strips:
+        return total
+    height = max(last - first for first, last in strips)
+    buffer = np.empty(blocks * height * n)
+    for first, last in strips:
+        strip, cols = last - first, n - first
+        grams = buffer[: blocks * strip * cols].reshape(blocks, strip, cols)
+        for block, (start, width) in enumerate(zip(_block_starts(widths), widths)):
+            tail = rows[first:, start : start + width].astype(np.float64)
+            tail -= means[start : start + width]
+            np.matmul(tail[:strip], tail.T, out=grams[block])
+        flat = grams.reshape(blocks, strip * cols)
+        square = np.ascontiguousarray(grams[:, :, :strip]).reshape(blocks, strip * strip)
+        total += 2.0 * (flat @ flat.T) - square @ square.T
+    return total
+
+
 @dataclass
 class _StoredRows:
-    """All rows kept in float64, for the Gram-space computation (the cheaper one for small n).
+    """All rows kept as they came (float16/32 stay, others are float64): the Gram-space state.
 
-    `finalize` never holds the B n x n Grams: it walks the Grams' upper triangle in strips of
-    `strip_rows` rows (all B blocks at once, `strip_bytes` of them) and accumulates the pairwise
-    Frobenius products from each strip, so its peak is the rows twice (kept + centred copy) plus
-    one strip, whatever B is (`estimate_peak_nbytes`).
+    `finalize` never holds the B n x n Grams: `gram_strip_products` walks their upper triangle in
+    strips of rows (`strip_bytes` for all B blocks at once) and adds up the pairwise Frobenius
+    products of each strip, centring (in float64) the rows each strip needs as it goes; a caller
+    may deal the strips to parallel tasks (`strip_map`). Peak: the rows twice (kept +
+    concatenated) plus a strip and one block's float64 rows per running strip task.
     """
 
     widths: tuple[int, ...]
@@ -627,18 +682,32 @@ class _StoredRows:
     strip_bytes: int = GRAM_STRIP_BYTES
 
     @staticmethod
-    def estimate_nbytes(widths: tuple[int, ...], n: int) -> int:
-        return _FLOAT64_BYTES * n * sum(widths)
+    def estimate_nbytes(widths: tuple[int, ...], n: int, itemsize: int = _FLOAT64_BYTES) -> int:
+        return itemsize * n * sum(widths)
 
     @staticmethod
-    def estimate_finalize_nbytes(widths: tuple[int, ...], n: int, strip_bytes: int) -> int:
-        """Bytes `pairwise_statistics` allocates on top of the held rows: the centred copy of the
-        rows, one strip of the B Grams, the copy of its diagonal square, and O(B n) vectors."""
+    def estimate_task_nbytes(widths: tuple[int, ...], n: int, strip_bytes: int) -> int:
+        """What one strip computation allocates: the strip of the B Grams, its diagonal square,
+        one block's rows in float64 (and its upcast), a B x B result."""
         blocks = len(widths)
-        strip = _gram_strip_rows(n, blocks, strip_bytes)
+        height = _gram_strip_rows(n, blocks, strip_bytes)
         return _FLOAT64_BYTES * (
-            n * sum(widths) + blocks * strip * n + blocks * strip * strip + 4 * blocks * n
+            blocks * height * n + blocks * height * height + 2 * n * max(widths) + 4 * blocks**2
         )
+
+    @staticmethod
+    def estimate_finalize_nbytes(
+        widths: tuple[int, ...], n: int, strip_bytes: int, itemsize: int = _FLOAT64_BYTES,
+        strip_tasks: int = 0,
+    ) -> int:
+        """Bytes `pairwise_statistics` allocates on top of the held rows: their concatenation,
+        the HSIC vectors (O(B n)) and one block's centred rows, plus one strip computation in
+        process (`strip_tasks=0`), or `strip_tasks` concurrent ones elsewhere reading one more
+        copy of the rows (Ray's object store)."""
+        rows = itemsize * n * sum(widths)
+        own = rows + _FLOAT64_BYTES * (4 * len(widths) * n + 2 * n * max(widths))
+        task = _StoredRows.estimate_task_nbytes(widths, n, strip_bytes)
+        return own + (task if strip_tasks == 0 else rows + strip_tasks * task)
 
     @property
     def n(self) -> int:
@@ -655,39 +724,35 @@ class _StoredRows:
         # Chunks are never modified in place, so sharing them with `other` is safe.
         self.chunks.extend(other.chunks)
 
-    def pairwise_statistics(self, with_hsic: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def pairwise_statistics(
+        self, with_hsic: bool, strip_map=None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """`(<K_b, K_b'>_F, HSIC_u(K_b, K_b') or None)` from the centred Grams K_b = Xc_b Xc_b^T.
 
-        The Grams are symmetric, so `<K_b, K_b'> = sum over strips of rows r of (2 <K_b[r, r:],
-        K_b'[r, r:]> - <K_b[r, r], K_b'[r, r]>)`: each strip computes only the columns from its
-        first row on (B GEMMs), then all pairwise products of the strip as one (B, m) x (m, B)
-        product. The unbiased HSIC uses the Gram form of Song et al. 2007 on the zero-diagonal
-        Grams K~ = K - diag(K), whose terms follow without forming K~:
-        `<K~, L~> = <K, L> - diag(K)^T diag(L)`, `K~ 1 = Xc (Xc^T 1) - diag(K)`.
+        `<K_b, K_b'>` from `gram_strip_products` over all strips, in process or through
+        `strip_map(rows, means, widths, strips) -> list of partial B x B sums`. The unbiased HSIC
+        uses the Gram form of Song et al. 2007 on the zero-diagonal Grams K~ = K - diag(K),
+        whose terms follow without forming K~: `<K~, L~> = <K, L> - diag(K)^T diag(L)` and
+        `K~ 1 = Xc (Xc^T 1) - diag(K)`.
         """
-        centred = np.concatenate(self.chunks)
-        centred -= centred.mean(axis=0)
-        n, blocks = len(centred), len(self.widths)
-        parts = [centred[:, start : start + width]
-                 for start, width in zip(_block_starts(self.widths), self.widths)]
-        strip = _gram_strip_rows(n, blocks, self.strip_bytes)
-        buffer = np.empty(blocks * strip * n)
-        cross_sq = np.zeros((blocks, blocks))
-        for first in range(0, n, strip):
-            last = min(first + strip, n)
-            rows, cols = last - first, n - first
-            grams = buffer[: blocks * rows * cols].reshape(blocks, rows, cols)
-            for block, part in enumerate(parts):
-                np.matmul(part[first:last], part[first:].T, out=grams[block])
-            flat = grams.reshape(blocks, rows * cols)
-            square = np.ascontiguousarray(grams[:, :, :rows]).reshape(blocks, rows * rows)
-            cross_sq += 2.0 * (flat @ flat.T) - square @ square.T
+        rows = np.concatenate(self.chunks)
+        n, blocks = len(rows), len(self.widths)
+        means = rows.mean(axis=0, dtype=np.float64)
+        strips = gram_strips(n, blocks, self.strip_bytes)
+        if strip_map is None:
+            cross_sq = gram_strip_products(rows, means, self.widths, strips)
+        else:
+            cross_sq = np.sum(strip_map(rows, means, self.widths, strips), axis=0)
         if not with_hsic:
             return cross_sq, None
-        diagonals = np.stack([np.einsum("ij,ij->i", part, part) for part in parts])  # K_b[i, i]
-        column_sums = [part.sum(axis=0) for part in parts]
-        row_sums = np.stack([part @ total for part, total in zip(parts, column_sums)]) - diagonals
-        totals = np.array([total @ total for total in column_sums]) - diagonals.sum(axis=1)
+        diagonals, row_sums, totals = np.empty((blocks, n)), np.empty((blocks, n)), np.empty(blocks)
+        for block, (start, width) in enumerate(zip(_block_starts(self.widths), self.widths)):
+            part = rows[:, start : start + width].astype(np.float64)
+            part -= means[start : start + width]
+            diagonals[block] = np.einsum("ij,ij->i", part, part)  # K_b[i, i]
+            column_sum = part.sum(axis=0)
+            row_sums[block] = part @ column_sum - diagonals[block]
+            totals[block] = column_sum @ column_sum - diagonals[block].sum()
         hsic = _hsic_u_from_grams(
             cross_sq - diagonals @ diagonals.T,
             totals[:, None],
@@ -714,15 +779,22 @@ def cka_mode_costs(block_widths: Sequence[int], n: int) -> dict[str, float]:
 
 
 def choose_cka_mode(
-    block_widths: Sequence[int], n: int, memory_limit: int, strip_bytes: int = GRAM_STRIP_BYTES
+    block_widths: Sequence[int],
+    n: int,
+    memory_limit: int,
+    strip_bytes: int = GRAM_STRIP_BYTES,
+    itemsize: int = _FLOAT64_BYTES,
+    strip_tasks: int = 0,
 ) -> Literal["feature", "gram"]:
     """The cheaper mode (`cka_mode_costs`) for the streaming CKA of these blocks over n rows,
-    gram only if its whole peak, finalize included (`estimate_peak_nbytes`), fits
-    `memory_limit`. Feature mode is the fallback: its state does not grow with n, and a caller
-    tiles the blocks when even that exceeds the limit."""
+    gram only if its whole peak, finalize included (`estimate_peak_nbytes` with the rows'
+    `itemsize` and `strip_tasks`), fits `memory_limit`. Feature mode is the fallback: its state
+    does not grow with n, and a caller tiles the blocks when even that exceeds the limit."""
     costs = cka_mode_costs(block_widths, n)
     if costs["gram"] < costs["feature"]:
-        peak = SimilarityAccumulator.estimate_peak_nbytes(block_widths, "gram", n, strip_bytes)
+        peak = SimilarityAccumulator.estimate_peak_nbytes(
+            block_widths, "gram", n, strip_bytes, itemsize=itemsize, strip_tasks=strip_tasks
+        )
         if peak <= memory_limit:
             return "gram"
     return "feature"
@@ -750,14 +822,14 @@ class SimilarityAccumulator:
     `mode="feature"` keeps the moments of the stacked rows `z_i = concat_b(block_b[i])` relative
     to a shift (the first chunk's column mean), in float64, O(D^2) memory with D = sum of widths,
     never O(n); `finalize` moves them exactly to the global mean and applies the centred
-    feature-space formulas. `mode="gram"` keeps the rows (O(n D)) and finalizes with the n x n
-    Gram of every block, computed in strips of rows (`gram_strip_bytes` for all B blocks at
-    once), never all B Grams at once: the cheaper choice when n is small against D
-    (`choose_cka_mode`).
+    feature-space formulas. `mode="gram"` keeps the rows (O(n D), float16/float32 chunks as they
+    come, since they upcast exactly) and finalizes with the n x n Gram of every block, computed
+    in strips of rows (`gram_strip_bytes` for all B blocks at once), never all B Grams at once:
+    the cheaper choice when n is small against D (`choose_cka_mode`).
 
     Memory: `nbytes` / `estimate_nbytes` count the state held between calls. On top of it,
     feature mode transiently needs up to 2 D^2 float64 during `finalize` (one during `merge`);
-    gram mode needs the centred rows (n D float64) and one strip during `finalize`.
+    gram mode needs the concatenated rows and one strip (per strip task) during `finalize`.
     `estimate_peak_nbytes` counts both.
     """
 
@@ -778,14 +850,18 @@ class SimilarityAccumulator:
 
     @staticmethod
     def estimate_nbytes(
-        block_widths: Sequence[int], mode: Literal["feature", "gram"], n: int
+        block_widths: Sequence[int],
+        mode: Literal["feature", "gram"],
+        n: int,
+        itemsize: int = _FLOAT64_BYTES,
     ) -> int:
-        """Bytes the accumulator will hold after `n` rows (feature mode: independent of n)."""
+        """Bytes the accumulator will hold after `n` rows (feature mode: independent of n; gram
+        mode: the rows, fed as `itemsize`-byte floats)."""
         widths = _validated_widths(block_widths)
         if mode == "feature":
             return _FeatureMoments.estimate_nbytes(widths)
         if mode == "gram":
-            return _StoredRows.estimate_nbytes(widths, n)
+            return _StoredRows.estimate_nbytes(widths, n, itemsize)
         raise ValueError(f"mode must be 'feature' or 'gram', got {mode!r}")
 
     @staticmethod
@@ -794,14 +870,20 @@ class SimilarityAccumulator:
         mode: Literal["feature", "gram"],
         n: int,
         gram_strip_bytes: int = GRAM_STRIP_BYTES,
+        itemsize: int = _FLOAT64_BYTES,
+        strip_tasks: int = 0,
     ) -> int:
         """Bytes held at the peak of `finalize` after `n` rows: the state plus what `finalize`
-        allocates (feature: 2 D^2 float64; gram: the centred rows and one Gram strip)."""
+        allocates (feature: 2 D^2 float64; gram: the concatenated rows, the HSIC vectors and the
+        Gram strips, `_StoredRows.estimate_finalize_nbytes`; `strip_tasks` > 0 when they run in
+        that many parallel tasks through `finalize(strip_map=...)`)."""
         widths = _validated_widths(block_widths)
-        held = SimilarityAccumulator.estimate_nbytes(widths, mode, n)
+        held = SimilarityAccumulator.estimate_nbytes(widths, mode, n, itemsize)
         if mode == "feature":
             return held + 2 * _FLOAT64_BYTES * sum(widths) ** 2
-        return held + _StoredRows.estimate_finalize_nbytes(widths, n, int(gram_strip_bytes))
+        return held + _StoredRows.estimate_finalize_nbytes(
+            widths, n, int(gram_strip_bytes), itemsize, strip_tasks
+        )
 
     @property
     def nbytes(self) -> int:
@@ -815,7 +897,8 @@ class SimilarityAccumulator:
 
     def update(self, blocks: Sequence[np.ndarray]) -> None:
         """Add one chunk: `blocks[b]` has shape (rows, block_widths[b]), rows = the same samples."""
-        matrices = _validated_blocks(blocks, self.block_widths)
+        # Gram mode keeps float16/float32 rows as they are (exact; upcast before any product).
+        matrices = _validated_blocks(blocks, self.block_widths, upcast=self.mode == "feature")
         if len(matrices[0]):
             self._state.add_rows(np.concatenate(matrices, axis=1))
 
@@ -829,12 +912,20 @@ class SimilarityAccumulator:
         self._state.absorb(other._state)
         return self
 
-    def finalize(self) -> CKAMatrices:
-        """Biased and debiased CKA matrices over all rows seen; the state is left unchanged."""
+    def finalize(self, strip_map=None) -> CKAMatrices:
+        """Biased and debiased CKA matrices over all rows seen; the state is left unchanged.
+
+        Gram mode only: `strip_map(rows, means, widths, strips)` may compute the Gram strips
+        elsewhere (e.g. in parallel tasks), returning a list of `gram_strip_products` results
+        over groups of the strips that together cover each strip once."""
         n = self._state.n
         if n == 0:
             raise ValueError("no rows were added; CKA needs at least one sample")
-        cross_sq, hsic = self._state.pairwise_statistics(with_hsic=n >= MIN_HSIC_SAMPLES)
+        with_hsic = n >= MIN_HSIC_SAMPLES
+        if self.mode == "gram":
+            cross_sq, hsic = self._state.pairwise_statistics(with_hsic, strip_map)
+        else:
+            cross_sq, hsic = self._state.pairwise_statistics(with_hsic)
         blocks = len(self.block_widths)
         debiased = np.full((blocks, blocks), np.nan) if hsic is None else _cka_matrix(hsic)
         return CKAMatrices(biased=_cka_matrix(cross_sq), debiased=debiased, n=n)

@@ -2,7 +2,9 @@
 
 All layers of all runs are blocks of one streaming accumulator, so the data is read once per
 tile (one tile when the accumulator fits the memory limit) and the cost is that of the per-block
-Gram/covariance products plus cheap pairwise products, never a pass per layer pair. Progress is
+Gram/covariance products plus cheap pairwise products, never a pass per layer pair. Feature or
+Gram space is chosen by cost within the memory limit (`QueryEngine.cka_mode`): with many blocks
+and moderate n, one n x n Gram per block beats the (M(L+1)d)^2 covariance. Progress is
 reported per finished map task. Partial accumulators are checkpointed under
 `<store>/partials/<result key>/`, so a cancelled job, or one whose server died, resumes from them.
 """
@@ -52,11 +54,12 @@ def _tiles(engine: QueryEngine, blocks: list[tuple[RunRecord, int]], mode: str, 
     """Groups of block indices; a tile is a pair of groups whose union fits the memory limit."""
     limit = engine.settings.max_accumulator_bytes
     widths = [run.width for run, _ in blocks]
+    itemsize = engine.row_itemsize(*[run for run, _ in blocks])
     for size in range(len(blocks), 0, -1):
-        if sim.SimilarityAccumulator.estimate_nbytes(sorted(widths)[-2 * size:], mode, rows) <= limit:
+        if engine.accumulator_nbytes(sorted(widths)[-2 * size:], mode, rows, itemsize) <= limit:
             groups = [list(range(i, min(i + size, len(blocks)))) for i in range(0, len(blocks), size)]
             return [sorted(set(a) | set(b)) for i, a in enumerate(groups) for b in groups[i:]]
-    need = sim.SimilarityAccumulator.estimate_nbytes(sorted(widths)[-2:], mode, rows)
+    need = engine.accumulator_nbytes(sorted(widths)[-2:], mode, rows, itemsize)
     raise ResourceExhausted(f"one block pair needs {need / 2**30:.2f} GiB, over the {limit / 2**30:.2f} GiB "
                             "limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 
@@ -76,7 +79,7 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
     started = time.perf_counter()
     blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
     rows = records[0].rows
-    mode = "gram" if rows <= max(r.width for r in records) else "feature"
+    mode = engine.cka_mode([run.width for run, _ in blocks], rows, engine.row_itemsize(*records))
     tiles = _tiles(engine, blocks, mode, rows)
     groups = split_ranges(rows, engine.settings.shard_rows, engine.parts * GROUPS_PER_TASK_SLOT)
     partials = engine.arrays.root / "partials" / key
@@ -125,7 +128,7 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
             for ref in pending:
                 ray.cancel(ref)
             raise
-        matrices = total.finalize()
+        matrices = total.finalize(strip_map=engine.gram_strip_map)
         np.savez(finished_tile, biased=matrices.biased, debiased=matrices.debiased)
         checkpoint.unlink(missing_ok=True)
         biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = matrices.biased, matrices.debiased

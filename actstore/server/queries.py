@@ -296,20 +296,61 @@ class QueryEngine:
         return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
                 [len(la) + j for j in range(len(lb))])
 
+    # ---- CKA: feature or Gram space --------------------------------------------------------------
+    @staticmethod
+    def row_itemsize(*runs: RunRecord) -> int:
+        """Bytes per value of the rows a Gram-space accumulator keeps: float16 stays float16,
+        float32 and bfloat16 (read back as float32) take 4."""
+        return max(2 if run.dtype == "float16" else 4 for run in runs)
+
+    def cka_mode(self, widths: list[int], rows: int, itemsize: int) -> str:
+        """Feature or Gram space for a CKA accumulator over these blocks: the cheaper one whose
+        memory fits `max_accumulator_bytes` (`similarity.choose_cka_mode`; the Gram strips run
+        in `parts` Ray tasks, `gram_strip_map`)."""
+        return sim.choose_cka_mode(widths, rows, self.settings.max_accumulator_bytes, itemsize=itemsize,
+                                   strip_tasks=self.parts)
+
+    def accumulator_nbytes(self, widths: list[int], mode: str, rows: int, itemsize: int) -> int:
+        """What a CKA accumulator is held to against `max_accumulator_bytes`: its state in feature
+        space (O(D^2), whatever n), the peak of its finalize in Gram space (the rows, their
+        concatenation, the copy the strip tasks read and one Gram strip per task)."""
+        if mode == "gram":
+            return sim.SimilarityAccumulator.estimate_peak_nbytes(widths, mode, rows, itemsize=itemsize,
+                                                                  strip_tasks=self.parts)
+        return sim.SimilarityAccumulator.estimate_nbytes(widths, mode, rows)
+
+    def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
+        """A Gram-space finalize's strips (`similarity.gram_strip_products`) in `parts` Ray tasks:
+        single-threaded BLAS each, off the server process, the rows shared through Ray's object
+        store. Strips are dealt largest first to the least loaded task (a strip's work grows with
+        the columns right of its first row)."""
+        groups: list[list[tuple[int, int]]] = [[] for _ in range(min(self.parts, len(strips)))]
+        work = [0] * len(groups)
+        for strip in sorted(strips, key=lambda s: -(s[1] - s[0]) * (len(rows) - s[0])):
+            least = work.index(min(work))
+            groups[least].append(strip)
+            work[least] += (strip[1] - strip[0]) * (len(rows) - strip[0])
+        rows_ref = ray.put(rows)
+        task = ray.remote(num_cpus=1)(sim.gram_strip_products)
+        return ray.get([task.remote(rows_ref, means, widths, group) for group in groups])
+
     def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
         """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
         limit = self.settings.max_accumulator_bytes
         width = max(a.width, b.width)
+        itemsize = self.row_itemsize(a, b)
         for group in range(max(len(la), len(lb)), 0, -1):
-            if sim.SimilarityAccumulator.estimate_nbytes([width] * (2 * group), mode, a.rows) <= limit:
+            if self.accumulator_nbytes([width] * (2 * group), mode, a.rows, itemsize) <= limit:
                 return [(la[i:i + group], lb[j:j + group])
                         for i in range(0, len(la), group) for j in range(0, len(lb), group)]
-        need = sim.SimilarityAccumulator.estimate_nbytes([a.width, b.width], mode, a.rows)
+        need = self.accumulator_nbytes([a.width, b.width], mode, a.rows, itemsize)
         raise ResourceExhausted(f"one layer pair needs {need / 2**30:.2f} GiB of accumulator, over the "
                                 f"{limit / 2**30:.2f} GiB limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 
     def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]):
-        mode = "gram" if a.rows <= max(a.width, b.width) else "feature"
+        sources, _, _ = self._blocks(a, b, la, lb)
+        mode = self.cka_mode([a.width if run == a.run_key else b.width for run, layers in sources for _ in layers],
+                             a.rows, self.row_itemsize(a, b))
         biased = np.empty((len(la), len(lb)))
         debiased = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
@@ -319,7 +360,7 @@ class QueryEngine:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
             widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
             total = self._map_reduce(a.rows, sources, sim.SimilarityAccumulator(widths, mode))
-            matrices = total.finalize()
+            matrices = total.finalize(strip_map=self.gram_strip_map)
             rows = [pos_a[x] for x in tile_a]
             cols = [pos_b[x] for x in tile_b]
             biased[np.ix_(rows, cols)] = matrices.biased[np.ix_(ia, ib)]

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from actstore.metrics.similarity import (
+    GRAM_STRIP_BYTES,
     QUANTILE_LEVELS,
     CosineAccumulator,
     SimilarityAccumulator,
     check_same_samples,
     choose_cka_mode,
     cka_mode_costs,
+    gram_strip_products,
     hsic_unbiased,
     hsic_unbiased_gram,
     linear_cka,
@@ -360,6 +362,41 @@ def test_gram_strips_agree_with_feature_mode_and_the_reference(strip_rows):
     np.testing.assert_allclose(gram.debiased, expected_debiased, rtol=0, atol=1e-9)
 
 
+def test_gram_strips_dealt_to_parallel_tasks_add_up_to_the_whole():
+    """`finalize(strip_map=...)` lets a caller compute groups of strips elsewhere (the service
+    uses Ray tasks); any grouping that covers each strip once gives the same matrices."""
+    rng = np.random.default_rng(23)
+    blocks = blocks_of_widths(rng, 61, [12, 7, 20])
+    accumulator = SimilarityAccumulator([12, 7, 20], "gram", gram_strip_bytes=8 * 3 * 61 * 5)
+    accumulator.update(blocks)
+    calls = []
+
+    def three_tasks(rows, means, widths, strips):
+        calls.append(len(strips))
+        return [gram_strip_products(rows.copy(), means, widths, strips[i::3]) for i in range(3)]
+
+    dealt = accumulator.finalize(strip_map=three_tasks)
+    whole = accumulator.finalize()
+    assert calls == [13]  # 61 rows in strips of 5
+    np.testing.assert_allclose(dealt.biased, whole.biased, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dealt.debiased, whole.debiased, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dealt.biased, one_pass_matrices(blocks)[0], rtol=0, atol=1e-9)
+
+
+def test_gram_mode_keeps_float16_rows_and_upcasts_before_products():
+    rng = np.random.default_rng(24)
+    # Coordinates around 300: their squares (9e4) overflow float16's 65504.
+    blocks16 = [(300 + 40 * b).astype(np.float16) for b in blocks_of_widths(rng, 70, [6, 4, 9])]
+    accumulator = SimilarityAccumulator([6, 4, 9], "gram")
+    accumulator.update([b[:30] for b in blocks16])
+    accumulator.update([b[30:] for b in blocks16])
+    assert accumulator.nbytes == SimilarityAccumulator.estimate_nbytes([6, 4, 9], "gram", 70, itemsize=2)
+    result = accumulator.finalize()
+    expected_biased, expected_debiased = one_pass_matrices([b.astype(np.float64) for b in blocks16])
+    np.testing.assert_allclose(result.biased, expected_biased, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result.debiased, expected_debiased, rtol=0, atol=1e-9)
+
+
 def test_feature_updates_merge_from_read_only_partials():
     """Feature mode updates only the upper triangle of its moments (BLAS syrk in place) and
     mirrors it when read; partial accumulators arrive from Ray's object store read-only."""
@@ -408,11 +445,16 @@ def test_mode_chooser_picks_the_cheaper_mode_that_fits():
     assert choose_cka_mode(widths, n, memory_limit=1 << 30) == "gram"
     # the gram peak (rows twice + one strip) must fit, else feature (whose state is O(D^2))
     assert choose_cka_mode(widths, n, memory_limit=512 << 20) == "feature"
+    # float16 rows (2 bytes) and two strip tasks reading a third copy of them
+    assert choose_cka_mode(widths, n, memory_limit=768 << 20, itemsize=2, strip_tasks=2) == "gram"
     # n far above the total width: feature space
     assert choose_cka_mode([384] * 7, 100_000, memory_limit=1 << 40) == "feature"
     assert choose_cka_mode([384] * 7, 1000, memory_limit=1 << 30) == "gram"
     peak = SimilarityAccumulator.estimate_peak_nbytes(widths, "gram", n)
     assert 2 * 8 * n * sum(widths) < peak < 8 * len(widths) * n * n / 4
+    rows16 = 2 * n * sum(widths)
+    peak16 = SimilarityAccumulator.estimate_peak_nbytes(widths, "gram", n, itemsize=2, strip_tasks=2)
+    assert 3 * rows16 + 2 * 8 * len(widths) * 100 * n < peak16 < 3 * rows16 + 2 * (GRAM_STRIP_BYTES + (32 << 20)) + (32 << 20)
 
 
 # --------------------------------------------------------------------------------------------------
