@@ -22,7 +22,7 @@ import ray
 from actstore.errors import Cancelled, InvalidArgument, ResourceExhausted
 from actstore.metrics import similarity as sim
 from actstore.server.jobs import JobState
-from actstore.server.queries import MetricResult, Provenance, QueryEngine
+from actstore.server.queries import MetricResult, Provenance, QueryEngine, byte_size
 from actstore.store.catalog import RunRecord
 from actstore.store.keys import result_key
 from actstore.workers.metric_tasks import accumulate, split_ranges
@@ -60,7 +60,7 @@ def _tiles(engine: QueryEngine, blocks: list[tuple[RunRecord, int]], mode: str, 
             groups = [list(range(i, min(i + size, len(blocks)))) for i in range(0, len(blocks), size)]
             return [sorted(set(a) | set(b)) for i, a in enumerate(groups) for b in groups[i:]]
     need = engine.accumulator_nbytes(sorted(widths)[-2:], mode, rows, itemsize)
-    raise ResourceExhausted(f"one block pair needs {need / 2**30:.2f} GiB, over the {limit / 2**30:.2f} GiB "
+    raise ResourceExhausted(f"one block pair needs {byte_size(need)}, over the {byte_size(limit)} "
                             "limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 
 

@@ -41,6 +41,14 @@ from actstore.workers.metric_tasks import (
 )
 
 
+def byte_size(n: int) -> str:
+    """`12.5 KiB`, `3.20 GiB`: a size a person reads at a glance."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
 @dataclass(frozen=True)
 class Provenance:
     metric: str
@@ -204,8 +212,8 @@ class QueryEngine:
     def check_memory(self, need: int, what: str) -> None:
         if need > self.settings.max_accumulator_bytes:
             raise ResourceExhausted(
-                f"{what} would hold {need / 2**30:.2f} GiB in memory, over the "
-                f"{self.settings.max_accumulator_bytes / 2**30:.2f} GiB limit (ACTSTORE_MAX_ACCUMULATOR_BYTES): "
+                f"{what} would hold {byte_size(need)} in memory, over the "
+                f"{byte_size(self.settings.max_accumulator_bytes)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES): "
                 "use fewer samples")
 
     def _in_memory(self, run: RunRecord, layers: int, square: bool) -> None:
@@ -344,8 +352,8 @@ class QueryEngine:
                 return [(la[i:i + group], lb[j:j + group])
                         for i in range(0, len(la), group) for j in range(0, len(lb), group)]
         need = self.accumulator_nbytes([a.width, b.width], mode, a.rows, itemsize)
-        raise ResourceExhausted(f"one layer pair needs {need / 2**30:.2f} GiB of accumulator, over the "
-                                f"{limit / 2**30:.2f} GiB limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
+        raise ResourceExhausted(f"one layer pair needs {byte_size(need)} of accumulator, over the "
+                                f"{byte_size(limit)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 
     def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]):
         sources, _, _ = self._blocks(a, b, la, lb)
@@ -438,6 +446,10 @@ class QueryEngine:
     def _dataset_entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict):
         means = self.arrays.means(run.run_key)
         clamp_small = options.get("clamp") and run.rows <= run.width
+        if clamp_small:
+            self._in_memory(run, 1, square=True)
+        else:
+            self.check_memory(8 * run.width**2 * len(layers), f"{len(layers)} d x d scatter matrices (d={run.width})")
         if clamp_small:  # the clamped n x n Gram cannot be streamed: n <= d keeps it small
             task = ray.remote(num_cpus=1)(evaluate_layers)
             fn = partial(ent.dataset_entropy, alpha=options["alpha"], normalization=options["normalization"],
@@ -483,6 +495,9 @@ class QueryEngine:
             fn = partial(_paired_value, metric=metric, first=first, second=second, options=options)
         task = ray.remote(num_cpus=1)(evaluate_layers)
         values = ray.get(task.remote(str(self.arrays.root), self.settings.compressor, run.run_key, layers, fn))
+        if metric == "infonce":  # the score 1 - L/log n per layer, and the loss L itself
+            return ({"values": np.asarray([v.score for v in values]), "loss": np.asarray([v.loss for v in values])},
+                    {"n": float(run.rows)}, notes)
         return {"values": np.asarray(values, dtype=np.float64)}, {"n": float(run.rows)}, notes
 
     # ---- residual norm ratio ------------------------------------------------------------------
@@ -618,9 +633,9 @@ def _first_two_views(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array([first[g] for g in paired]), np.array([second[g] for g in paired])
 
 
-def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict) -> float:
+def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict):
     if metric == "infonce":
-        return ent.infonce(z[first], z[second], options["temperature"]).score
+        return ent.infonce(z[first], z[second], options["temperature"])
     return ent.dime(z[first], z[second], options["alpha"], options["permutations"], options["seed"])
 
 

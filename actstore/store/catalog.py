@@ -344,8 +344,8 @@ class Catalog:
 
     # ---- results ------------------------------------------------------------------------------
     def result(self, result_key: str) -> tuple[bytes, float] | None:
-        rows = self._rows("SELECT payload, seconds FROM results WHERE result_key = ?", [result_key])
-        return (bytes(rows[0][0]), rows[0][1]) if rows else None
+        record = self.result_record(result_key)
+        return (record[4], record[5]) if record else None
 
     def result_record(self, result_key: str) -> tuple[str, int, dict, list[str], bytes, float] | None:
         rows = self._rows("SELECT metric, version, options, run_keys, payload, seconds FROM results "
@@ -359,7 +359,7 @@ class Catalog:
                    run_keys: list[str], payload: bytes, seconds: float) -> None:
         self._run(
             "INSERT INTO results (result_key, metric, version, options, run_keys, payload, seconds) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",  # a result, once stored, never changes
             [result_key, metric, version, json.dumps(options), json.dumps(run_keys), payload, seconds],
         )
 
