@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.client import Client
-from actstore.report import curves, heatmap, markdown_matrix
+from actstore.report import bars, curves, heatmap, markdown_matrix
 
 MODELS = (("minilm-l6", "MiniLM-L6"), ("smollm2-135m", "SmolLM2-135M"))
 DATASET = "rotten-tomatoes"
@@ -87,6 +87,9 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
             + f"\n\nDebiased CKA of the same pairs, range {np.nanmin(cross.debiased):.3f}.."
               f"{np.nanmax(cross.debiased):.3f}.\n"
         )
+        t = time.perf_counter()
+        sections.append(_saturation_section(client, out, runs["SmolLM2-135M"][1]))
+        timings["SmolLM2 logit lens on 20 prompts"] = time.perf_counter() - t
         total = time.perf_counter() - started
         report = out / "report.md"
         report.write_text(
@@ -100,3 +103,29 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
         )
     print(f"report written to {report} (with {len(list(out.glob('*.png')))} plots) in {total:.0f} s")
     return report
+
+
+LENS_PROMPTS = 20
+
+
+def _saturation_section(client: Client, out: Path, model) -> str:
+    """Saturation events of the real SmolLM2 (the analogue of the paper's LLaMA3 figures): the logit
+    lens with its own final norm + unembedding on every layer of every token of a few reviews."""
+    client.register_dataset(builtin=DATASET, limit=LENS_PROMPTS, seed=1, name=f"{DATASET}-{LENS_PROMPTS}")
+    run = client.capture(model.digest, f"{DATASET}-{LENS_PROMPTS}", pooling="tokens", max_len=64).run_key
+    lens = client.lens(run)
+    bars({"tokens": lens.saturation_counts}, out / "smollm2_saturation.png",
+         title=f"SmolLM2-135M: saturation layer of {lens.n} next-token predictions", xlabel="layer",
+         ylabel="tokens")
+    curves({"lens accuracy (next token)": lens.accuracy}, out / "smollm2_lens_accuracy.png",
+           title="SmolLM2-135M: logit-lens next-token accuracy per layer", xlabel="layer", ylabel="accuracy")
+    cumulative = lens.saturation_cumulative
+    half = int(np.searchsorted(cumulative, 0.5))
+    return (
+        f"## SmolLM2-135M saturation events ({LENS_PROMPTS} reviews, {lens.n} next-token predictions)\n\n"
+        "![saturation](smollm2_saturation.png) ![lens accuracy](smollm2_lens_accuracy.png)\n\n"
+        f"The top-1 prediction of half the tokens is fixed from layer {half} on; "
+        f"{lens.saturation_counts[-1] / lens.n:.0%} only settle at the last layer. Lens accuracy at layer "
+        f"{len(lens.accuracy) - 1} is the model's own next-token accuracy ({lens.accuracy[-1]:.3f}); "
+        f"{lens.effective_depth_relative} is the smallest layer within 0.1 of it.\n"
+    )
