@@ -33,16 +33,6 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """Round to nearest even, as torch's bfloat16 cast does (NaN stays NaN)."""
-    as_int = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = ((as_int >> 16) & 1) + 0x7FFF
-    bits = ((as_int + rounding) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    bits[nan] = 0x7FC0
-    return bits
-
-
 def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
     """Stored values as numbers: float16/float32 unchanged, bfloat16 bits widened to float32."""
     return bf16_bits_to_float32(values) if dtype == "bfloat16" else values
