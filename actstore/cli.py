@@ -359,9 +359,9 @@ def cmd_lens(args) -> int:
                           "taus": r.taus.tolist(), "exit_accuracy": r.exit_accuracy.tolist(),
                           "speedup": r.speedup.tolist(), "exits": r.exits.tolist(), "n": r.n}))
         return 0
-    print("layer  accuracy  saturated here  cumulative")
+    print("layer  accuracy  saturated here  saturated by here")
     for layer, (acc, count, cum) in enumerate(zip(r.accuracy, r.saturation_counts, r.saturation_cumulative)):
-        print(f"{layer:5d}  {acc:8.4f}  {int(count):14d}  {cum:10.4f}")
+        print(f"{layer:5d}  {acc:8.4f}  {int(count):14d}  {int(cum):10d} ({cum / r.n:.0%})")
     print(f"\n{args.epsilon}-effective depth: {r.effective_depth} (absolute), {r.effective_depth_relative} "
           f"(relative to the last layer); n={r.n}")
     print("\ntau    accuracy  speed-up  exits per layer 1..L")

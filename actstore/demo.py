@@ -119,8 +119,7 @@ def _saturation_section(client: Client, out: Path, model) -> str:
          ylabel="tokens")
     curves({"lens accuracy (next token)": lens.accuracy}, out / "smollm2_lens_accuracy.png",
            title="SmolLM2-135M: logit-lens next-token accuracy per layer", xlabel="layer", ylabel="accuracy")
-    cumulative = lens.saturation_cumulative
-    half = int(np.searchsorted(cumulative, 0.5))
+    half = int(np.searchsorted(lens.saturation_cumulative / lens.n, 0.5))  # cumulative counts -> share
     return (
         f"## SmolLM2-135M saturation events ({LENS_PROMPTS} reviews, {lens.n} next-token predictions)\n\n"
         "![saturation](smollm2_saturation.png) ![lens accuracy](smollm2_lens_accuracy.png)\n\n"
