@@ -36,10 +36,12 @@ class ModelInfo:
     num_layers: int
     hidden_size: int
     has_head: bool
+    lineage: dict = field(default_factory=dict)  # source; for trained checkpoints recipe, method, seed, step, parent
 
     @staticmethod
     def from_proto(m: pb.Model) -> ModelInfo:
-        return ModelInfo(m.digest, list(m.aliases), m.kind, m.arch, m.num_layers, m.hidden_size, m.has_head)
+        return ModelInfo(m.digest, list(m.aliases), m.kind, m.arch, m.num_layers, m.hidden_size, m.has_head,
+                         json.loads(m.lineage_json or "{}"))
 
 
 @dataclass(frozen=True)
