@@ -106,27 +106,34 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
                      f"resuming from {len(finished)} stored partial results" if finished else "")
         sources = _sources(blocks, tile)
         empty = sim.SimilarityAccumulator(widths, mode)
-        pending = {task.remote(str(engine.arrays.root), engine.settings.compressor, sources, groups[g], empty): g
-                   for g in range(len(groups)) if g not in finished}
+        queue = [g for g in range(len(groups)) if g not in finished]
+        pending: dict = {}
         saved_at = time.monotonic()
         try:
-            while pending:
+            while queue or pending:
+                # a bounded window: cancelling submits no more (a ray.cancel racing a finishing task
+                # can crash the driver) and the in-flight results still go into the checkpoint
+                while queue and len(pending) < 2 * engine.parts:
+                    g = queue.pop(0)
+                    pending[task.remote(str(engine.arrays.root), engine.settings.compressor, sources, groups[g],
+                                        empty)] = g
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-                if job.cancel_requested.is_set():
-                    raise Cancelled(f"CKA matrix job cancelled at {done} of {total_steps} tasks; submit it "
-                                    "again to resume from the stored partial results")
                 for ref in ready:
                     total.merge(ray.get(ref))
                     finished.add(pending.pop(ref))
                     done += 1
                     job.progress(done, total_steps, "tasks")
+                if job.cancel_requested.is_set():
+                    for ref in ray.wait(list(pending), num_returns=len(pending))[0]:
+                        total.merge(ray.get(ref))
+                        finished.add(pending.pop(ref))
+                    raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of tile "
+                                    f"{t + 1}; submit it again to resume from the stored partial results")
                 if pending and time.monotonic() - saved_at > CHECKPOINT_SECONDS:
                     _save(checkpoint, (total, finished))
                     saved_at = time.monotonic()
         except Cancelled:
             _save(checkpoint, (total, finished))
-            for ref in pending:
-                ray.cancel(ref)
             raise
         matrices = total.finalize(strip_map=engine.gram_strip_map)
         np.savez(finished_tile, biased=matrices.biased, debiased=matrices.debiased)

@@ -33,6 +33,7 @@ from actstore.workers.models import BUILTIN_MODELS
 log = logging.getLogger(__name__)
 
 STITCH_VERSION = 1
+IN_FLIGHT_PER_REPLICA = 2
 
 
 def _ray_get(ref, otherwise):
@@ -304,12 +305,19 @@ class ActStoreService:
         plan = CapturePlan(run_key=key, dataset_path=dataset.path, pooling=layout.pooling,
                            max_len=spec["max_len"], batch_size=self.settings.capture_batch_size, layout=layout)
         actors = self.capture_pool.acquire(model.digest, model.path)
-        pending = {actors[i % len(actors)].capture.remote(plan, shard): shard for i, shard in enumerate(missing)}
+        # A bounded window of shards in flight per replica: cancelling means submitting no more (a
+        # ray.cancel racing a finishing task can crash the driver), and a warm replica is free soon.
+        queue = list(missing)
+        pending: dict = {}
         broken = True
         try:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+            while queue or pending:
+                while queue and len(pending) < IN_FLIGHT_PER_REPLICA * len(actors):
+                    shard = queue.pop(0)
+                    pending[actors[shard % len(actors)].capture.remote(plan, shard)] = shard
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 if job.cancel_requested.is_set():
+                    ray.wait(list(pending), num_returns=len(pending))  # let the in-flight shards finish
                     raise Cancelled(f"capture of run {key[:12]} cancelled after {done} of "
                                     f"{layout.num_shards} shards; submit it again to resume")
                 for ref in ready:
@@ -323,8 +331,6 @@ class ActStoreService:
                     job.progress(done, layout.num_shards, "shards")
             broken = False
         finally:
-            for ref in pending:
-                ray.cancel(ref)
             self.capture_pool.release(model.digest, broken=broken)
         self._commit(key, layout, model.num_layers)
 
