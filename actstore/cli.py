@@ -561,6 +561,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--center", default="global-mean", choices=["global-mean", "none"])
 
+    def curve_args(p, layers: bool = True):
+        if layers:
+            p.add_argument("--layers", help="e.g. 0-6 (default: all)")
+        p.add_argument("--plot", help="write a layer curve PNG here")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--refresh", action="store_true", help="recompute even if cached")
+
     p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
     pair_args(p)
     p.add_argument("--batch-size", type=int, required=True, help="rows per batch (>= 4)")
@@ -576,7 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("metric", choices=["dataset-entropy", "prompt-entropy", "effective-rank", "curvature", "infonce",
                                       "dime", "lidar"])
     p.add_argument("run")
-    p.add_argument("--layers", help="e.g. 0-6 (default: all)")
+    curve_args(p)
     p.add_argument("--alpha", type=float, default=1.0, help="Renyi order (default 1: Shannon)")
     p.add_argument("--normalization", default="raw", choices=["raw", "maxEntropy", "logN", "logD"])
     p.add_argument("--clamp", action="store_true", help="clamp the Gram at 0 (as the reference code does)")
@@ -586,16 +593,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exp", action="store_true", help="LiDAR: report exp(entropy)")
     p.add_argument("--temperature", type=float, default=0.1, help="InfoNCE temperature")
-    p.add_argument("--plot", help="write a layer curve PNG here")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--refresh", action="store_true")
 
     p = command("residual-norm", cmd_residual, "||h_l|| / ||h_(l+1) - h_l|| per layer (mean and quantiles)")
     p.add_argument("run")
-    p.add_argument("--layers")
-    p.add_argument("--plot")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--refresh", action="store_true")
+    curve_args(p)
 
     p = command("cka-matrix", cmd_cka_matrix, "the full CKA matrix over every layer of several runs, as one job",
                 "All runs must hold the same samples. The data is read once; the job shows progress and\n"
@@ -631,10 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh", action="store_true")
     p = command("nc1", cmd_nc1, "neural collapse NC1 per layer (labelled pooled run)")
     p.add_argument("run")
-    p.add_argument("--layers")
-    p.add_argument("--plot")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--refresh", action="store_true")
+    curve_args(p)
 
     p = command("read", cmd_read, "download one layer of a run as .npy (streamed)")
     p.add_argument("run")
