@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:  # BLAS syrk that accumulates in place (scipy ships with the server's dependencies)
+    from scipy.linalg.blas import dsyrk as _dsyrk
+except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
+    _dsyrk = None
+
 
 def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
     """Return `values` as a 2-D float64 array (rows = samples), upcasting before any product.
@@ -27,3 +32,168 @@ def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
 def column_centered(matrix: np.ndarray) -> np.ndarray:
     """`Xc = X - 1 mean(X)^T`: the columns of a float64 matrix with their means removed."""
     return matrix - matrix.mean(axis=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the heavy products run
+#
+# `device=None` means numpy and the host's BLAS. Any other value is a torch device name ("cuda",
+# "cuda:1", or "cpu" to run the device code path on the host and check that it agrees). Only the
+# O(n d^2) and O(n^2 d) products go to a device; O(n d) passes (centring, norms, cosines) stay in
+# numpy, where moving the rows would cost as much as the work. Every product is float64 on either
+# side, so the two paths agree to rounding (METRICS.md numerics).
+
+
+class _HostOps:
+    """The array operations the device-capable products need, in numpy."""
+
+    device = None
+
+    @staticmethod
+    def upload(array: np.ndarray) -> np.ndarray:
+        return array
+
+    @staticmethod
+    def float64_copy(array: np.ndarray) -> np.ndarray:
+        return array.astype(np.float64)
+
+    @staticmethod
+    def empty(size: int) -> np.ndarray:
+        return np.empty(size)
+
+    @staticmethod
+    def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        np.matmul(a, b, out=out)
+
+    @staticmethod
+    def download(array) -> np.ndarray:
+        return np.asarray(array)
+
+
+class _TorchOps:
+    """The same operations on a torch device, float64 throughout."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} was asked for, but torch sees no CUDA device")
+
+    def upload(self, array: np.ndarray):
+        return self.torch.as_tensor(np.ascontiguousarray(array), device=self.device)
+
+    def float64_copy(self, array):
+        return array.to(self.torch.float64, copy=True)
+
+    def empty(self, size: int):
+        return self.torch.empty(size, dtype=self.torch.float64, device=self.device)
+
+    def matmul(self, a, b, out) -> None:
+        self.torch.matmul(a, b, out=out)
+
+    @staticmethod
+    def download(array) -> np.ndarray:
+        return array.cpu().numpy()
+
+
+def array_ops(device: str | None) -> _HostOps | _TorchOps:
+    """numpy operations for `device=None`, torch ones on that device otherwise."""
+    return _HostOps() if device is None else _TorchOps(device)
+
+
+def squared_cross_norms(
+    matrices: dict[int, np.ndarray], pairs: list[tuple[int, int]], device: str | None = None
+) -> dict[tuple[int, int], float]:
+    """`||M_i^T M_j||_F^2` for each (i, j) in `pairs`, the matrices float64 with equal rows.
+
+    Each matrix goes to the device once, however many pairs it is in."""
+    ops = array_ops(device)
+    uploaded = {index: ops.upload(matrix) for index, matrix in matrices.items()}
+    squares = {}
+    for i, j in pairs:
+        product = uploaded[i].T @ uploaded[j]
+        squares[i, j] = float((product * product).sum())
+    return squares
+
+
+def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> bool:
+    """`target += rows^T rows` for a symmetric, C-contiguous float64 `target`, in place.
+
+    With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
+    straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
+    the lower triangle is then stale until `mirror_upper`. Otherwise the whole matrix is updated
+    (numpy) and False is returned.
+    """
+    if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
+        target += rows.T @ rows
+        return False
+    # target.T is the Fortran-ordered view of the same memory, and its lower triangle is
+    # target's upper one; rows.T is Fortran-ordered too, so BLAS copies nothing.
+    result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
+    if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
+        target[...] = result.T
+    return True
+
+
+def mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
+    """Copy the upper triangle of a square matrix onto its lower one, in place, in row blocks
+    (no index arrays or temporaries of the matrix's size)."""
+    size = len(matrix)
+    for start in range(0, size, block):
+        stop = min(start + block, size)
+        matrix[start:stop, :start] = matrix[:start, start:stop].T
+        diagonal = matrix[start:stop, start:stop]
+        lower = np.tril_indices(stop - start, -1)
+        diagonal[lower] = diagonal.T[lower]
+
+
+class SymmetricSum:
+    """A running float64 `S = sum over chunks of X^T X` (size x size), on the host or a device.
+
+    Host (`device=None`): only the upper triangle is updated, in place by one BLAS dsyrk (half a
+    GEMM's FLOPs and no size x size temporary); `matrix()` mirrors it onto the lower one. Device:
+    S lives there as a float64 tensor, updated in place by `addmm_`, and the chunk is upcast there
+    too. `matrix()` and pickling (how Ray returns a task's result) bring S home as numpy, so a
+    device never leaves the task that used it; `add` on a device uploads it again.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._host = np.zeros((size, size))
+        self._upper_only = False
+        self._on_device = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._host.nbytes
+
+    def add(self, rows: np.ndarray, device: str | None = None) -> None:
+        """`S += rows^T rows` for a 2-D float array of `size` columns (upcast before the product)."""
+        if device is None:
+            if self._on_device is not None:
+                self.matrix()
+            if _add_syrk_upper(self._host, rows.astype(np.float64, copy=False)):
+                self._upper_only = True
+            return
+        ops = array_ops(device)
+        if self._on_device is None:
+            self._on_device = ops.upload(self.matrix())
+        elif self._on_device.device != ops.device:
+            self._on_device = self._on_device.to(ops.device)
+        chunk = ops.float64_copy(ops.upload(rows))
+        self._on_device.addmm_(chunk.T, chunk)
+
+    def matrix(self) -> np.ndarray:
+        """S as a full symmetric host array (the state itself: edits to it are edits to S)."""
+        if self._on_device is not None:
+            self._host = self._on_device.cpu().numpy()
+            self._on_device = None
+        if self._upper_only:
+            mirror_upper(self._host)
+            self._upper_only = False
+        return self._host
+
+    def __getstate__(self) -> dict:
+        self.matrix()
+        return self.__dict__.copy()

@@ -15,7 +15,7 @@ from typing import Literal, NamedTuple, Self
 import numpy as np
 from scipy.special import logsumexp
 
-from ._numerics import as_float64_matrix
+from ._numerics import SymmetricSum, as_float64_matrix
 from .lens import NC1Accumulator
 
 DEFINITION_VERSION = 1
@@ -229,26 +229,32 @@ class DatasetEntropyAccumulator:
     order. Accumulators merge only when built on the same mean.
     """
 
-    def __init__(self, mean: np.ndarray) -> None:
+    def __init__(self, mean: np.ndarray, device: str | None = None) -> None:
         self.mean = np.asarray(mean, dtype=np.float64)
         if self.mean.ndim != 1:
             raise ValueError(f"mean must be a (d,) vector, got shape {self.mean.shape}")
         self.n = 0
-        self.scatter = np.zeros((self.mean.size, self.mean.size))
+        self._scatter = SymmetricSum(self.mean.size)
+        self.device = device  # where `u^T u` runs: None for the host, else a torch device
+
+    @property
+    def scatter(self) -> np.ndarray:
+        """`normalize(Z)^T normalize(Z)` of the rows so far (d x d, float64, on the host)."""
+        return self._scatter.matrix()
 
     def update(self, pooled: np.ndarray) -> Self:
         x = as_float64_matrix(pooled, "pooled")
         if x.shape[1] != self.mean.size:
             raise ValueError(f"pooled has {x.shape[1]} features, the mean has {self.mean.size}")
-        u = _unit_rows(x, self.mean)
-        self.scatter += u.T @ u
+        self._scatter.add(_unit_rows(x, self.mean), self.device)
         self.n += x.shape[0]
         return self
 
     def merge(self, other: DatasetEntropyAccumulator) -> Self:
         if not np.array_equal(other.mean, self.mean):
             raise ValueError("can only merge dataset-entropy accumulators built on the same mean")
-        self.scatter += other.scatter
+        scatter = self.scatter
+        scatter += other.scatter
         self.n += other.n
         return self
 

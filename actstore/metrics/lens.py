@@ -19,7 +19,7 @@ from typing import Literal, Self
 
 import numpy as np
 
-from ._numerics import as_float64_matrix
+from ._numerics import SymmetricSum, as_float64_matrix
 
 DEFINITION_VERSION = 1
 
@@ -325,11 +325,23 @@ class NC1Accumulator:
     result does not depend on chunking or order beyond rounding.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | None = None) -> None:
         self.classes: np.ndarray | None = None
         self.counts: np.ndarray | None = None
         self.means: np.ndarray | None = None
-        self.scatter: np.ndarray | None = None
+        # The pooled scatter is `chunk_scatter` (each chunk's rows about its own class means,
+        # summed on `device`, None for the host) plus `corrections` (Chan's terms, merged
+        # accumulators' scatters), so the O(n d^2) part never leaves the device mid-task.
+        self.chunk_scatter: SymmetricSum | None = None
+        self.corrections: np.ndarray | None = None
+        self.device = device
+
+    @property
+    def scatter(self) -> np.ndarray | None:
+        """`sum_c sum_{i in c} (h_i - mu_c)(h_i - mu_c)^T` over all rows so far (host, float64)."""
+        if self.chunk_scatter is None:
+            return None
+        return self.chunk_scatter.matrix() + self.corrections
 
     def update(self, features: np.ndarray, labels: np.ndarray) -> Self:
         x = as_float64_matrix(features, "features")
@@ -338,37 +350,42 @@ class NC1Accumulator:
         means = np.zeros((classes.size, x.shape[1]))
         np.add.at(means, index, x)
         means /= counts[:, None]
-        centered = x - means[index]
-        return self._absorb(classes, counts, means, centered.T @ centered)
+        self._absorb(classes, counts, means, None, x.shape[1])
+        self.chunk_scatter.add(x - means[index], self.device)
+        return self
 
     def merge(self, other: NC1Accumulator) -> Self:
-        if other.scatter is None:
+        if other.chunk_scatter is None:
             return self
-        return self._absorb(other.classes, other.counts, other.means, other.scatter)
+        return self._absorb(other.classes, other.counts, other.means, other.scatter, other.means.shape[1])
 
     def _absorb(
-        self, classes: np.ndarray, counts: np.ndarray, means: np.ndarray, scatter: np.ndarray
+        self,
+        classes: np.ndarray,
+        counts: np.ndarray,
+        means: np.ndarray,
+        scatter: np.ndarray | None,
+        width: int,
     ) -> Self:
-        if self.scatter is None:
-            self.classes, self.counts, self.means, self.scatter = (
-                classes,
-                counts,
-                means,
-                scatter.copy(),
-            )
-            return self
-        if scatter.shape != self.scatter.shape:
-            raise ValueError(f"feature width {scatter.shape[0]} != {self.scatter.shape[0]}")
+        """Add a group's class counts and means and (if given) its pooled scatter, with Chan's
+        correction for the moved class means."""
+        if self.chunk_scatter is None:
+            self.chunk_scatter, self.corrections = SymmetricSum(width), np.zeros((width, width))
+            self.classes, self.counts, self.means = classes[:0], counts[:0], means[:0]
+        if width != len(self.corrections):
+            raise ValueError(f"feature width {width} != {len(self.corrections)}")
         merged = np.union1d(self.classes, classes)
         old, new = np.searchsorted(merged, self.classes), np.searchsorted(merged, classes)
         merged_counts = np.zeros(merged.size, dtype=np.int64)
         merged_counts[old] = self.counts
-        merged_means = np.zeros((merged.size, scatter.shape[0]))
+        merged_means = np.zeros((merged.size, width))
         merged_means[old] = self.means
         before = merged_counts[new].astype(np.float64)
         delta = means - merged_means[new]
         weight = before * counts / (before + counts)
-        self.scatter = self.scatter + scatter + (delta * weight[:, None]).T @ delta
+        self.corrections = self.corrections + (delta * weight[:, None]).T @ delta
+        if scatter is not None:
+            self.corrections += scatter
         merged_means[new] += delta * (counts / (before + counts))[:, None]
         merged_counts[new] += counts
         self.classes, self.counts, self.means = merged, merged_counts, merged_means
@@ -378,7 +395,7 @@ class NC1Accumulator:
         """`Sigma_W = (1/N) sum_i (h_i - mu_c(i))(h_i - mu_c(i))^T` and
         `Sigma_B = (1/C) sum_c (mu_c - mu_G)(mu_c - mu_G)^T`, mu_G the unweighted mean of the
         C class means."""
-        if self.scatter is None or self.classes.size < 2:
+        if self.chunk_scatter is None or self.classes.size < 2:
             raise ValueError("needs at least two classes")
         between = self.means - self.means.mean(axis=0)
         return self.scatter / self.counts.sum(), between.T @ between / self.classes.size

@@ -15,12 +15,13 @@ from typing import Literal
 
 import numpy as np
 
-from ._numerics import as_float64_matrix, column_centered
-
-try:  # BLAS syrk that accumulates in place (scipy ships with the server's dependencies)
-    from scipy.linalg.blas import dsyrk as _dsyrk
-except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
-    _dsyrk = None
+from ._numerics import (
+    SymmetricSum,
+    array_ops,
+    as_float64_matrix,
+    column_centered,
+    squared_cross_norms,
+)
 
 DEFINITION_VERSION = 1
 QUANTILE_LEVELS = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
@@ -308,18 +309,35 @@ class MinibatchCKAAccumulator:
     Batches may arrive in any order and partial sums merge by addition.
     """
 
-    def __init__(self, pairs: Sequence[tuple[int, int]], block_widths: Sequence[int]) -> None:
+    def __init__(
+        self,
+        pairs: Sequence[tuple[int, int]],
+        block_widths: Sequence[int],
+        device: str | None = None,
+    ) -> None:
         self.block_widths = _validated_widths(block_widths)
         self.pairs = tuple((int(i), int(j)) for i, j in pairs)
         self.totals = np.zeros((len(self.pairs), 3))
         self.batches = 0
+        self.device = device
 
     def update(self, blocks: Sequence[np.ndarray]) -> None:
+        """Add one batch. The `||Xc^T Yc||_F^2` products run on `device` (None: the host)."""
         matrices = _validated_blocks(blocks, self.block_widths)
-        _require_hsic_samples(len(matrices[0]))
+        n = len(matrices[0])
+        _require_hsic_samples(n)
         centred = {b: column_centered(matrices[b]) for pair in self.pairs for b in pair}
+        norms = {b: np.einsum("ij,ij->i", c, c) for b, c in centred.items()}
+        needed = sorted({p for i, j in self.pairs for p in ((i, j), (i, i), (j, j))})
+        squares = squared_cross_norms(centred, needed, self.device)
+
+        def hsic(i: int, j: int) -> float:
+            return _hsic_u_from_moments(
+                squares[i, j], norms[i] @ norms[j], norms[i].sum(), norms[j].sum(), n
+            )
+
         for p, (i, j) in enumerate(self.pairs):
-            self.totals[p] += _debiased_cka_terms(centred[i], centred[j])
+            self.totals[p] += (hsic(i, j), hsic(i, i), hsic(j, j))
         self.batches += 1
 
     def merge(self, other: MinibatchCKAAccumulator) -> MinibatchCKAAccumulator:
@@ -435,37 +453,6 @@ def _block_sums(matrix: np.ndarray, widths: tuple[int, ...], axis: int) -> np.nd
     return np.add.reduceat(matrix, _block_starts(widths), axis=axis)
 
 
-def _add_gram_upper(target: np.ndarray, rows: np.ndarray) -> bool:
-    """`target += rows^T rows` for a symmetric, C-contiguous float64 `target`, in place.
-
-    With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
-    straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
-    the lower triangle is then stale until `_mirror_upper`. Otherwise the whole matrix is updated
-    (numpy) and False is returned.
-    """
-    if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
-        target += rows.T @ rows
-        return False
-    # target.T is the Fortran-ordered view of the same memory, and its lower triangle is
-    # target's upper one; rows.T is Fortran-ordered too, so BLAS copies nothing.
-    result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
-    if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
-        target[...] = result.T
-    return True
-
-
-def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
-    """Copy the upper triangle of a square matrix onto its lower one, in place, in row blocks
-    (no index arrays or temporaries of the matrix's size)."""
-    size = len(matrix)
-    for start in range(0, size, block):
-        stop = min(start + block, size)
-        matrix[start:stop, :start] = matrix[:start, start:stop].T
-        diagonal = matrix[start:stop, start:stop]
-        lower = np.tril_indices(stop - start, -1)
-        diagonal[lower] = diagonal.T[lower]
-
-
 @dataclass
 class _FeatureMoments:
     """Float64 moments of the stacked rows `u_i = z_i - shift`, enough for every block pair's CKA.
@@ -476,26 +463,26 @@ class _FeatureMoments:
     `norm_products` AA_bb' = sum_i a_i^(b) a_i^(b').
     Memory O(D^2) with D = sum of the widths, whatever n.
 
-    `add_rows` updates only the upper triangle of G (BLAS syrk in place, `_add_gram_upper`);
-    `upper_only` then says the lower triangle is stale, and every reader of the full G
-    (`move_shift`, hence `absorb` and `pairwise_statistics`) mirrors it first.
+    G is a `SymmetricSum`: `add_rows` adds to it on the host (BLAS syrk) or on `device`, and
+    every reader of the full G (`move_shift`, hence `absorb` and `pairwise_statistics`) takes it
+    home first (`SymmetricSum.matrix`).
     """
 
     widths: tuple[int, ...]
     n: int = 0
     shift: np.ndarray = field(init=False)
     row_sum: np.ndarray = field(init=False)
-    cross_products: np.ndarray = field(init=False)
+    cross_products: SymmetricSum = field(init=False)
     norm_sum: np.ndarray = field(init=False)
     norm_weighted_sum: np.ndarray = field(init=False)
     norm_products: np.ndarray = field(init=False)
-    upper_only: bool = field(init=False, default=False)
+    device: str | None = None
 
     def __post_init__(self) -> None:
         total, blocks = sum(self.widths), len(self.widths)
         self.shift = np.zeros(total)
         self.row_sum = np.zeros(total)
-        self.cross_products = np.zeros((total, total))
+        self.cross_products = SymmetricSum(total)
         self.norm_sum = np.zeros(blocks)
         self.norm_weighted_sum = np.zeros((blocks, total))
         self.norm_products = np.zeros((blocks, blocks))
@@ -525,8 +512,7 @@ class _FeatureMoments:
         norms = _block_sums(shifted * shifted, self.widths, axis=1)
         self.n += len(shifted)
         self.row_sum += shifted.sum(axis=0)
-        if _add_gram_upper(self.cross_products, shifted):
-            self.upper_only = True
+        self.cross_products.add(shifted, self.device)
         self.norm_sum += norms.sum(axis=0)
         self.norm_weighted_sum += norms.T @ shifted
         self.norm_products += norms.T @ norms
@@ -541,14 +527,14 @@ class _FeatureMoments:
         `AA' = AA - 2(AP + AP^T) + 4 PP + (A - 2P) e^T + e (A - 2P)^T + n e e^T`
         with `AP_bb' = sum a^(b) p^(b')` and `PP_bb' = sum p^(b) p^(b')`.
         """
-        self.make_symmetric()
+        gram = self.cross_products.matrix()
         delta = new_shift - self.shift
         block_of_column = np.repeat(np.arange(len(self.widths)), self.widths)
         # Column b of delta_blocks holds δ^(b) in block b's rows and zeros elsewhere, so that
         # u_i @ delta_blocks = p_i for all blocks at once.
         delta_blocks = np.zeros((len(delta), len(self.widths)))
         delta_blocks[np.arange(len(delta)), block_of_column] = delta
-        projection_weighted_sum = (self.cross_products @ delta_blocks).T
+        projection_weighted_sum = (gram @ delta_blocks).T
         projection_sum = self.row_sum @ delta_blocks
         projection_products = delta_blocks.T @ projection_weighted_sum.T
         norm_projection_products = self.norm_weighted_sum @ delta_blocks
@@ -572,16 +558,10 @@ class _FeatureMoments:
         # G - Sδ^T - δS^T + nδδ^T = G + wδ^T + δw^T with w = nδ/2 - S: two rank-1 updates in
         # place, so the only D x D temporary is one outer product.
         half_correction = self.n / 2 * delta - self.row_sum
-        self.cross_products += np.outer(half_correction, delta)
-        self.cross_products += np.outer(delta, half_correction)
+        gram += np.outer(half_correction, delta)
+        gram += np.outer(delta, half_correction)
         self.row_sum -= self.n * delta
         self.shift = self.shift + delta
-
-    def make_symmetric(self) -> None:
-        """Restore the full symmetric G after upper-triangle updates (in place)."""
-        if self.upper_only:
-            _mirror_upper(self.cross_products)
-            self.upper_only = False
 
     def absorb(self, other: _FeatureMoments) -> None:
         """Add another accumulator's rows: move this one to the other's shift, then add moments.
@@ -589,8 +569,8 @@ class _FeatureMoments:
         self.move_shift(other.shift)
         self.n += other.n
         self.row_sum += other.row_sum
-        self.cross_products += other.cross_products  # the upper triangle is right either way
-        self.upper_only = other.upper_only
+        gram = self.cross_products.matrix()
+        gram += other.cross_products.matrix()
         self.norm_sum += other.norm_sum
         self.norm_weighted_sum += other.norm_weighted_sum
         self.norm_products += other.norm_products
@@ -603,7 +583,7 @@ class _FeatureMoments:
         """
         centred = copy.deepcopy(self)
         centred.move_shift(self.shift + self.row_sum / self.n)
-        squares = centred.cross_products
+        squares = centred.cross_products.matrix()
         squares *= squares
         cross_sq = _block_sums(_block_sums(squares, self.widths, axis=0), self.widths, axis=1)
         if not with_hsic:
@@ -635,7 +615,11 @@ def gram_strips(n: int, blocks: int, strip_bytes: int = GRAM_STRIP_BYTES) -> lis
 
 
 def gram_strip_products(
-    rows: np.ndarray, means: np.ndarray, widths: Sequence[int], strips: Sequence[tuple[int, int]]
+    rows: np.ndarray,
+    means: np.ndarray,
+    widths: Sequence[int],
+    strips: Sequence[tuple[int, int]],
+    device: str | None = None,
 ) -> np.ndarray:
     """`sum over strips of 2 <K_b[r, first:], K_b'[r, first:]>_F - <K_b[r, r], K_b'[r, r]>_F`
     (B x B) for the centred Grams `K_b = Xc_b Xc_b^T`, r = rows [first, last) of a strip.
@@ -645,24 +629,27 @@ def gram_strip_products(
     is (n, D) in any float dtype; each block's rows from `first` on are upcast to float64 and
     centred with `means` (float64, D) before any product. Memory: one strip of the B Grams plus
     one block's rows. Pure, so strips can be dealt to parallel tasks and the results added.
+    With a torch `device` the rows go there once, as stored, and every product runs there.
     """
     widths = _validated_widths(widths)
     n, blocks = len(rows), len(widths)
     total = np.zeros((blocks, blocks))
     if not strips:
         return total
+    ops = array_ops(device)
+    rows, means = ops.upload(rows), ops.upload(np.asarray(means, dtype=np.float64))
     height = max(last - first for first, last in strips)
-    buffer = np.empty(blocks * height * n)
+    buffer = ops.empty(blocks * height * n)
     for first, last in strips:
         strip, cols = last - first, n - first
         grams = buffer[: blocks * strip * cols].reshape(blocks, strip, cols)
         for block, (start, width) in enumerate(zip(_block_starts(widths), widths)):
-            tail = rows[first:, start : start + width].astype(np.float64)
+            tail = ops.float64_copy(rows[first:, start : start + width])
             tail -= means[start : start + width]
-            np.matmul(tail[:strip], tail.T, out=grams[block])
+            ops.matmul(tail[:strip], tail.T, out=grams[block])
         flat = grams.reshape(blocks, strip * cols)
-        square = np.ascontiguousarray(grams[:, :, :strip]).reshape(blocks, strip * strip)
-        total += 2.0 * (flat @ flat.T) - square @ square.T
+        square = grams[:, :, :strip].reshape(blocks, strip * strip)
+        total += ops.download(2.0 * (flat @ flat.T) - square @ square.T)
     return total
 
 
@@ -680,6 +667,7 @@ class _StoredRows:
     widths: tuple[int, ...]
     chunks: list[np.ndarray] = field(default_factory=list)
     strip_bytes: int = GRAM_STRIP_BYTES
+    device: str | None = None
 
     @staticmethod
     def estimate_nbytes(widths: tuple[int, ...], n: int, itemsize: int = _FLOAT64_BYTES) -> int:
@@ -740,7 +728,7 @@ class _StoredRows:
         means = rows.mean(axis=0, dtype=np.float64)
         strips = gram_strips(n, blocks, self.strip_bytes)
         if strip_map is None:
-            cross_sq = gram_strip_products(rows, means, self.widths, strips)
+            cross_sq = gram_strip_products(rows, means, self.widths, strips, self.device)
         else:
             cross_sq = np.sum(strip_map(rows, means, self.widths, strips), axis=0)
         if not with_hsic:
@@ -838,15 +826,18 @@ class SimilarityAccumulator:
         block_widths: Sequence[int],
         mode: Literal["feature", "gram"] = "feature",
         gram_strip_bytes: int = GRAM_STRIP_BYTES,
+        device: str | None = None,
     ) -> None:
         self.block_widths = _validated_widths(block_widths)
         if mode not in ("feature", "gram"):
             raise ValueError(f"mode must be 'feature' or 'gram', got {mode!r}")
         self.mode = mode
         if mode == "feature":
-            self._state = _FeatureMoments(self.block_widths)
+            self._state = _FeatureMoments(self.block_widths, device=device)
         else:
-            self._state = _StoredRows(self.block_widths, strip_bytes=int(gram_strip_bytes))
+            self._state = _StoredRows(
+                self.block_widths, strip_bytes=int(gram_strip_bytes), device=device
+            )
 
     @staticmethod
     def estimate_nbytes(
@@ -884,6 +875,18 @@ class SimilarityAccumulator:
         return held + _StoredRows.estimate_finalize_nbytes(
             widths, n, int(gram_strip_bytes), itemsize, strip_tasks
         )
+
+    @property
+    def device(self) -> str | None:
+        """Where the O(n D^2) (feature) or O(n^2 D) (gram) products run: None for numpy on the
+        host, else a torch device name ("cuda", or "cpu" for the same code path on the host).
+        Set it in the task that feeds the chunks; merged and pickled states are always host
+        arrays, and both paths agree to rounding."""
+        return self._state.device
+
+    @device.setter
+    def device(self, device: str | None) -> None:
+        self._state.device = device
 
     @property
     def nbytes(self) -> int:
