@@ -37,6 +37,16 @@ class Settings(BaseSettings):
     metric_tasks: int | None = Field(
         None, ge=1, description="parallel map tasks per metric job; default: the cluster's CPUs"
     )
+    metric_device: Literal["auto", "cpu", "cuda", "torch-cpu"] = Field(
+        "auto",
+        description="where metric tasks form their float64 products: auto = CUDA in tasks given a GPU "
+        "share (on a cluster with GPUs), numpy/BLAS otherwise; cpu = numpy/BLAS always; cuda = always "
+        "a GPU (refused on a cluster without one); torch-cpu = the GPU code path on the CPU, to check "
+        "that it agrees where there is no GPU",
+    )
+    metric_gpus_per_task: float = Field(
+        0.25, gt=0, le=1, description="share of one GPU a metric task asks for when it runs on CUDA"
+    )
     max_accumulator_bytes: int = Field(
         1 * GiB, description="memory one metric accumulator may hold before the job is tiled"
     )

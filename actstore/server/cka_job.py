@@ -88,7 +88,7 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
     biased, debiased = np.full((size, size), np.nan), np.full((size, size), np.nan)
     total_steps = len(tiles) * len(groups)
     done = 0
-    task = ray.remote(num_cpus=1)(accumulate)
+    task = engine.device_task(accumulate)
     for t, tile in enumerate(tiles):
         finished_tile = partials / f"tile-{t}.npz"
         if finished_tile.exists():
@@ -116,7 +116,7 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
                 while queue and len(pending) < 2 * engine.parts:
                     g = queue.pop(0)
                     pending[task.remote(str(engine.arrays.root), engine.settings.compressor, sources, groups[g],
-                                        empty)] = g
+                                        empty, device_policy=engine.settings.metric_device)] = g
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in ready:
                     total.merge(ray.get(ref))
@@ -149,7 +149,9 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
     result = MetricResult(arrays, {"n": float(rows)},
                           Provenance(METRIC, sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
                           [f"{mode} space, {len(tiles)} tile(s), {len(groups)} map tasks per tile"])
-    engine.catalog.put_result(key, METRIC, sim.DEFINITION_VERSION, options, run_keys, result.to_bytes(), seconds)
+    # the job runs only when no result is stored or the user asked to recompute (refresh)
+    engine.catalog.put_result(key, METRIC, sim.DEFINITION_VERSION, options, run_keys, result.to_bytes(), seconds,
+                              replace=True)
     shutil.rmtree(partials, ignore_errors=True)
 
 

@@ -38,6 +38,7 @@ from actstore.workers.metric_tasks import (
     evaluate_pairs,
     split_prompts,
     split_ranges,
+    strip_products,
 )
 
 
@@ -179,7 +180,8 @@ class QueryEngine:
         seconds = time.perf_counter() - started
         result = MetricResult(arrays, scalars, Provenance(metric, version, options, run_keys, False, seconds, key),
                               notes)
-        self.catalog.put_result(key, metric, version, options, run_keys, result.to_bytes(), seconds)
+        self.catalog.put_result(key, metric, version, options, run_keys, result.to_bytes(), seconds,
+                                replace=refresh)
         self._remember(key, replace(result, provenance=replace(result.provenance, cached=True)))
         return result
 
@@ -194,12 +196,26 @@ class QueryEngine:
     def parts(self) -> int:
         return self.settings.metric_tasks or cluster.cluster_cpus()
 
-    def _map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
+    def device_task(self, function):
+        """`function` as a Ray task whose float64 products may run on a GPU: it asks for
+        `metric_gpus_per_task` of one when `metric_device` is auto or cuda and the cluster has
+        GPUs, and is called with `device_policy=` (`metric_tasks.task_device` decides in the task)."""
+        policy = self.settings.metric_device
+        gpus = cluster.cluster_gpus()
+        if policy == "cuda" and not gpus:
+            raise FailedPrecondition("metric_device is 'cuda' but the Ray cluster has no GPU: join a cluster "
+                                     "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
+        if policy in ("auto", "cuda") and gpus:
+            return ray.remote(num_cpus=1, num_gpus=self.settings.metric_gpus_per_task)(function)
+        return ray.remote(num_cpus=1)(function)
+
+    def _map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None,
+                    labels: np.ndarray | None = None):
         """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
         groups = groups or split_ranges(rows, self.settings.shard_rows, self.parts)
-        task = ray.remote(num_cpus=1)(accumulate)
-        return self._reduce([task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator)
-                             for g in groups])
+        task = self.device_task(accumulate)
+        return self._reduce([task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator,
+                                         labels, device_policy=self.settings.metric_device) for g in groups])
 
     @staticmethod
     def _reduce(refs: list):
@@ -319,13 +335,12 @@ class QueryEngine:
                                    strip_tasks=self.parts)
 
     def accumulator_nbytes(self, widths: list[int], mode: str, rows: int, itemsize: int) -> int:
-        """What a CKA accumulator is held to against `max_accumulator_bytes`: its state in feature
-        space (O(D^2), whatever n), the peak of its finalize in Gram space (the rows, their
-        concatenation, the copy the strip tasks read and one Gram strip per task)."""
-        if mode == "gram":
-            return sim.SimilarityAccumulator.estimate_peak_nbytes(widths, mode, rows, itemsize=itemsize,
-                                                                  strip_tasks=self.parts)
-        return sim.SimilarityAccumulator.estimate_nbytes(widths, mode, rows)
+        """What a CKA accumulator is held to against `max_accumulator_bytes`: the peak of its
+        finalize. Feature space: the O(D^2) state plus finalize's 2 D^2 temporaries, whatever n.
+        Gram space: the rows, their concatenation, the copy the strip tasks read and one Gram
+        strip per task."""
+        return sim.SimilarityAccumulator.estimate_peak_nbytes(widths, mode, rows, itemsize=itemsize,
+                                                              strip_tasks=self.parts)
 
     def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
         """A Gram-space finalize's strips (`similarity.gram_strip_products`) in `parts` Ray tasks:
@@ -339,8 +354,9 @@ class QueryEngine:
             groups[least].append(strip)
             work[least] += (strip[1] - strip[0]) * (len(rows) - strip[0])
         rows_ref = ray.put(rows)
-        task = ray.remote(num_cpus=1)(sim.gram_strip_products)
-        return ray.get([task.remote(rows_ref, means, widths, group) for group in groups])
+        task = self.device_task(strip_products)
+        return ray.get([task.remote(rows_ref, means, widths, group, device_policy=self.settings.metric_device)
+                        for group in groups])
 
     def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
         """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
@@ -575,9 +591,10 @@ class QueryEngine:
             plan = LensPlan(str(self.arrays.root), self.settings.compressor, record.run_key, record.num_layers + 1,
                             model.path, next_token, heads == "exits")
             groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
-            task = ray.remote(num_cpus=1)(lens_partial)
+            task = self.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
-            summary = self._reduce([task.remote(plan, g, labels, empty) for g in groups]).finalize()
+            summary = self._reduce([task.remote(plan, g, labels, empty, device_policy=self.settings.metric_device)
+                                    for g in groups]).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
                      for variant in ("absolute", "relative")}
             arrays = {
@@ -608,11 +625,8 @@ class QueryEngine:
         options = {"layers": chosen, "rcond": rcond}
 
         def compute():
-            groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
-            task = ray.remote(num_cpus=1)(accumulate)
             empty = PerLayer([lens.NC1Accumulator() for _ in chosen])
-            total = self._reduce([task.remote(str(self.arrays.root), self.settings.compressor,
-                                              [(record.run_key, chosen)], g, empty, labels) for g in groups])
+            total = self._map_reduce(record.rows, [(record.run_key, chosen)], empty, labels=labels)
             values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
             return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
 

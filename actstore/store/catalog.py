@@ -356,10 +356,14 @@ class Catalog:
         return metric, version, json.loads(options), json.loads(run_keys), bytes(payload), seconds
 
     def put_result(self, result_key: str, metric: str, version: int, options: dict,
-                   run_keys: list[str], payload: bytes, seconds: float) -> None:
+                   run_keys: list[str], payload: bytes, seconds: float, replace: bool = False) -> None:
+        """Store a result under its key. A stored result stays as it is unless `replace` (a
+        recomputation the user asked for): then the new payload and compute time take its place."""
+        conflict = ("DO UPDATE SET payload = excluded.payload, seconds = excluded.seconds, "
+                    "created_at = now()") if replace else "DO NOTHING"
         self._run(
             "INSERT INTO results (result_key, metric, version, options, run_keys, payload, seconds) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",  # a result, once stored, never changes
+            f"VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (result_key) {conflict}",
             [result_key, metric, version, json.dumps(options), json.dumps(run_keys), payload, seconds],
         )
 

@@ -1,7 +1,8 @@
 """The map side of lens queries: stored activations through the model's stored head.
 
 Lens logits are computed in float32 with torch (the GEMM against a 49k-token unembedding is the
-cost; argmax and max-softmax are robust to float32), on the task's GPU when it has one. Labels:
+cost; argmax and max-softmax are robust to float32), on the task's GPU when Ray gave it one
+(`task_device`). Labels:
 pooled runs use the dataset labels; token-level runs of causal LMs use the next token of the same
 prompt (a prompt's last token has none and is left out).
 """
@@ -18,6 +19,7 @@ import torch
 from actstore.metrics.lens import LensAccumulator
 from actstore.store.arrays import ZarrArrayStore
 from actstore.workers.models import apply_lens_head
+from actstore.workers.metric_tasks import task_device
 from actstore.workers.registry import load_lens_head
 
 
@@ -57,16 +59,12 @@ def next_token_labels(token_ids: np.ndarray, offsets: np.ndarray, start: int, st
     return labels
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @torch.no_grad()
 def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarray | None,
-                 accumulator: LensAccumulator, sub_rows: int = 256) -> LensAccumulator:
+                 accumulator: LensAccumulator, sub_rows: int = 256, device_policy: str = "cpu") -> LensAccumulator:
     arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
     heads = layer_heads(plan)
-    device = _device()
+    device = torch.device(task_device(device_policy) or "cpu")  # the lens is torch either way
     cache: dict = {}
     accumulator = copy.deepcopy(accumulator)
     offsets = arrays.offsets(plan.run_key) if plan.next_token else None

@@ -7,12 +7,15 @@ layer plus the accumulator, whatever n is. The job manager merges the returned a
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import ray
 
+from actstore.errors import FailedPrecondition
+from actstore.metrics.similarity import gram_strip_products
 from actstore.store.arrays import ZarrArrayStore
 
 
@@ -20,13 +23,34 @@ class Accumulator(Protocol):
     def update(self, blocks: list) -> None: ...
 
 
+def task_device(policy: str) -> str | None:
+    """Where this task forms its products, by `Settings.metric_device`: a torch device name, or
+    None for numpy/BLAS on the host. "auto" takes CUDA only when Ray gave the task a GPU."""
+    if policy == "torch-cpu":
+        return "cpu"
+    if policy == "cpu" or (policy == "auto" and not ray.get_gpu_ids()):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if policy == "cuda":
+        raise FailedPrecondition(
+            f"metric_device is 'cuda' but this task sees no CUDA device (Ray GPU ids "
+            f"{ray.get_gpu_ids()}): check the node's driver, or set ACTSTORE_METRIC_DEVICE=auto")
+    return None
+
+
 def accumulate(store_root: str, compressor: str, sources: list[tuple[str, list[int]]],
                ranges: list[tuple[int, int]], accumulator: Accumulator,
-               labels: np.ndarray | None = None) -> Accumulator:
+               labels: np.ndarray | None = None, device_policy: str = "cpu") -> Accumulator:
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
-    in the accumulator's block order. With `labels`, each update also gets the rows' labels."""
+    in the accumulator's block order. With `labels`, each update also gets the rows' labels.
+    An accumulator with a `device` attribute forms its products where `device_policy` says."""
     arrays = ZarrArrayStore(Path(store_root), compressor)
     accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
+    if hasattr(accumulator, "device"):
+        accumulator.device = task_device(device_policy)
     for start, stop in ranges:
         blocks = []
         for run_key, layers in sources:
@@ -66,6 +90,22 @@ class PerLayer:
         for mine, theirs in zip(self.accumulators, other.accumulators):
             mine.merge(theirs)
         return self
+
+    @property
+    def device(self) -> str | None:
+        return next((a.device for a in self.accumulators if hasattr(a, "device")), None)
+
+    @device.setter
+    def device(self, device: str | None) -> None:
+        for accumulator in self.accumulators:
+            if hasattr(accumulator, "device"):
+                accumulator.device = device
+
+
+def strip_products(rows: np.ndarray, means: np.ndarray, widths: list[int], strips: list[tuple[int, int]],
+                   device_policy: str = "cpu") -> np.ndarray:
+    """`similarity.gram_strip_products` of a Gram-space CKA finalize, on this task's device."""
+    return gram_strip_products(rows, means, widths, strips, task_device(device_policy))
 
 
 def accumulate_prompts(store_root: str, compressor: str, run_key: str, layers: list[int],

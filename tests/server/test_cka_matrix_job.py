@@ -108,6 +108,7 @@ def test_job_reports_progress_in_tasks(client, runs, matrix):
     assert dones[-1] == total
     assert len(set(dones)) >= 2, f"no intermediate progress was reported: {dones}"
     again = client.cka_matrix(runs)  # the recomputed result replaced the stored one
+    assert again.provenance.cached and again.provenance.seconds != matrix.provenance.seconds
     np.testing.assert_allclose(again.biased, matrix.biased, rtol=0, atol=1e-12)
     np.testing.assert_allclose(again.debiased, matrix.debiased, rtol=0, atol=1e-12)
 

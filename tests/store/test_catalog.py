@@ -428,7 +428,9 @@ def test_results_put_and_get(catalog):
     assert got == (payload, 1.25)
     assert isinstance(got[0], bytes)
     catalog.put_result("k1", "cka", 2, {"debiased": True}, [digest("a"), digest("b")], b"other", 9.0)
-    assert catalog.result("k1") == (payload, 1.25)  # stored results are never replaced
+    assert catalog.result("k1") == (payload, 1.25)  # a second store of the key changes nothing
+    catalog.put_result("k1", "cka", 2, {"debiased": True}, [digest("a"), digest("b")], b"again", 3.5, replace=True)
+    assert catalog.result("k1") == (b"again", 3.5)  # unless it is a recomputation (refresh)
 
 
 def test_delete_run_removes_its_run_chunks_and_results(catalog, catalog_path):
