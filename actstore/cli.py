@@ -88,7 +88,8 @@ def cmd_serve(args) -> int:
     from actstore.server.app import start_server
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "store": args.store,
-                                   "ray_address": args.ray_address}.items() if v is not None}
+                                   "ray_address": args.ray_address, "metric_device": args.metric_device,
+                                   }.items() if v is not None}
     if args.auth:
         overrides["auth"] = True
     server = start_server(Settings(**overrides))
@@ -458,6 +459,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks one)")
     p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--auth", action="store_true", help="require tokens (make them with `actstore token create`)")
+    p.add_argument("--metric-device", choices=["auto", "cpu", "cuda", "torch-cpu"],
+                   help="where metric tasks form their float64 products: auto (default) = CUDA in tasks Ray gives "
+                        "a GPU share, numpy/BLAS otherwise; cpu = never a GPU; cuda = always (refused without "
+                        "GPUs); torch-cpu = the GPU code path on the CPU, to check agreement")
 
     p = command("demo", cmd_demo, "the main job: capture MiniLM-L6 and SmolLM2, compare layers, write a report",
                 "Embedded by default. Captures MiniLM-L6 and SmolLM2-135M on Rotten Tomatoes reviews, computes\n"

@@ -147,8 +147,8 @@ def test_runs_with_other_samples_are_refused(client, runs):
 # ---- cancel and resume --------------------------------------------------------------------------
 @pytest.fixture
 def slow_server(tmp_path, ray_cluster):
-    """Small shards (4 rows), one map-task slot, and a 10 kB accumulator limit that allows only one
-    pair of 16-wide blocks per tile: the matrix of two 4-layer runs is 36 tiles of 4 map tasks,
+    """Small shards (4 rows), one map-task slot, and a 30 kB accumulator limit that allows only one
+    pair of 16-wide blocks per tile (25.6 kB at the peak of its finalize; two pairs hold 36 kB): the matrix of two 4-layer runs is 36 tiles of 4 map tasks,
     each reading its shards one by one, so the job is slow enough to cancel halfway. Both runs
     are captures of one tiny model (mean and last-token pooling) with weights of its own, so this server
     starts one capture replica of its own."""
@@ -157,7 +157,7 @@ def slow_server(tmp_path, ray_cluster):
 
     model = save_tiny_model("bert", tmp_path / "bert", seed=7)
     server = start_server(make_settings(tmp_path / "store", shard_rows=4, metric_tasks=1,
-                                        max_accumulator_bytes=10_000))
+                                        max_accumulator_bytes=30_000))
     try:
         with Client(f"127.0.0.1:{server.port}") as c:
             c.register_model(model, name="bert")
