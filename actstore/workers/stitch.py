@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from actstore.errors import InvalidArgument
 from actstore.store.arrays import ZarrArrayStore
 from actstore.store.datasets import load_dataset
+from actstore.workers.metric_tasks import task_device
 from actstore.workers.models import ModelAdapter
 
 
@@ -64,7 +65,9 @@ def _task_loss(adapter: ModelAdapter, batch, labels: torch.Tensor | None) -> tup
 
 
 @torch.no_grad()
-def stitch_penalty(plan: StitchPlan) -> dict:
+def stitch_penalty(plan: StitchPlan, device_policy: str = "cpu") -> dict:
+    """Fit the stitch on the host (float64 least squares), then run model B with and without it
+    on the held-out prompts, on this task's GPU when Ray gave it one (`task_device`)."""
     arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
     offsets = arrays.offsets(plan.run_a)
     n = len(offsets) - 1
@@ -84,7 +87,7 @@ def stitch_penalty(plan: StitchPlan) -> dict:
     centred = target[test_rows] - target[test_rows].mean(0)
     r2 = 1.0 - float((residual**2).sum() / (centred.astype(np.float64) ** 2).sum())
 
-    adapter = ModelAdapter.load(Path(plan.model_b_path))
+    adapter = ModelAdapter.load(Path(plan.model_b_path), device=task_device(device_policy) or "cpu")
     data = load_dataset(Path(plan.dataset_path))
     if adapter.kind != "causal-lm" and data.labels is None:
         raise InvalidArgument("stitching into a classifier needs a labelled dataset")
