@@ -1,8 +1,8 @@
 """Where metric jobs form their products, through the real service on a real Ray cluster.
 
 A server restarted on the same store with `metric_device="torch-cpu"` runs the code a GPU runs
-(torch, float64) on this CPU; recomputed with refresh, its answers equal the ones the default
-numpy/BLAS server gave. `metric_device="cuda"` on a cluster without GPUs is refused up front.
+(torch, float64) on this CPU, and with "cuda" on a GPU where the cluster has one; recomputed with
+refresh, its answers equal the ones a numpy/BLAS server (metric_device="cpu") gave. `metric_device="cuda"` on a cluster without GPUs is refused up front.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def _answers(client: Client, bert: str, gpt2: str, refresh: bool) -> dict:
 
 @pytest.fixture(scope="module")
 def computed_on_host(tmp_path_factory, ray_cluster, tiny_models):
-    """A store with two runs over one labelled dataset, and the default server's answers."""
+    """A store with two runs over one labelled dataset, and a numpy/BLAS server's answers."""
     root = tmp_path_factory.mktemp("store")
-    running = start_server(make_settings(root))
+    running = start_server(make_settings(root, metric_device="cpu"))  # numpy/BLAS even beside a GPU
     try:
         with Client(f"127.0.0.1:{running.port}") as client:
             for name in ("bert", "gpt2"):
@@ -60,9 +60,12 @@ def _client_of(root, **settings):
     return running, Client(f"127.0.0.1:{running.port}")
 
 
-def test_torch_device_path_agrees_with_numpy(computed_on_host):
+@pytest.mark.parametrize("device", ["torch-cpu", "cuda"])
+def test_device_path_agrees_with_numpy(computed_on_host, device):
+    if device == "cuda" and not ray.cluster_resources().get("GPU"):
+        pytest.skip("the Ray cluster has no GPU")
     root, bert, gpt2, on_host = computed_on_host
-    running, client = _client_of(root, metric_device="torch-cpu")
+    running, client = _client_of(root, metric_device=device)
     try:
         on_device = _answers(client, bert, gpt2, refresh=True)
     finally:
