@@ -17,8 +17,8 @@ import numpy as np
 
 from actstore.client import Client, LensResult
 from actstore.report import bars, curves
+from actstore.training import METHODS
 
-METHODS = ("standard", "aligned", "multi-exit", "ce-reg")
 REPORT_TAU = 0.9
 
 

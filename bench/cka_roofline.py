@@ -198,9 +198,9 @@ def main() -> None:
     peaks = [r["memory"]["sum_of_increases_mib"] for r in rows]
     flatness = peaks[-1] / max(peaks[0], 1.0)
     worst_ratio = max(r["ratio"] for r in rows)
-    print(f"summary: wall / roofline " + ", ".join(f"n={r['n']} {r['ratio']:.2f}x" for r in rows)
+    print("summary: wall / roofline " + ", ".join(f"n={r['n']} {r['ratio']:.2f}x" for r in rows)
           + f" [target <= {RATIO_TARGET:g}x: {verdict(worst_ratio, RATIO_TARGET, higher_is_better=False)}]")
-    print(f"         peak memory increase (sum of per-process) " + ", ".join(f"n={r['n']} {p:.0f} MiB" for r, p in zip(rows, peaks))
+    print("         peak memory increase (sum of per-process) " + ", ".join(f"n={r['n']} {p:.0f} MiB" for r, p in zip(rows, peaks))
           + f"; n={sizes[-1]} / n={sizes[0]} = {flatness:.2f} [< {MEMORY_TARGET_MIB:.0f} MiB: "
           f"{verdict(max(peaks), MEMORY_TARGET_MIB, higher_is_better=False)}; flat (<= {FLATNESS_TARGET:g}x): "
           f"{verdict(flatness, FLATNESS_TARGET, higher_is_better=False)}]")

@@ -21,9 +21,10 @@ would dominate the run. Every timed call goes through the public client (gRPC).
     50 ms, as in cka_roofline.py).
 
 Cost model (multiply-adds, D = total width of the blocks of one accumulator, B = its blocks, w
-their width): feature space n D^2 / 2 (one syrk per chunk), Gram space n^2 D / 2 (a Gram per
-block, symmetric) + n^2 B^2 / 2 (the pairwise Frobenius products). The service picks the cheaper
-one that fits its memory limit (`similarity.choose_cka_mode`).
+their width), the service's own (`similarity.cka_mode_costs`): feature space n D^2 / 2 (one syrk
+per chunk) + n B D, Gram space n^2 D / 2 (a Gram per block, symmetric) + n^2 B^2 / 2 (the
+pairwise Frobenius products). The service picks the cheaper one that fits its memory limit
+(`similarity.choose_cka_mode`).
 
     python bench/cross_model.py [--quick] [--n 4096] [--runs 4] [--repeats 2]
 """
@@ -49,14 +50,10 @@ from benchlib import (
     write_synthetic_runs,
 )
 
+from actstore.metrics.similarity import cka_mode_costs
+
 SPEEDUP_TARGET = 3.0
 DIFF_TARGET = 1e-9
-
-
-def flops(n: int, blocks: int, width: int) -> dict[str, float]:
-    """Multiply-adds of one accumulator over `blocks` blocks of `width` in each mode."""
-    total = blocks * width
-    return {"feature": n * total**2 / 2, "gram": n**2 * total / 2 + n**2 * blocks**2 / 2}
 
 
 def main() -> None:
@@ -79,9 +76,9 @@ def main() -> None:
     print(f"cross-model CKA: M={m} runs, n={args.n}, L+1={states}, d={args.width}, float16; "
           f"{len(pairs)} pairwise queries as the baseline; {cores()} cores, load {info['loadavg_start']}", flush=True)
     model = {
-        "job": flops(args.n, m * states, args.width),
-        "pairwise_self": flops(args.n, states, args.width),
-        "pairwise_cross": flops(args.n, 2 * states, args.width),
+        "job": cka_mode_costs([args.width] * (m * states), args.n),
+        "pairwise_self": cka_mode_costs([args.width] * states, args.n),
+        "pairwise_cross": cka_mode_costs([args.width] * (2 * states), args.n),
     }
     best = {k: min(v.values()) for k, v in model.items()}
     baseline_best = m * best["pairwise_self"] + (len(pairs) - m) * best["pairwise_cross"]

@@ -47,8 +47,6 @@ def column_centered(matrix: np.ndarray) -> np.ndarray:
 class _HostOps:
     """The array operations the device-capable products need, in numpy."""
 
-    device = None
-
     @staticmethod
     def upload(array: np.ndarray) -> np.ndarray:
         return array
@@ -183,6 +181,11 @@ class SymmetricSum:
             self._on_device = self._on_device.to(ops.device)
         chunk = ops.float64_copy(ops.upload(rows))
         self._on_device.addmm_(chunk.T, chunk)
+
+    def merge(self, other: SymmetricSum) -> None:
+        """`S += S_other`, on the host (`other` is only read)."""
+        total = self.matrix()
+        total += other.matrix()
 
     def matrix(self) -> np.ndarray:
         """S as a full symmetric host array (the state itself: edits to it are edits to S)."""

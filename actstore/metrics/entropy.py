@@ -253,8 +253,7 @@ class DatasetEntropyAccumulator:
     def merge(self, other: DatasetEntropyAccumulator) -> Self:
         if not np.array_equal(other.mean, self.mean):
             raise ValueError("can only merge dataset-entropy accumulators built on the same mean")
-        scatter = self.scatter
-        scatter += other.scatter
+        self._scatter.merge(other._scatter)
         self.n += other.n
         return self
 

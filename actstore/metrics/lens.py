@@ -350,14 +350,14 @@ class NC1Accumulator:
         means = np.zeros((classes.size, x.shape[1]))
         np.add.at(means, index, x)
         means /= counts[:, None]
-        self._absorb(classes, counts, means, None, x.shape[1])
+        self._absorb(classes, counts, means, None)
         self.chunk_scatter.add(x - means[index], self.device)
         return self
 
     def merge(self, other: NC1Accumulator) -> Self:
         if other.chunk_scatter is None:
             return self
-        return self._absorb(other.classes, other.counts, other.means, other.scatter, other.means.shape[1])
+        return self._absorb(other.classes, other.counts, other.means, other.scatter)
 
     def _absorb(
         self,
@@ -365,10 +365,10 @@ class NC1Accumulator:
         counts: np.ndarray,
         means: np.ndarray,
         scatter: np.ndarray | None,
-        width: int,
     ) -> Self:
         """Add a group's class counts and means and (if given) its pooled scatter, with Chan's
         correction for the moved class means."""
+        width = means.shape[1]
         if self.chunk_scatter is None:
             self.chunk_scatter, self.corrections = SymmetricSum(width), np.zeros((width, width))
             self.classes, self.counts, self.means = classes[:0], counts[:0], means[:0]

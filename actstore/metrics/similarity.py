@@ -569,8 +569,7 @@ class _FeatureMoments:
         self.move_shift(other.shift)
         self.n += other.n
         self.row_sum += other.row_sum
-        gram = self.cross_products.matrix()
-        gram += other.cross_products.matrix()
+        self.cross_products.merge(other.cross_products)
         self.norm_sum += other.norm_sum
         self.norm_weighted_sum += other.norm_weighted_sum
         self.norm_products += other.norm_products

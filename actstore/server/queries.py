@@ -221,8 +221,8 @@ class QueryEngine:
     def _reduce(refs: list):
         partials = ray.get(refs)
         total = copy.deepcopy(partials[0])  # objects from Ray's store are read-only
-        for partial in partials[1:]:
-            total.merge(partial)
+        for part in partials[1:]:
+            total.merge(part)
         return total
 
     def check_memory(self, need: int, what: str) -> None:

@@ -126,12 +126,7 @@ class ActStoreService:
 
         task = ray.remote(num_cpus=1)(register_model).remote(source, str(self.root))
         registered = _ray_get(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
-        record = ModelRecord(
-            digest=registered.digest, kind=registered.kind, arch=registered.arch,
-            num_layers=registered.num_layers, hidden_size=registered.hidden_size,
-            max_positions=registered.max_positions, path=registered.path, has_head=registered.has_head,
-            lineage={"source": builtin or source, **(lineage or {})},
-        )
+        record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
         self.catalog.add_model(record)
         self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
         return self.catalog.model(record.digest)

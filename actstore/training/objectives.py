@@ -54,6 +54,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from actstore.errors import InvalidArgument
+from actstore.training import METHODS, WEIGHT_SCHEMES
+from actstore.workers.models import find_final_norm, find_head_module
 
 __all__ = [
     "DEFAULT_BETA",
@@ -78,13 +80,9 @@ __all__ = [
     "weighted_layer_ce",
 ]
 
-METHODS = ("standard", "aligned", "multi-exit", "ce-reg")
-WEIGHT_SCHEMES = ("linear", "uniform")
 DEFAULT_BETA = 1.0
 IGNORE_INDEX = -100
 
-_FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f", "layernorm")
-_HEAD_NAMES = ("classifier", "score")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,22 +179,12 @@ def head_parts(model: nn.Module) -> HeadParts:
     base = model.base_model
     if base is model:
         raise InvalidArgument(f"{type(model).__name__} is a bare backbone: it has no head to train")
-    norm = None
-    for name in _FINAL_NORM_NAMES:
-        module = getattr(base, name, None)
-        if isinstance(module, nn.Module) and not isinstance(module, nn.Identity):
-            norm = module
-            break
+    norm = find_final_norm(base)
     pooler_dense = pooler_act = dropout = None
     if kind == "causal-lm":
         classifier = model.get_output_embeddings()
     else:
-        classifier = None
-        for name in _HEAD_NAMES:
-            candidate = getattr(model, name, None)
-            if isinstance(candidate, nn.Module):
-                classifier = candidate
-                break
+        classifier = find_head_module(model)
         pooler = getattr(base, "pooler", None)
         if pooler is not None:
             pooler_dense = getattr(pooler, "dense", None)

@@ -382,6 +382,24 @@ class Batch:
 
 _FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "norm_f", "layernorm")
 _HEAD_NAMES = ("classifier", "score")
+
+
+def find_final_norm(base: nn.Module) -> nn.Module | None:
+    """The backbone's final norm (under one of the usual HF attribute names), or None."""
+    for name in _FINAL_NORM_NAMES:
+        module = getattr(base, name, None)
+        if isinstance(module, nn.Module) and not isinstance(module, nn.Identity):
+            return module
+    return None
+
+
+def find_head_module(model: nn.Module) -> nn.Module | None:
+    """The task head of a HF classification model (its `classifier` or `score`), or None."""
+    for name in _HEAD_NAMES:
+        candidate = getattr(model, name, None)
+        if isinstance(candidate, nn.Module):
+            return candidate
+    return None
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "tanh": torch.tanh,
     "relu": torch.relu,
@@ -769,13 +787,6 @@ class ModelAdapter:
 
     # ---- lens ---------------------------------------------------------------------------------
 
-    def _find_final_norm(self) -> nn.Module | None:
-        for name in _FINAL_NORM_NAMES:
-            module = getattr(self.base, name, None)
-            if isinstance(module, nn.Module) and not isinstance(module, nn.Identity):
-                return module
-        return None
-
     def _describe_head(self) -> dict[str, Any] | None:
         model = self.model
         if self.base is model:
@@ -791,12 +802,7 @@ class ModelAdapter:
             head["position"] = "every"
             head["type"] = "lm"
         else:
-            module = None
-            for name in _HEAD_NAMES:
-                candidate = getattr(model, name, None)
-                if isinstance(candidate, nn.Module):
-                    module = candidate
-                    break
+            module = find_head_module(model)
             if module is None:
                 raise InvalidArgument(f"the lens does not support the head of {self.arch}")
             if isinstance(module, nn.Linear):
@@ -833,7 +839,7 @@ class ModelAdapter:
                 head["position"] = "last"
             else:
                 head["position"] = "cls"
-        head.update(_norm_spec(self._find_final_norm()))
+        head.update(_norm_spec(find_final_norm(self.base)))
         head["weight"] = _np(linear.weight)
         head["bias"] = _np(linear.bias)
         head["num_classes"] = int(linear.weight.shape[0])

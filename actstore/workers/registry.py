@@ -9,27 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from actstore.store.catalog import ModelRecord
 from actstore.workers.models import ModelAdapter, resolve_model_source
 
 HEAD_FILE = "lens_head.npz"
 CARRIED_FILES = ("exit_heads.safetensors", "exit_heads.json", "lineage.json")
-
-
-@dataclass(frozen=True)
-class RegisteredModel:
-    digest: str
-    kind: str
-    arch: str
-    num_layers: int
-    hidden_size: int
-    max_positions: int | None
-    has_head: bool
-    path: str
 
 
 def model_dir(store_root: Path, digest: str) -> Path:
@@ -60,7 +48,9 @@ def load_lens_head(model_path: str | Path) -> dict | None:
     return head
 
 
-def register_model(source: str, store_root: str) -> RegisteredModel:
+def register_model(source: str, store_root: str) -> ModelRecord:
+    """Load the model at `source` (a folder or a builtin name), store it under its digest with its
+    lens head, and return its catalog record (lineage: the source) for the caller to add."""
     root = Path(store_root)
     path = resolve_model_source(source, root / "cache" / "builtin-models")
     adapter = ModelAdapter.load(path, device="cpu")
@@ -79,13 +69,14 @@ def register_model(source: str, store_root: str) -> RegisteredModel:
             os.rename(staging, target)
         except OSError:  # a concurrent registration of the same digest won the race
             shutil.rmtree(staging, ignore_errors=True)
-    return RegisteredModel(
+    return ModelRecord(
         digest=adapter.digest,
         kind=adapter.kind,
         arch=adapter.arch,
         num_layers=adapter.num_layers,
         hidden_size=adapter.hidden_size,
         max_positions=adapter.max_positions,
-        has_head=head is not None,
         path=str(target),
+        has_head=head is not None,
+        lineage={"source": source},
     )

@@ -8,27 +8,8 @@ import pytest
 
 from actstore.errors import InvalidArgument, NotFound
 from tests.conftest import make_settings
+from tests.formulas import cka_numpy, debiased_numpy
 from tests.factories import save_tiny_model, sentences
-
-
-def cka_numpy(x: np.ndarray, y: np.ndarray) -> float:
-    """Biased linear CKA in Gram space with an explicit centering matrix (float64)."""
-    h = np.eye(len(x)) - 1.0 / len(x)
-    k, l_ = h @ x @ x.T @ h, h @ y @ y.T @ h
-    return float(np.sum(k * l_) / np.sqrt(np.sum(k * k) * np.sum(l_ * l_)))
-
-
-def hsic_u_numpy(k: np.ndarray, l_: np.ndarray) -> float:
-    n = len(k)
-    k, l_ = k - np.diag(np.diag(k)), l_ - np.diag(np.diag(l_))
-    one = np.ones(n)
-    return float((np.trace(k @ l_) + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
-                  - 2 / (n - 2) * one @ k @ l_ @ one) / (n * (n - 3)))
-
-
-def debiased_numpy(x: np.ndarray, y: np.ndarray) -> float:
-    k, l_ = x @ x.T, y @ y.T
-    return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))
 
 
 def layers_of(client, run: str) -> list[np.ndarray]:

@@ -15,27 +15,14 @@ import pytest
 
 from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tests.conftest import make_settings
+from tests.formulas import debiased_numpy, hsic_u_numpy
 from tests.factories import save_tiny_model, sentences
 
 
 # ---- independent float64 formulas -------------------------------------------------------------
-def hsic_u_gram(k: np.ndarray, l_: np.ndarray) -> float:
-    """Unbiased HSIC (Song et al. 2007) from the explicit zero-diagonal Gram formula."""
-    n = len(k)
-    k, l_ = k - np.diag(np.diag(k)), l_ - np.diag(np.diag(l_))
-    one = np.ones(n)
-    return float((np.trace(k @ l_) + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
-                  - 2 / (n - 2) * one @ k @ l_ @ one) / (n * (n - 3)))
-
-
 def centred_gram(x: np.ndarray) -> np.ndarray:
     xc = x - x.mean(0)
     return xc @ xc.T
-
-
-def debiased_cka_np(x: np.ndarray, y: np.ndarray) -> float:
-    k, l_ = centred_gram(x), centred_gram(y)
-    return hsic_u_gram(k, l_) / np.sqrt(hsic_u_gram(k, k) * hsic_u_gram(l_, l_))
 
 
 def minibatch_cka_np(x: np.ndarray, y: np.ndarray, batch_size: int, remainder: str) -> float:
@@ -47,9 +34,9 @@ def minibatch_cka_np(x: np.ndarray, y: np.ndarray, batch_size: int, remainder: s
     kl = kk = ll = 0.0
     for start, stop in bounds:
         k, l_ = centred_gram(x[start:stop]), centred_gram(y[start:stop])  # each batch centred on its own
-        kl += hsic_u_gram(k, l_)
-        kk += hsic_u_gram(k, k)
-        ll += hsic_u_gram(l_, l_)
+        kl += hsic_u_numpy(k, l_)
+        kk += hsic_u_numpy(k, k)
+        ll += hsic_u_numpy(l_, l_)
     return kl / np.sqrt(kk * ll)
 
 
@@ -280,7 +267,7 @@ def test_minibatch_with_one_batch_equals_debiased_cka(client, runs, pair):
     assert one_batch.scalars["batches"] == 1
     np.testing.assert_allclose(one_batch.values, debiased, rtol=0, atol=1e-9)
     xs, ys = layers_of(client, a), layers_of(client, b)
-    np.testing.assert_allclose(one_batch.values[2, 1], debiased_cka_np(xs[2], ys[1]), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(one_batch.values[2, 1], debiased_numpy(xs[2], ys[1]), rtol=0, atol=1e-9)
 
 
 # ---- mutual kNN ---------------------------------------------------------------------------------

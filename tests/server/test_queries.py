@@ -6,28 +6,8 @@ import numpy as np
 import pytest
 
 from actstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from tests.formulas import cka_numpy, debiased_numpy
 from tests.factories import sentences
-
-
-def cka_numpy(x, y):
-    """Biased linear CKA in Gram space with an explicit centering matrix (float64)."""
-    x, y = x.astype(np.float64), y.astype(np.float64)
-    h = np.eye(len(x)) - 1.0 / len(x)
-    k, l_ = h @ x @ x.T @ h, h @ y @ y.T @ h
-    return np.sum(k * l_) / np.sqrt(np.sum(k * k) * np.sum(l_ * l_))
-
-
-def hsic_u_numpy(k, l_):
-    n = len(k)
-    k, l_ = k - np.diag(np.diag(k)), l_ - np.diag(np.diag(l_))
-    one = np.ones(n)
-    return (np.trace(k @ l_) + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
-            - 2 / (n - 2) * one @ k @ l_ @ one) / (n * (n - 3))
-
-
-def debiased_numpy(x, y):
-    k, l_ = x.astype(np.float64) @ x.T.astype(np.float64), y.astype(np.float64) @ y.T.astype(np.float64)
-    return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))
 
 
 @pytest.fixture(scope="module")

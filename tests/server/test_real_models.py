@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.server.test_queries import cka_numpy
+from tests.formulas import cka_numpy
 
 
 def test_real_minilm_capture_and_cka(client):
