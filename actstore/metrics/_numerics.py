@@ -121,7 +121,7 @@ def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> bool:
 
     With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
     straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
-    the lower triangle is then stale until `mirror_upper`. Otherwise the whole matrix is updated
+    the lower triangle is then stale until `_mirror_upper`. Otherwise the whole matrix is updated
     (numpy) and False is returned.
     """
     if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
@@ -135,7 +135,7 @@ def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> bool:
     return True
 
 
-def mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
+def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
     """Copy the upper triangle of a square matrix onto its lower one, in place, in row blocks
     (no index arrays or temporaries of the matrix's size)."""
     size = len(matrix)
@@ -193,7 +193,7 @@ class SymmetricSum:
             self._host = self._on_device.cpu().numpy()
             self._on_device = None
         if self._upper_only:
-            mirror_upper(self._host)
+            _mirror_upper(self._host)
             self._upper_only = False
         return self._host
 

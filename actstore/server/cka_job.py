@@ -88,7 +88,7 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
     biased, debiased = np.full((size, size), np.nan), np.full((size, size), np.nan)
     total_steps = len(tiles) * len(groups)
     done = 0
-    task = engine.device_task(accumulate)
+    submit = engine.device_task(accumulate)
     for t, tile in enumerate(tiles):
         finished_tile = partials / f"tile-{t}.npz"
         if finished_tile.exists():
@@ -115,8 +115,8 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
                 # can crash the driver) and the in-flight results still go into the checkpoint
                 while queue and len(pending) < 2 * engine.parts:
                     g = queue.pop(0)
-                    pending[task.remote(str(engine.arrays.root), engine.settings.compressor, sources, groups[g],
-                                        empty, device_policy=engine.settings.metric_device)] = g
+                    pending[submit(str(engine.arrays.root), engine.settings.compressor, sources, groups[g],
+                                   empty)] = g
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in ready:
                     total.merge(ray.get(ref))

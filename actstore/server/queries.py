@@ -197,25 +197,25 @@ class QueryEngine:
         return self.settings.metric_tasks or cluster.cluster_cpus()
 
     def device_task(self, function):
-        """`function` as a Ray task whose float64 products may run on a GPU: it asks for
-        `metric_gpus_per_task` of one when `metric_device` is auto or cuda and the cluster has
-        GPUs, and is called with `device_policy=` (`metric_tasks.task_device` decides in the task)."""
+        """A submitter of `function` as a Ray task whose float64 products may run on a GPU: the
+        task asks for `metric_gpus_per_task` of one when `metric_device` is auto or cuda and the
+        cluster has GPUs, and gets `device_policy=metric_device` (`metric_tasks.task_device`
+        decides in the task). Call it as `function` is called; it returns the task's ref."""
         policy = self.settings.metric_device
         gpus = cluster.cluster_gpus()
         if policy == "cuda" and not gpus:
             raise FailedPrecondition("metric_device is 'cuda' but the Ray cluster has no GPU: join a cluster "
                                      "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
-        if policy in ("auto", "cuda") and gpus:
-            return ray.remote(num_cpus=1, num_gpus=self.settings.metric_gpus_per_task)(function)
-        return ray.remote(num_cpus=1)(function)
+        share = {"num_gpus": self.settings.metric_gpus_per_task} if policy in ("auto", "cuda") and gpus else {}
+        return partial(ray.remote(num_cpus=1, **share)(function).remote, device_policy=policy)
 
     def _map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None,
                     labels: np.ndarray | None = None):
         """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
         groups = groups or split_ranges(rows, self.settings.shard_rows, self.parts)
-        task = self.device_task(accumulate)
-        return self._reduce([task.remote(str(self.arrays.root), self.settings.compressor, sources, g, accumulator,
-                                         labels, device_policy=self.settings.metric_device) for g in groups])
+        submit = self.device_task(accumulate)
+        return self._reduce([submit(str(self.arrays.root), self.settings.compressor, sources, g, accumulator, labels)
+                             for g in groups])
 
     @staticmethod
     def _reduce(refs: list):
@@ -354,9 +354,8 @@ class QueryEngine:
             groups[least].append(strip)
             work[least] += (strip[1] - strip[0]) * (len(rows) - strip[0])
         rows_ref = ray.put(rows)
-        task = self.device_task(strip_products)
-        return ray.get([task.remote(rows_ref, means, widths, group, device_policy=self.settings.metric_device)
-                        for group in groups])
+        submit = self.device_task(strip_products)
+        return ray.get([submit(rows_ref, means, widths, group) for group in groups])
 
     def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
         """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
@@ -591,10 +590,9 @@ class QueryEngine:
             plan = LensPlan(str(self.arrays.root), self.settings.compressor, record.run_key, record.num_layers + 1,
                             model.path, next_token, heads == "exits")
             groups = split_ranges(record.rows, self.settings.shard_rows, self.parts)
-            task = self.device_task(lens_partial)
+            submit = self.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
-            summary = self._reduce([task.remote(plan, g, labels, empty, device_policy=self.settings.metric_device)
-                                    for g in groups]).finalize()
+            summary = self._reduce([submit(plan, g, labels, empty) for g in groups]).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
                      for variant in ("absolute", "relative")}
             arrays = {

@@ -418,8 +418,7 @@ class ActStoreService:
             plan = StitchPlan(str(self.root), self.settings.compressor, a.run_key, layer_a, b.run_key, layer_b,
                               model_b.path, self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction,
                               seed)
-            task = self.queries.device_task(stitch_penalty)
-            scalars = _ray_get(task.remote(plan, device_policy=self.settings.metric_device),
+            scalars = _ray_get(self.queries.device_task(stitch_penalty)(plan),
                                lambda cause: Unavailable(f"the stitching task failed: {cause}"))
             notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
                      f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
