@@ -5,7 +5,7 @@ Data: synthetic runs (`benchlib.write_synthetic_runs`), because capturing 100k r
 about an hour on 2 cores. They are written straight into the embedded server's store through its
 in-process service: a RunLayout and a RunRecord (placeholder model and dataset records), every
 shard through `service.arrays.write_shard` (float16 values, float64 layer sums) with its chunk
-metadata through `service.catalog.insert_chunks`, then `service._commit`, as a capture job does.
+metadata through `service.catalog.record_shard`, then `catalog.commit_run`, as a capture job does.
 The data is residual-stream-like: layer l+1 = layer l + noise, a few large-mean outlier
 dimensions. Only the writing bypasses the API: the timed query goes through the public client
 (gRPC), `client.cka(run, refresh=True)`: Ray map tasks over the stored chunks (float64 streaming
@@ -24,7 +24,7 @@ Per n, in the same run, right after the query:
     just written), MB/s reported.
   * roofline (b), GEMM: the accumulation product alone on random float64 (shard_rows, (L+1) d)
     blocks, one per shard of the run, dealt to as many processes as the query runs map tasks
-    (`service.queries.parts`, the cluster's CPUs: 2 here), each process single-threaded BLAS like
+    (`Executor.parts`, the cluster's CPUs: 2 here), each process single-threaded BLAS like
     a Ray task with num_cpus=1, started together (multiprocessing, spawn, a barrier); the wall is
     the slowest process. Two kernels: numpy `u.T @ u` (a syrk plus a D x D result allocation and
     triangle copy each call) and BLAS dsyrk accumulating in place into one D x D matrix (the bare
@@ -144,7 +144,7 @@ def main() -> None:
             embedded(Path(tmp) / "store", shard_rows=args.shard_rows) as client:
         runs = {n: write_synthetic_runs(client, n, states=args.states, width=args.width, seed=args.seed + i)[0]
                 for i, n in enumerate(sizes)}
-        parts = client._server.service.queries.parts
+        parts = client._server.service.queries.parts.executor.parts
         started = time.perf_counter()
         client.cka(runs[sizes[0]], refresh=True)
         print(f"  warm-up: the full query on the smallest run, untimed ({time.perf_counter() - started:.1f} s; it starts "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import ray
 
+from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 
 
@@ -27,11 +28,10 @@ class _Replicas:
 
 
 class CapturePool:
-    def __init__(self, store_root: str, compressor: str, replicas_per_model: int, idle_seconds: float) -> None:
-        self.store_root = store_root
+    def __init__(self, store: StoreHandle, replicas_per_model: int, idle_seconds: float) -> None:
+        self.store = store
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
-        self._prefix = f"capture-{hashlib.sha256(store_root.encode()).hexdigest()[:8]}"
-        self.compressor = compressor
+        self._prefix = f"capture-{hashlib.sha256(store.root.encode()).hexdigest()[:8]}"
         self.replicas_per_model = replicas_per_model
         self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
@@ -54,7 +54,7 @@ class CapturePool:
                 resources = {"num_gpus": 1} if gpus else {"num_cpus": 0}
                 actors = [ray.remote(ShardCapturer).options(
                     name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2, **resources,
-                ).remote(model_path, self.store_root, self.compressor, threads) for i in range(count)]
+                ).remote(model_path, self.store, threads) for i in range(count)]
                 entry = self._pool[digest] = _Replicas(actors)
             entry.busy += 1
             return list(entry.actors)

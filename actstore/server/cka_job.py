@@ -3,7 +3,7 @@
 All layers of all runs are blocks of one streaming accumulator, so the data is read once per
 tile (one tile when the accumulator fits the memory limit) and the cost is that of the per-block
 Gram/covariance products plus cheap pairwise products, never a pass per layer pair. Feature or
-Gram space is chosen by cost within the memory limit (`QueryEngine.cka_mode`): with many blocks
+Gram space is chosen by cost within the memory limit (`tiling.CkaSizing.mode`): with many blocks
 and moderate n, one n x n Gram per block beats the (M(L+1)d)^2 covariance. Progress is
 reported per finished map task. Partial accumulators are checkpointed under
 `<store>/partials/<result key>/`, so a cancelled job, or one whose server died, resumes from them.
@@ -11,57 +11,56 @@ reported per finished map task. Partial accumulators are checkpointed under
 
 from __future__ import annotations
 
+import io
 import pickle
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import ray
 
-from actstore.errors import Cancelled, InvalidArgument, ResourceExhausted
+from actstore.errors import Cancelled, InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.server.dispatch import run_windowed
 from actstore.server.jobs import JobState
-from actstore.server.queries import MetricResult, Provenance, QueryEngine, byte_size
+from actstore.server.planners import QueryParts
+from actstore.server.results import MetricResult, Provenance
+from actstore.server.tiling import chunks, row_itemsize
+from actstore.store.atomic import atomic_write_bytes
 from actstore.store.catalog import RunRecord
 from actstore.store.keys import result_key
-from actstore.workers.metric_tasks import accumulate, split_ranges
+from actstore.workers.metric_tasks import accumulate
 
 METRIC = "linear_cka_matrix"
 CHECKPOINT_SECONDS = 20.0
 GROUPS_PER_TASK_SLOT = 4  # more map tasks than CPUs, so progress moves in small steps
 
 
-def plan(engine: QueryEngine, runs: list[str]) -> tuple[list[RunRecord], str, dict]:
+def plan(parts: QueryParts, runs: list[str]) -> tuple[list[RunRecord], str, dict]:
     """Validate the request; returns the runs, the result key and the options."""
     if len(runs) < 1:
         raise InvalidArgument("give at least one run")
-    records = [engine.committed_run(r) for r in runs]
+    checks = parts.checks
+    records = [checks.committed_run(r) for r in runs]
     if len({r.run_key for r in records}) != len(records):
         raise InvalidArgument("a run is listed twice")
     for other in records[1:]:
-        engine.check_same_samples(records[0], other)
+        checks.check_same_samples(records[0], other)
     total_blocks = sum(r.num_layers + 1 for r in records)
-    engine.check_matrix(total_blocks, total_blocks)
+    checks.check_matrix(total_blocks, total_blocks)
     for record in records:
-        engine.check_finite(record, list(range(record.num_layers + 1)))
+        checks.check_finite(record, list(range(record.num_layers + 1)))
     options = {"runs": len(records)}
     key = result_key(METRIC, sim.DEFINITION_VERSION, options, [r.run_key for r in records])
     return records, key, options
 
 
-def _tiles(engine: QueryEngine, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
+def _tiles(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
     """Groups of block indices; a tile is a pair of groups whose union fits the memory limit."""
-    limit = engine.settings.max_accumulator_bytes
-    widths = [run.width for run, _ in blocks]
-    itemsize = engine.row_itemsize(*[run for run, _ in blocks])
-    for size in range(len(blocks), 0, -1):
-        if engine.accumulator_nbytes(sorted(widths)[-2 * size:], mode, rows, itemsize) <= limit:
-            groups = [list(range(i, min(i + size, len(blocks)))) for i in range(0, len(blocks), size)]
-            return [sorted(set(a) | set(b)) for i, a in enumerate(groups) for b in groups[i:]]
-    need = engine.accumulator_nbytes(sorted(widths)[-2:], mode, rows, itemsize)
-    raise ResourceExhausted(f"one block pair needs {byte_size(need)}, over the {byte_size(limit)} "
-                            "limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
+    itemsize = row_itemsize(*[run for run, _ in blocks])
+    size = parts.sizing.group_size(len(blocks), [run.width for run, _ in blocks], mode, rows, itemsize)
+    groups = chunks(list(range(len(blocks))), size)
+    return [sorted(set(a) | set(b)) for i, a in enumerate(groups) for b in groups[i:]]
 
 
 def _sources(blocks: list[tuple[RunRecord, int]], tile: list[int]) -> list[tuple[str, list[int]]]:
@@ -75,20 +74,21 @@ def _sources(blocks: list[tuple[RunRecord, int]], tile: list[int]) -> list[tuple
     return sources
 
 
-def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, options: dict) -> None:
+def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, options: dict) -> None:
     started = time.perf_counter()
+    executor = parts.executor
     blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
     rows = records[0].rows
-    mode = engine.cka_mode([run.width for run, _ in blocks], rows, engine.row_itemsize(*records))
-    tiles = _tiles(engine, blocks, mode, rows)
-    groups = split_ranges(rows, engine.settings.shard_rows, engine.parts * GROUPS_PER_TASK_SLOT)
-    partials = engine.arrays.root / "partials" / key
+    mode = parts.sizing.mode([run.width for run, _ in blocks], rows, row_itemsize(*records))
+    tiles = _tiles(parts, blocks, mode, rows)
+    groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
+    partials = executor.store.path / "partials" / key
     partials.mkdir(parents=True, exist_ok=True)
     size = len(blocks)
     biased, debiased = np.full((size, size), np.nan), np.full((size, size), np.nan)
     total_steps = len(tiles) * len(groups)
     done = 0
-    submit = engine.device_task(accumulate)
+    submit = executor.device_task(accumulate)
     for t, tile in enumerate(tiles):
         finished_tile = partials / f"tile-{t}.npz"
         if finished_tile.exists():
@@ -106,37 +106,31 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
                      f"resuming from {len(finished)} stored partial results" if finished else "")
         sources = _sources(blocks, tile)
         empty = sim.SimilarityAccumulator(widths, mode)
-        queue = [g for g in range(len(groups)) if g not in finished]
-        pending: dict = {}
-        saved_at = time.monotonic()
-        try:
-            while queue or pending:
-                # a bounded window: cancelling submits no more (a ray.cancel racing a finishing task
-                # can crash the driver) and the in-flight results still go into the checkpoint
-                while queue and len(pending) < 2 * engine.parts:
-                    g = queue.pop(0)
-                    pending[submit(str(engine.arrays.root), engine.settings.compressor, sources, groups[g],
-                                   empty)] = g
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-                for ref in ready:
-                    total.merge(ray.get(ref))
-                    finished.add(pending.pop(ref))
-                    done += 1
-                    job.progress(done, total_steps, "tasks")
-                if job.cancel_requested.is_set():
-                    for ref in ray.wait(list(pending), num_returns=len(pending))[0]:
-                        total.merge(ray.get(ref))
-                        finished.add(pending.pop(ref))
-                    raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of tile "
-                                    f"{t + 1}; submit it again to resume from the stored partial results")
-                if pending and time.monotonic() - saved_at > CHECKPOINT_SECONDS:
-                    _save(checkpoint, (total, finished))
-                    saved_at = time.monotonic()
-        except Cancelled:
-            _save(checkpoint, (total, finished))
-            raise
-        matrices = total.finalize(strip_map=engine.gram_strip_map)
-        np.savez(finished_tile, biased=matrices.biased, debiased=matrices.debiased)
+        saved_at = [time.monotonic()]
+
+        def collect(g: int, ref) -> None:
+            nonlocal done
+            total.merge(ray.get(ref))
+            finished.add(g)
+            done += 1
+            job.progress(done, total_steps, "tasks")
+
+        def checkpoint_now_and_then() -> None:
+            if time.monotonic() - saved_at[0] > CHECKPOINT_SECONDS:
+                atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
+                saved_at[0] = time.monotonic()
+
+        complete = run_windowed([g for g in range(len(groups)) if g not in finished],
+                                lambda g: submit(executor.store, sources, groups[g], empty),
+                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+        if not complete:
+            atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
+            raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of tile "
+                            f"{t + 1}; submit it again to resume from the stored partial results")
+        matrices = total.finalize(strip_map=executor.gram_strip_map)
+        with io.BytesIO() as buffer:
+            np.savez(buffer, biased=matrices.biased, debiased=matrices.debiased)
+            atomic_write_bytes(finished_tile, buffer.getvalue())
         checkpoint.unlink(missing_ok=True)
         biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = matrices.biased, matrices.debiased
     seconds = time.perf_counter() - started
@@ -150,12 +144,5 @@ def run(engine: QueryEngine, job: JobState, records: list[RunRecord], key: str, 
                           Provenance(METRIC, sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
                           [f"{mode} space, {len(tiles)} tile(s), {len(groups)} map tasks per tile"])
     # the job runs only when no result is stored or the user asked to recompute (refresh)
-    engine.catalog.put_result(key, METRIC, sim.DEFINITION_VERSION, options, run_keys, result.to_bytes(), seconds,
-                              replace=True)
+    parts.results.store(result, replace=True)
     shutil.rmtree(partials, ignore_errors=True)
-
-
-def _save(path: Path, state) -> None:
-    staging = path.with_suffix(".tmp")
-    staging.write_bytes(pickle.dumps(state))
-    staging.replace(path)

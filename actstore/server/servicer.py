@@ -7,9 +7,10 @@ import json
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.errors import InvalidArgument
+from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN, from_wire
 from actstore.server.interceptors import current_principal
 from actstore.server.jobs import JobSnapshot
-from actstore.server.queries import MetricResult
+from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
 from actstore.wire import to_ndarray
@@ -64,24 +65,22 @@ class CatalogServicer(rpc.CatalogServicer):
         self.service = service
 
     def ListModels(self, request, context):
-        return pb.ListModelsResponse(models=[model_proto(m) for m in self.service.catalog.models()])
+        return pb.ListModelsResponse(models=[model_proto(m) for m in self.service.models()])
 
     def ListDatasets(self, request, context):
-        return pb.ListDatasetsResponse(datasets=[dataset_proto(d) for d in self.service.catalog.datasets()])
+        return pb.ListDatasetsResponse(datasets=[dataset_proto(d) for d in self.service.datasets()])
 
     def ListRuns(self, request, context):
-        catalog = self.service.catalog
-        model = catalog.model(request.model).digest if request.model else None
-        dataset = catalog.dataset(request.dataset).digest if request.dataset else None
-        runs = catalog.runs(model, dataset, request.status or None)
+        runs = self.service.runs(request.model, request.dataset, request.status)
         return pb.ListRunsResponse(runs=[run_proto(r) for r in runs])
 
     def DescribeRun(self, request, context):
-        record, health, stored = self.service.describe_run(request.run)
+        described = self.service.describe_run(request.run)
+        record, health = described.record, described.health
         run = run_proto(record, health.recorded_shards)
-        run.stored_bytes = stored
-        run.model_aliases.extend(self.service.catalog.model(record.model_digest).aliases)
-        run.dataset_aliases.extend(self.service.catalog.dataset(record.dataset_digest).aliases)
+        run.stored_bytes = described.stored_bytes
+        run.model_aliases.extend(described.model_aliases)
+        run.dataset_aliases.extend(described.dataset_aliases)
         for layer in range(record.num_layers + 1):
             run.health.append(pb.LayerHealth(layer=layer, nan_count=int(health.nan_count[layer]),
                                              inf_count=int(health.inf_count[layer]),
@@ -104,10 +103,12 @@ class CatalogServicer(rpc.CatalogServicer):
             labels=list(texts.labels) if texts is not None else None,
             sample_ids=list(texts.sample_ids) if texts is not None else None,
             label_names=list(texts.label_names) if texts is not None else None,
-            limit=request.limit or None, seed=request.seed, split=request.split or None,
-            text_column=request.text_column or "text", label_column=request.label_column or None,
-            id_column=request.id_column or None, group_column=request.group_column or None,
-            augment_views=request.augment_views, augment_method=request.augment_method or "word-dropout",
+            limit=from_wire(DATASETS, "limit", request.limit), seed=from_wire(DATASETS, "seed", request.seed),
+            split=request.split or None, text_column=from_wire(DATASETS, "text_column", request.text_column),
+            label_column=request.label_column or None, id_column=request.id_column or None,
+            group_column=request.group_column or None,
+            augment_views=from_wire(DATASETS, "augment_views", request.augment_views),
+            augment_method=from_wire(DATASETS, "augment_method", request.augment_method),
         )
         return dataset_proto(self.service.register_dataset(source, request.name or None))
 
@@ -121,32 +122,36 @@ class CaptureServicer(rpc.CaptureServicer):
 
     def SubmitCapture(self, request, context):
         snapshot = self.service.submit_capture(
-            CaptureRequest(model=request.model, dataset=request.dataset, pooling=request.pooling,
-                           dtype=request.dtype, max_len=request.max_len),
+            CaptureRequest(model=request.model, dataset=request.dataset,
+                           pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
+                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
+                           max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0),
             principal=current_principal.get())
         return job_proto(snapshot)
 
     def WatchJob(self, request, context):
-        for snapshot in self.service.jobs.follow(request.job_id):
+        for snapshot in self.service.follow_job(request.job_id):
             if not context.is_active():
                 return
             kind = _EVENT_KIND.get(snapshot.status, pb.JobEvent.PROGRESS)
             yield pb.JobEvent(kind=kind, job=job_proto(snapshot), message=snapshot.message)
 
     def CancelJob(self, request, context):
-        return job_proto(self.service.jobs.cancel(request.job_id))
+        return job_proto(self.service.cancel_job(request.job_id))
 
     def GetJob(self, request, context):
-        return job_proto(self.service.jobs.snapshot(request.job_id))
+        return job_proto(self.service.job(request.job_id))
 
     def SubmitTrain(self, request, context):
         return job_proto(self.service.submit_train(
-            TrainRequest(recipe=request.recipe, method=request.method, seed=request.seed, steps=request.steps,
-                         smoke=request.smoke, alternating=request.alternating, weights=request.weights),
+            TrainRequest(recipe=request.recipe, method=from_wire(TRAIN, "method", request.method) or "",
+                         seed=from_wire(TRAIN, "seed", request.seed),
+                         steps=from_wire(TRAIN, "steps", request.steps) or 0, smoke=request.smoke,
+                         alternating=request.alternating, weights=from_wire(TRAIN, "weights", request.weights)),
             principal=current_principal.get()))
 
     def ListJobs(self, request, context):
-        return pb.ListJobsResponse(jobs=[job_proto(s) for s in self.service.jobs.list(request.status or None)])
+        return pb.ListJobsResponse(jobs=[job_proto(s) for s in self.service.list_jobs(request.status)])
 
 
 class QueryServicer(rpc.QueryServicer):
@@ -155,40 +160,49 @@ class QueryServicer(rpc.QueryServicer):
 
     def Similarity(self, request, context):
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
-        result = self.service.queries.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                                 list(request.layers_b), request.center, request.refresh,
-                                                 request.batch_size, request.remainder, request.k)
+        # only the options the metric uses are resolved; the others pass through, unread
+        center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
+        if metric == "cos":
+            center = from_wire(SIMILARITY, "center", center)
+        elif metric == "minibatch_cka":
+            batch_size = from_wire(SIMILARITY, "batch_size", batch_size) or 0  # required: 0 is refused
+            remainder = from_wire(SIMILARITY, "remainder", remainder)
+        elif metric == "mutual_knn":
+            k = from_wire(SIMILARITY, "k", k)
+        result = self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
+                                                 list(request.layers_b), center, request.refresh, batch_size,
+                                                 remainder, k)
         return result_proto(result)
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
-        return result_proto(self.service.queries.entropy(
-            metric, request.run, list(request.layers), alpha=request.alpha, normalization=request.normalization,
-            clamp=request.clamp, convention=request.convention, abs_cos=request.abs_cos,
-            permutations=request.permutations, seed=request.seed, exp=request.exp,
-            temperature=request.temperature, refresh=request.refresh))
+        options = {name: from_wire(ENTROPY, name, getattr(request, name)) for name in ENTROPY if name != "metric"}
+        return result_proto(self.service.entropy(metric, request.run, list(request.layers), **options,
+                                                         refresh=request.refresh))
 
     def ResidualNorm(self, request, context):
-        return result_proto(self.service.queries.residual_norm(request.run, list(request.layers), request.refresh))
+        return result_proto(self.service.residual_norm(request.run, list(request.layers), request.refresh))
 
     def Stitch(self, request, context):
         return result_proto(self.service.stitch(request.run_a, request.layer_a, request.run_b, request.layer_b,
-                                                request.test_fraction, request.seed, request.refresh))
+                                                from_wire(STITCH, "test_fraction", request.test_fraction),
+                                                from_wire(STITCH, "seed", request.seed), request.refresh))
 
     def SubmitCKAMatrix(self, request, context):
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
                                                         principal=current_principal.get()))
 
     def Lens(self, request, context):
-        return result_proto(self.service.queries.lens(request.run, request.epsilon, list(request.taus),
-                                                      request.heads, request.refresh))
+        return result_proto(self.service.lens(
+            request.run, from_wire(LENS, "epsilon", request.epsilon), from_wire(LENS, "taus", list(request.taus)),
+            from_wire(LENS, "heads", request.heads), request.refresh))
 
     def NeuralCollapse(self, request, context):
-        return result_proto(self.service.queries.neural_collapse(request.run, list(request.layers), request.rcond,
-                                                                 request.refresh))
+        return result_proto(self.service.neural_collapse(
+            request.run, list(request.layers), from_wire(LENS, "rcond", request.rcond), request.refresh))
 
     def GetResult(self, request, context):
-        return result_proto(self.service.queries.result(request.result_key))
+        return result_proto(self.service.result(request.result_key))
 
     def ReadActivations(self, request, context):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,

@@ -18,7 +18,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from actstore.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from actstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -288,6 +288,28 @@ class Catalog:
             [model_digest, model_digest, dataset_digest, dataset_digest, status, status],
         )
         return [self._run_from_row(r) for r in rows]
+
+    # ---- the capture path's unit of work: open, record shards, commit ---------------------------
+    def open_run(self, record: RunRecord) -> tuple[RunRecord, set[int]]:
+        """Add the run (as running) unless it is known; returns its record and the shards
+        already recorded, which a resumed capture skips."""
+        self.add_run(record)
+        stored = self.find_run(record.run_key)
+        assert stored is not None
+        return stored, self.recorded_shards(record.run_key, record.num_layers)
+
+    def record_shard(self, chunk_rows: pa.Table) -> None:
+        """A shard's chunk rows, after its arrays were written (see `insert_chunks`)."""
+        self.insert_chunks(chunk_rows)
+
+    def commit_run(self, record: RunRecord) -> None:
+        """Mark the run committed once every shard and row is recorded; DataLoss otherwise."""
+        recorded = self.recorded_shards(record.run_key, record.num_layers)
+        rows = self.chunk_rows_total(record.run_key)
+        if len(recorded) != record.num_shards or rows != record.rows:
+            raise DataLoss(f"run {record.run_key[:12]}: {len(recorded)} of {record.num_shards} shards and {rows} "
+                           f"of {record.rows} rows recorded; submit the capture again to finish it")
+        self.set_run_status(record.run_key, "committed")
 
     def set_run_status(self, run_key: str, status: str) -> None:
         self._run(

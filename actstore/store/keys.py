@@ -12,6 +12,8 @@ from typing import Any
 
 CAPTURE_VERSION = 1
 SITE = "residual-stream"  # HF hidden_states convention, layer L taken before the final norm
+# The one list of poolings (part of the run key). "tokens" keeps every non-pad token; the others
+# give one vector per sample (actstore.modeling.pooling derives its names from this tuple).
 POOLINGS = ("cls", "last", "mean", "tokens")
 STORAGE_DTYPES = ("float16", "float32", "bfloat16")
 

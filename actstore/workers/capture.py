@@ -19,7 +19,8 @@ import crc32c
 import numpy as np
 import torch
 
-from actstore.store.arrays import RunLayout, ZarrArrayStore
+from actstore.store.arrays import RunLayout
+from actstore.store.handle import StoreHandle
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.workers.models import ModelAdapter
 
@@ -72,11 +73,11 @@ class ShardCapturer:
     """One model replica. It outlives a job (the service keeps a pool), so it loads its model once
     and each dataset and run layout the first time a shard of it arrives."""
 
-    def __init__(self, model_path: str, store_root: str, compressor: str, num_threads: int | None = None) -> None:
+    def __init__(self, model_path: str, store: StoreHandle, num_threads: int | None = None) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.adapter = ModelAdapter.load(Path(model_path))
-        self.arrays = ZarrArrayStore(Path(store_root), compressor)
+        self.arrays = store.open()
         self._datasets: dict[str, DatasetData] = {}
         self._offsets: dict[str, np.ndarray] = {}
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from actstore.metrics.lens import LensAccumulator
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.handle import StoreHandle
 from actstore.workers.models import apply_lens_head
 from actstore.workers.metric_tasks import task_device
 from actstore.workers.registry import load_lens_head
@@ -25,8 +25,7 @@ from actstore.workers.registry import load_lens_head
 
 @dataclass(frozen=True)
 class LensPlan:
-    store_root: str
-    compressor: str
+    store: StoreHandle
     run_key: str
     num_states: int
     model_path: str
@@ -62,7 +61,7 @@ def next_token_labels(token_ids: np.ndarray, offsets: np.ndarray, start: int, st
 @torch.no_grad()
 def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarray | None,
                  accumulator: LensAccumulator, sub_rows: int = 256, device_policy: str = "cpu") -> LensAccumulator:
-    arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
+    arrays = plan.store.open()
     heads = layer_heads(plan)
     device = torch.device(task_device(device_policy) or "cpu")  # the lens is torch either way
     cache: dict = {}

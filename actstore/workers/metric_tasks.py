@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -16,7 +15,7 @@ import ray
 
 from actstore.errors import FailedPrecondition
 from actstore.metrics.similarity import gram_strip_products
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.handle import StoreHandle
 
 
 class Accumulator(Protocol):
@@ -41,13 +40,13 @@ def task_device(policy: str) -> str | None:
     return None
 
 
-def accumulate(store_root: str, compressor: str, sources: list[tuple[str, list[int]]],
+def accumulate(store: StoreHandle, sources: list[tuple[str, list[int]]],
                ranges: list[tuple[int, int]], accumulator: Accumulator,
                labels: np.ndarray | None = None, device_policy: str = "cpu") -> Accumulator:
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
     in the accumulator's block order. With `labels`, each update also gets the rows' labels.
     An accumulator with a `device` attribute forms its products where `device_policy` says."""
-    arrays = ZarrArrayStore(Path(store_root), compressor)
+    arrays = store.open()
     accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
     if hasattr(accumulator, "device"):
         accumulator.device = task_device(device_policy)
@@ -108,11 +107,11 @@ def strip_products(rows: np.ndarray, means: np.ndarray, widths: list[int], strip
     return gram_strip_products(rows, means, widths, strips, task_device(device_policy))
 
 
-def accumulate_prompts(store_root: str, compressor: str, run_key: str, layers: list[int],
+def accumulate_prompts(store: StoreHandle, run_key: str, layers: list[int],
                        prompt_chunks: list[np.ndarray], accumulator: Accumulator) -> Accumulator:
     """Token-level map task: each chunk is a slice of the run's offsets (whole prompts), fed to
     `accumulator.update(blocks, local_offsets)`."""
-    arrays = ZarrArrayStore(Path(store_root), compressor)
+    arrays = store.open()
     accumulator = copy.deepcopy(accumulator)
     for offsets in prompt_chunks:
         blocks = arrays.read_layers(run_key, layers, int(offsets[0]), int(offsets[-1]))
@@ -133,18 +132,18 @@ def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[
     return deal(chunks, parts)
 
 
-def evaluate_layers(store_root: str, compressor: str, run_key: str, layers: list[int],
+def evaluate_layers(store: StoreHandle, run_key: str, layers: list[int],
                     evaluate: Callable[[np.ndarray], object]) -> list:
     """In-memory metrics (n x n ones, bounded by the caller): `evaluate(z)` on each whole layer."""
-    arrays = ZarrArrayStore(Path(store_root), compressor)
+    arrays = store.open()
     rows = arrays.layout(run_key).rows
     return [evaluate(arrays.read_layers(run_key, [layer], 0, rows)[0]) for layer in layers]
 
 
-def evaluate_pairs(store_root: str, compressor: str, run_a: str, layers_a: list[int], run_b: str,
+def evaluate_pairs(store: StoreHandle, run_a: str, layers_a: list[int], run_b: str,
                    layers_b: list[int], evaluate: Callable[[np.ndarray, np.ndarray], float]) -> np.ndarray:
     """In-memory pairwise metrics: `evaluate(x, y)` for every layer of A against every layer of B."""
-    arrays = ZarrArrayStore(Path(store_root), compressor)
+    arrays = store.open()
     rows = arrays.layout(run_a).rows
     b_layers = {layer: arrays.read_layers(run_b, [layer], 0, rows)[0] for layer in layers_b}
     out = np.empty((len(layers_a), len(layers_b)))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from actstore.errors import InvalidArgument
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.handle import StoreHandle
 from actstore.store.datasets import load_dataset
 from actstore.workers.metric_tasks import task_device
 from actstore.workers.models import ModelAdapter
@@ -25,8 +25,7 @@ from actstore.workers.models import ModelAdapter
 
 @dataclass(frozen=True)
 class StitchPlan:
-    store_root: str
-    compressor: str
+    store: StoreHandle
     run_a: str
     layer_a: int
     run_b: str
@@ -68,7 +67,7 @@ def _task_loss(adapter: ModelAdapter, batch, labels: torch.Tensor | None) -> tup
 def stitch_penalty(plan: StitchPlan, device_policy: str = "cpu") -> dict:
     """Fit the stitch on the host (float64 least squares), then run model B with and without it
     on the held-out prompts, on this task's GPU when Ray gave it one (`task_device`)."""
-    arrays = ZarrArrayStore(Path(plan.store_root), plan.compressor)
+    arrays = plan.store.open()
     offsets = arrays.offsets(plan.run_a)
     n = len(offsets) - 1
     order = np.random.default_rng(plan.seed).permutation(n)

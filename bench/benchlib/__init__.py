@@ -176,8 +176,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     and dataset records (the query path reads only the run record and the arrays); each shard
     goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
     (`actstore.workers.capture.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
-    `service.catalog.insert_chunks`, then `service._commit` checks every shard is recorded,
-    writes the layer means and marks the run committed, as a capture job does."""
+    `service.catalog.record_shard`, then the layer means are written and `catalog.commit_run`
+    checks every shard is recorded and marks the run committed, as a capture job does."""
     import pyarrow as pa
 
     from actstore.store.arrays import RunLayout
@@ -204,7 +204,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
         layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype="float16", pooling="mean",
                            shard_rows=shard_rows)
         service.arrays.create_run(key, layout, sample_ids, None, None)
-        service.catalog.add_run(RunRecord(run_key=key, model_digest=model_digest, dataset_digest=dataset_digest,
+        record, _ = service.catalog.open_run(RunRecord(run_key=key, model_digest=model_digest, dataset_digest=dataset_digest,
                                           pooling="mean", dtype="float16", max_len=128, n=n, rows=n,
                                           num_layers=states - 1, width=width, num_shards=layout.num_shards,
                                           status="running", spec=spec))
@@ -231,9 +231,10 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
             for column, cells in chunk_metadata(key, shard, stored, numbers).items():
                 pending.setdefault(column, []).extend(cells)
             if shard % 64 == 63 or shard == layout.num_shards - 1:
-                service.catalog.insert_chunks(pa.table(pending))
+                service.catalog.record_shard(pa.table(pending))
                 pending = {}
-        service._commit(key, layout, states - 1)
+        service.arrays.write_means(key)
+        service.catalog.commit_run(record)
         keys.append(key)
         if log:
             print(f"  wrote synthetic run {key[:12]} ({n} x {states} x {width} float16, {layout.num_shards} shards) "

@@ -32,7 +32,7 @@ def test_real_smollm2_lens_layer_L_is_the_models_own_prediction(server, client):
     client.register_dataset(texts=texts, name="two")
     run = client.capture("smollm2-135m", "two", pooling="tokens", max_len=32).run_key
     lens = client.lens(run)
-    folder = server.service.root / "models" / model.digest
+    folder = server.service.store.path / "models" / model.digest
     tok = AutoTokenizer.from_pretrained(folder)
     lm = AutoModelForCausalLM.from_pretrained(folder).eval()
     correct = total = 0

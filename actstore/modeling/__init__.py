@@ -1,0 +1,65 @@
+"""Models: where they come from, what they are made of, and one uniform view of them.
+
+Modules (each importable on its own):
+
+- ``sources``: ``BUILTIN_MODELS``, ``resolve_model_source`` (builtin name or local folder -> a
+  Hugging Face folder; the GGUF dequantisation cache). No torch on import.
+- ``loading``: ``load_folder``, a strict float32 / eval-mode load of a Hugging Face folder.
+- ``introspection``: ``model_digest``, ``decide_kind``, ``find_blocks``, ``find_final_norm``,
+  ``find_head_module``, ``replaced_layer``.
+- ``pooling``: ``pool``, ``pool_tokens`` (the poolings of ``actstore.store.keys.POOLINGS``).
+- ``lens_head``: ``describe_lens_head`` (a torch model's head as a ``metrics.lens.LensHead``) and
+  ``TorchLensHead`` (that head applied in torch).
+- ``adapter``: ``ModelAdapter`` and ``Batch``.
+
+Layering: this package sits above ``actstore.store`` and ``actstore.metrics`` and below
+``actstore.training`` and ``actstore.workers``; it never imports either of those.
+
+The names below are re-exported lazily, so ``import actstore.modeling`` costs nothing and
+``actstore.modeling.sources`` can be used without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "Batch",
+    "BuiltinModel",
+    "ModelAdapter",
+    "TorchLensHead",
+    "describe_lens_head",
+    "find_final_norm",
+    "find_head_module",
+    "model_digest",
+    "pool",
+    "pool_tokens",
+    "resolve_model_source",
+]
+
+_LAZY = {
+    "BUILTIN_MODELS": "sources",
+    "BuiltinModel": "sources",
+    "resolve_model_source": "sources",
+    "model_digest": "introspection",
+    "find_final_norm": "introspection",
+    "find_head_module": "introspection",
+    "pool": "pooling",
+    "pool_tokens": "pooling",
+    "TorchLensHead": "lens_head",
+    "describe_lens_head": "lens_head",
+    "Batch": "adapter",
+    "ModelAdapter": "adapter",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actstore.modeling' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"actstore.modeling.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,95 @@
+"""Loading a local Hugging Face model folder, strictly: float32, eval mode, no gradients.
+
+``load_folder(path, device)`` -> (model, tokenizer or None). Every reason a folder cannot be
+used (no config, unknown architecture, missing / corrupt / mismatched weights, a broken
+tokenizer, a device this machine lacks) raises InvalidArgument with the reason and a hint;
+transformers would otherwise initialise missing tensors randomly and carry on.
+
+No network is ever used (``local_files_only=True``) and ``trust_remote_code`` stays off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from actstore.errors import InvalidArgument
+
+__all__ = ["LOAD_HINT", "load_folder"]
+
+LOAD_HINT = (
+    "pass a local Hugging Face model folder saved with save_pretrained (config.json with "
+    "'architectures', complete model.safetensors, and a tokenizer for text models)"
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
+    """The model of ``path`` (class ``config.architectures[0]``, AutoModel when absent) on
+    ``device`` in float32 eval mode with gradients off, and its tokenizer if the folder has one."""
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+
+    if not (path / "config.json").is_file():
+        raise InvalidArgument(f"cannot load a model from {path}: no config.json there; {LOAD_HINT}")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # a boundary: every reason becomes InvalidArgument
+        raise InvalidArgument(
+            f"cannot read the model config in {path} ({type(exc).__name__}: {exc}); {LOAD_HINT}"
+        ) from exc
+    archs = list(getattr(config, "architectures", None) or [])
+    model_cls: Any = AutoModel
+    if archs:
+        candidate = getattr(transformers, archs[0], None)
+        if not (isinstance(candidate, type) and issubclass(candidate, PreTrainedModel)):
+            raise InvalidArgument(
+                f"the model in {path} declares architecture {archs[0]!r}, which transformers "
+                f"{transformers.__version__} does not provide; {LOAD_HINT}"
+            )
+        model_cls = candidate
+    try:
+        model, info = model_cls.from_pretrained(
+            path,
+            config=config,
+            dtype=torch.float32,
+            local_files_only=True,
+            output_loading_info=True,
+        )
+    except Exception as exc:
+        raise InvalidArgument(
+            f"cannot load the model weights in {path} ({type(exc).__name__}: {exc}); {LOAD_HINT}"
+        ) from exc
+    problems = {
+        k: sorted(map(str, info.get(k) or ()))
+        for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
+    }
+    problems = {k: v for k, v in problems.items() if v}
+    if problems:
+        detail = "; ".join(
+            f"{k}: {', '.join(v[:5])}{' ...' if len(v) > 5 else ''}" for k, v in problems.items()
+        )
+        raise InvalidArgument(
+            f"the weights in {path} do not match the {model_cls.__name__} architecture ({detail}); "
+            f"transformers would initialise those tensors randomly; {LOAD_HINT}"
+        )
+    tokenizer = None
+    if any((path / f).is_file() for f in _TOKENIZER_FILES):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as exc:
+            raise InvalidArgument(
+                f"cannot load the tokenizer in {path} ({type(exc).__name__}: {exc}); {LOAD_HINT}"
+            ) from exc
+    try:
+        model = model.to(device=device, dtype=torch.float32).eval()
+    except Exception as exc:
+        raise InvalidArgument(
+            f"cannot move the model to device {device!r} ({type(exc).__name__}: {exc}); "
+            "pass device='cpu' or a device this machine has"
+        ) from exc
+    model.requires_grad_(False)
+    return model, tokenizer

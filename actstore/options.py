@@ -1,0 +1,257 @@
+"""Every option a caller can set, once: its default, what it allows and one line of help.
+
+One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE). The
+CLI builds its flags from them (default, choices, and help that shows the default), the client
+takes its keyword defaults from them, and the server resolves every request option through them,
+so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
+client agree with the tables.
+
+    resolve(ENTROPY, "alpha", None)      -> 1.0 (the default)
+    resolve(ENTROPY, "alpha", -1.0)      -> InvalidArgument: alpha -1.0 must be > 0
+    from_wire(ENTROPY, "alpha", 0.0)     -> 1.0 (proto3: a zero value means "not given")
+
+A default of None means "decided elsewhere": by the server from the request (pooling follows the
+model), by its settings (max_len), or the option is required (batch_size); `default_text` says
+which for the help.
+
+Pure Python; imports only actstore.errors, so the thin client can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from actstore.errors import InvalidArgument
+
+__all__ = [
+    "CAPTURE", "DATASETS", "ENTROPY", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
+    "Option", "Table", "from_wire", "resolve",
+]
+
+
+_A = {bool: "a bool", int: "an int", float: "a float", str: "a string"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. `type` is bool, int, float or str; `many` makes it a list of that type, each
+    element checked. Bounds are inclusive unless `exclusive` (then minimum < v < maximum)."""
+
+    name: str
+    type: type
+    default: Any = None
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive: bool = False
+    many: bool = False
+    help: str = ""
+    default_text: str | None = None  # how to describe a default of None (or a clearer wording)
+
+    @property
+    def described_default(self) -> str | None:
+        """What the help says the default is; None when there is nothing to say (a flag)."""
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None or self.type is bool:
+            return None
+        if self.many:
+            return ", ".join(str(v) for v in self.default)
+        return str(self.default)
+
+    def help_text(self, extra: str = "") -> str:
+        """The option's help with its default, e.g. 'Renyi order, 1 = Shannon (default 1.0)'."""
+        text = " ".join(t for t in (self.help, extra) if t)
+        default = self.described_default
+        if default is None:
+            return text
+        return f"{text} (default: {default})" if self.default_text is not None else f"{text} (default {default})"
+
+    def check(self, value: Any) -> Any:
+        """`value` validated and normalised (an int for a float option becomes a float; a list
+        option becomes a list), or InvalidArgument naming the option and what it allows."""
+        if self.many:
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise InvalidArgument(f"{self.name} must be a list of {self.type.__name__} values, got {value!r}")
+            return [self._check_one(v) for v in value]
+        return self._check_one(value)
+
+    def _check_one(self, value: Any) -> Any:
+        value = self._coerce(value)
+        if self.choices is not None and value not in self.choices:
+            raise InvalidArgument(f"{self.name} {value!r} is not one of {', '.join(self.choices)}")
+        if self.minimum is not None or self.maximum is not None:
+            low = self.minimum is not None and (value <= self.minimum if self.exclusive else value < self.minimum)
+            high = self.maximum is not None and (value >= self.maximum if self.exclusive else value > self.maximum)
+            if low or high or (self.type is float and not math.isfinite(value)):
+                what = f"{self.name} value" if self.many else self.name
+                raise InvalidArgument(f"{what} {value!r} must be {self.bounds_text()}")
+        return value
+
+    def bounds_text(self) -> str:
+        lo, hi = self.minimum, self.maximum
+        if lo is not None and hi is not None:
+            return f"in ({lo}, {hi})" if self.exclusive else f"in [{lo}, {hi}]"
+        if lo is not None:
+            return f"> {lo}" if self.exclusive else f">= {lo}"
+        return f"< {hi}" if self.exclusive else f"<= {hi}"
+
+    def _coerce(self, value: Any) -> Any:
+        kind = self.type
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, bool) and kind is not bool:  # True is an int to Python, not to a caller
+            raise InvalidArgument(f"{self.name} must be {_A[kind]}, got {value!r}")
+        if kind is int and hasattr(value, "__index__"):  # numpy integers
+            return int(value)
+        if kind is float and isinstance(value, float):
+            return float(value)
+        if not isinstance(value, kind):
+            raise InvalidArgument(f"{self.name} must be {_A[kind]}, got {value!r}")
+        return value
+
+
+class Table(Mapping[str, Option]):
+    """The options of one family, by name; `TABLE.name` is the Option too."""
+
+    def __init__(self, family: str, *options: Option) -> None:
+        self.family = family
+        self._options = {o.name: o for o in options}
+        if len(self._options) != len(options):
+            raise ValueError(f"{family}: an option is listed twice")
+        for option in options:  # the table itself must be consistent
+            if option.default is not None:
+                option.check(option.default)
+
+    def __getitem__(self, name: str) -> Option:
+        try:
+            return self._options[name]
+        except KeyError:
+            raise KeyError(f"{self.family} has no option {name!r}") from None
+
+    def __getattr__(self, name: str) -> Option:
+        options = self.__dict__.get("_options", {})
+        if name in options:
+            return options[name]
+        raise AttributeError(f"{self.__dict__.get('family', 'table')} has no option {name!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._options)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def __repr__(self) -> str:
+        return f"Table({self.family!r}, {', '.join(self._options)})"
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: option.default for name, option in self._options.items()}
+
+    def resolve(self, name: str, value: Any = None) -> Any:
+        return resolve(self, name, value)
+
+
+def resolve(table: Table, name: str, value: Any = None) -> Any:
+    """`value`, validated, or the option's default when `value` is None."""
+    option = table[name]
+    if value is None:
+        return list(option.default) if option.many and option.default is not None else option.default
+    return option.check(value)
+
+
+def from_wire(table: Table, name: str, value: Any) -> Any:
+    """Resolve a proto3 field: its zero value ("" / 0 / 0.0 / False / []) means not given."""
+    return resolve(table, name, value if value else None)
+
+
+# ---- the tables ---------------------------------------------------------------------------------
+SIMILARITY = Table(
+    "similarity",
+    Option("center", str, "global-mean", choices=("global-mean", "none"),
+           help="COS: subtract the mean over samples first, or not"),
+    Option("batch_size", int, None, minimum=4, help="minibatch CKA: rows per batch (required)"),
+    Option("remainder", str, "drop", choices=("drop", "merge"),
+           help="minibatch CKA: drop the short final batch or merge it into the one before"),
+    Option("k", int, 10, minimum=1, help="mutual kNN: neighbours"),
+    Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
+)
+
+ENTROPY = Table(
+    "entropy",
+    Option("metric", str, None, choices=("dataset_entropy", "prompt_entropy", "effective_rank", "curvature",
+                                         "infonce", "dime", "lidar")),
+    Option("alpha", float, 1.0, minimum=0, exclusive=True, help="Renyi order, 1 = Shannon"),
+    Option("normalization", str, "raw", choices=("raw", "maxEntropy", "logN", "logD"),
+           help="divide the entropy by nothing, its maximum, log N or log D"),
+    Option("clamp", bool, False, help="clamp the Gram at 0 (as the reference code does)"),
+    Option("convention", str, "diff-erank", choices=("diff-erank", "roy-vetterli"),
+           help="effective rank: which definition"),
+    Option("abs_cos", bool, False, help="curvature: |cos| inside the arccos"),
+    Option("permutations", int, 10, minimum=1, help="DiME permutations"),
+    Option("seed", int, 0, minimum=0, help="DiME permutation seed"),
+    Option("exp", bool, False, help="LiDAR: report exp(entropy)"),
+    Option("temperature", float, 0.1, minimum=0, exclusive=True, help="InfoNCE temperature"),
+)
+
+LENS = Table(
+    "lens",
+    Option("epsilon", float, 0.1, minimum=0, maximum=1, exclusive=True, help="effective depth tolerance"),
+    Option("taus", float, (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99), minimum=0, maximum=1, many=True,
+           help="exit confidence thresholds, e.g. 0.5,0.8,0.9", default_text="0.5..0.99"),
+    Option("heads", str, "shared", choices=("shared", "exits"),
+           help="the model's one head at every layer, or a multi-exit model's own exits"),
+    Option("rcond", float, 1e-10, minimum=0, exclusive=True,
+           help="NC1: relative pseudo-inverse threshold"),
+)
+
+STITCH = Table(
+    "stitch",
+    Option("test_fraction", float, 0.25, minimum=0, maximum=1, exclusive=True,
+           help="held-out prompts for the penalty"),
+    Option("seed", int, 0, minimum=0, help="split seed"),
+)
+
+CAPTURE = Table(
+    "capture",
+    Option("pooling", str, None, choices=("cls", "last", "mean", "tokens"),
+           help="what is stored per sample", default_text="cls for encoders and vision, last for causal LMs"),
+    Option("dtype", str, "float16", choices=("float16", "float32", "bfloat16"), help="storage dtype"),
+    Option("max_len", int, None, minimum=2, help="token limit",
+           default_text="the server's default_max_len, 128 unless configured"),
+)
+
+TRAIN = Table(
+    "train",
+    Option("recipe", str, None, choices=("vit-fmnist", "minilm-rt", "gpt2-austen")),
+    Option("method", str, None, choices=("standard", "aligned", "multi-exit", "ce-reg")),
+    Option("seed", int, 0, minimum=0, help="training seed"),
+    Option("steps", int, None, minimum=0, help="optimizer steps", default_text="the recipe's"),
+    Option("smoke", bool, False, help="the recipe's tiny size (seconds)"),
+    Option("alternating", bool, False, help="aligned: last-layer CE on odd steps"),
+    Option("weights", str, "linear", choices=("linear", "uniform"), help="aligned layer weights"),
+)
+
+DATASETS = Table(
+    "datasets",
+    Option("limit", int, None, minimum=1, help="keep the first N samples (builtins: after a seeded shuffle)",
+           default_text="all"),
+    Option("seed", int, 0, minimum=0, help="shuffle and augmentation seed"),
+    Option("text_column", str, "text", help="files: the text column"),
+    Option("augment_views", int, 0, minimum=0, help="make N seeded augmentations of each text (> 1)"),
+    Option("augment_method", str, "word-dropout", choices=("word-dropout", "word-swap"),
+           help="how --augment-views changes a text"),
+)
+
+SERVE = Table(
+    "serve",
+    Option("metric_device", str, None, choices=("auto", "cpu", "cuda", "torch-cpu"),
+           help="where metric tasks form their float64 products: auto = CUDA in tasks Ray gives a GPU share, "
+                "numpy/BLAS otherwise; cpu = never a GPU; cuda = always (refused without GPUs); torch-cpu = "
+                "the GPU code path on the CPU, to check agreement", default_text="auto"),
+)
+
+TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
+                                                   SERVE)}

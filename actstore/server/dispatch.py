@@ -1,0 +1,61 @@
+"""One windowed dispatcher for Ray work: capture shards and matrix-job map tasks.
+
+A bounded window of tasks is in flight at a time, so cancelling means submitting no more (a
+``ray.cancel`` racing a finishing task can crash the driver), a warm replica is free again soon,
+and the results of the tasks already running are still collected before the caller stops.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import ray
+
+from actstore.errors import ActStoreError
+from actstore.workers import cluster
+
+WAIT_SECONDS = 0.5
+
+
+def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError]):
+    """ray.get, re-raising our errors from inside the task as themselves and anything else as
+    `otherwise(cause)` (a task that died, a library error), with the message the user needs."""
+    try:
+        return ray.get(ref)
+    except Exception as exc:
+        cause = cluster.unwrap(exc)
+        raise (cause if isinstance(cause, ActStoreError) else otherwise(cause)) from None
+
+
+def run_windowed(
+    items: Iterable[Any],
+    submit: Callable[[Any], ray.ObjectRef],
+    width: int,
+    collect: Callable[[Any, ray.ObjectRef], None],
+    cancelled: threading.Event,
+    tick: Callable[[], None] | None = None,
+) -> bool:
+    """Submit ``submit(item)`` for every item with at most ``width`` in flight; ``collect(item,
+    ref)`` each as it finishes. ``tick`` runs about every ``WAIT_SECONDS`` while tasks are in
+    flight. Returns True when every item was collected, False when ``cancelled`` was set (after
+    collecting what was in flight)."""
+    queue = deque(items)
+    pending: dict[ray.ObjectRef, Any] = {}
+    while queue or pending:
+        while queue and len(pending) < width:
+            item = queue.popleft()
+            pending[submit(item)] = item
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_SECONDS)
+        if cancelled.is_set():
+            ready, _ = ray.wait(list(pending), num_returns=len(pending))
+            for ref in ready:
+                collect(pending.pop(ref), ref)
+            return False
+        for ref in ready:
+            collect(pending.pop(ref), ref)
+        if tick is not None:
+            tick()
+    return True

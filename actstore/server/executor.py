@@ -1,0 +1,95 @@
+"""The Ray side of metric queries: map accumulators over shard groups, merge, and run the
+in-memory and Gram-strip tasks, each task opening the store from the handle it is given."""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import numpy as np
+import ray
+
+from actstore.config import Settings
+from actstore.errors import FailedPrecondition
+from actstore.store.handle import StoreHandle
+from actstore.workers import cluster
+from actstore.workers.metric_tasks import (
+    accumulate,
+    accumulate_prompts,
+    evaluate_layers,
+    evaluate_pairs,
+    split_prompts,
+    split_ranges,
+    strip_products,
+)
+
+
+def merged(partials: list):
+    """The accumulators from map tasks merged into one."""
+    total = copy.deepcopy(partials[0])  # objects from Ray's store are read-only
+    for part in partials[1:]:
+        total.merge(part)
+    return total
+
+
+class Executor:
+    def __init__(self, store: StoreHandle, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    @property
+    def parts(self) -> int:
+        """Map tasks per job: the setting, or the cluster's CPUs."""
+        return self.settings.metric_tasks or cluster.cluster_cpus()
+
+    def device_task(self, function):
+        """A submitter of `function` as a Ray task whose float64 products may run on a GPU: the
+        task asks for `metric_gpus_per_task` of one when `metric_device` is auto or cuda and the
+        cluster has GPUs, and gets `device_policy=metric_device` (`metric_tasks.task_device`
+        decides in the task). Call it as `function` is called; it returns the task's ref."""
+        policy = self.settings.metric_device
+        gpus = cluster.cluster_gpus()
+        if policy == "cuda" and not gpus:
+            raise FailedPrecondition("metric_device is 'cuda' but the Ray cluster has no GPU: join a cluster "
+                                     "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
+        share = {"num_gpus": self.settings.metric_gpus_per_task} if policy in ("auto", "cuda") and gpus else {}
+        return partial(ray.remote(num_cpus=1, **share)(function).remote, device_policy=policy)
+
+    def row_groups(self, rows: int, parts: int | None = None) -> list[list[tuple[int, int]]]:
+        return split_ranges(rows, self.settings.shard_rows, parts or self.parts)
+
+    def map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None,
+                   labels: np.ndarray | None = None):
+        """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
+        submit = self.device_task(accumulate)
+        groups = groups or self.row_groups(rows)
+        return merged(ray.get([submit(self.store, sources, g, accumulator, labels) for g in groups]))
+
+    def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
+        """Map `accumulate_prompts` over groups of whole prompts, merge."""
+        task = ray.remote(num_cpus=1)(accumulate_prompts)
+        groups = split_prompts(offsets, self.settings.shard_rows, self.parts)
+        return merged(ray.get([task.remote(self.store, run_key, layers, g, make_accumulator()) for g in groups]))
+
+    def evaluate_layers(self, run_key: str, layers: list[int], evaluate) -> list:
+        """`evaluate(z)` on each whole layer, in one task (in-memory metrics, bounded by the caller)."""
+        return ray.get(ray.remote(num_cpus=1)(evaluate_layers).remote(self.store, run_key, layers, evaluate))
+
+    def evaluate_pairs(self, run_a: str, layers_a: list[int], run_b: str, layers_b: list[int], evaluate):
+        task = ray.remote(num_cpus=1)(evaluate_pairs)
+        return ray.get(task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate))
+
+    def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
+        """A Gram-space finalize's strips (`similarity.gram_strip_products`) in `parts` Ray tasks:
+        single-threaded BLAS each, off the server process, the rows shared through Ray's object
+        store. Strips are dealt largest first to the least loaded task (a strip's work grows with
+        the columns right of its first row)."""
+        groups: list[list[tuple[int, int]]] = [[] for _ in range(min(self.parts, len(strips)))]
+        work = [0] * len(groups)
+        for strip in sorted(strips, key=lambda s: -(s[1] - s[0]) * (len(rows) - s[0])):
+            least = work.index(min(work))
+            groups[least].append(strip)
+            work[least] += (strip[1] - strip[0]) * (len(rows) - strip[0])
+        rows_ref = ray.put(rows)
+        submit = self.device_task(strip_products)
+        return ray.get([submit(rows_ref, means, widths, group) for group in groups])

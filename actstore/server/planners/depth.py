@@ -1,0 +1,120 @@
+"""Depth queries over one run: the logit lens with saturation and effective depth (Jiang et al.
+2024), the residual norm ratio, and neural collapse NC1; formulas in `metrics.lens`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.metrics import lens
+from actstore.metrics import similarity as sim
+from actstore.server.executor import merged
+from actstore.server.planners import QueryParts
+from actstore.server.results import MetricResult
+from actstore.workers.metric_tasks import PerLayer
+
+
+class DepthPlanner:
+    def __init__(self, parts: QueryParts) -> None:
+        self.catalog = parts.catalog
+        self.checks = parts.checks
+        self.results = parts.results
+        self.executor = parts.executor
+
+    def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
+        record = self.checks.committed_run(run)
+        chosen = list(layers) if layers else list(range(record.num_layers))
+        bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
+        if bad:
+            raise InvalidArgument(f"layer {bad[0]} has no next layer: run {record.run_key[:12]} allows 0.."
+                                  f"{record.num_layers - 1}")
+        self.checks.check_finite(record, sorted(set(chosen) | {x + 1 for x in chosen}))
+        options = {"layers": chosen}
+
+        def compute():
+            read = [x for layer in chosen for x in (layer, layer + 1)]
+            total = self.executor.map_reduce(record.rows, [(record.run_key, read)], lens.ResidualNormAccumulator(len(chosen)))
+            mean, quantiles = total.finalize()
+            notes = ([f"{int(total.unchanged.sum())} samples had h_(l+1) == h_l (infinite ratio, excluded)"]
+                     if total.unchanged.any() else [])
+            return ({"mean": mean, "quantiles": quantiles, "quantile_levels": np.asarray(sim.QUANTILE_LEVELS)},
+                    {"n": float(record.rows)}, notes)
+
+        return self.results.cached_or_compute("residual_norm_ratio", lens.DEFINITION_VERSION, options, [record.run_key],
+                                       refresh, compute)
+
+    def lens(self, run: str, epsilon: float = 0.0, taus: list[float] | None = None, heads: str = "",
+             refresh: bool = False) -> MetricResult:
+        record = self.checks.committed_run(run)
+        model = self.catalog.model(record.model_digest)
+        if not model.has_head:
+            raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
+                                     "needs a final norm + classifier or unembedding (a *ForCausalLM or "
+                                     "*ForSequence/ImageClassification model)")
+        heads = heads or "shared"
+        if heads not in ("shared", "exits"):
+            raise InvalidArgument(f"heads {heads!r} is not one of shared, exits")
+        if heads == "exits" and not (Path(model.path) / "exit_heads.safetensors").exists():
+            raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
+                                     "trained with --method multi-exit")
+        self.checks.check_finite(record, list(range(record.num_layers + 1)))
+        next_token = model.kind == "causal-lm"
+        if next_token and record.pooling != "tokens":
+            raise InvalidArgument("the lens of a causal LM predicts each next token: capture with --pooling tokens")
+        if not next_token and record.pooling not in ("cls", "last"):
+            raise InvalidArgument(f"the classifier reads one position, but run {record.run_key[:12]} is pooled "
+                                  f"'{record.pooling}': capture with the model's own pooling (cls for BERT/ViT)")
+        labels = None if next_token else self.checks.labels(record)
+        epsilon = epsilon or 0.1
+        taus = sorted(taus) if taus else [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+        if not 0 < epsilon < 1 or any(not 0 <= t <= 1 for t in taus):
+            raise InvalidArgument("epsilon must be in (0, 1) and every tau in [0, 1]")
+        options = {"epsilon": epsilon, "taus": taus, "heads": heads}
+
+        def compute():
+            from actstore.workers.lens_tasks import LensPlan, lens_partial  # torch: only where it is needed
+
+            plan = LensPlan(self.executor.store, record.run_key, record.num_layers + 1, model.path, next_token,
+                            heads == "exits")
+            groups = self.executor.row_groups(record.rows)
+            submit = self.executor.device_task(lens_partial)
+            empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
+            summary = merged([submit(plan, g, labels, empty) for g in groups]).finalize()
+            depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
+                     for variant in ("absolute", "relative")}
+            arrays = {
+                "accuracy": summary.accuracy,
+                "saturation_counts": summary.saturation_counts,
+                "saturation_cumulative": summary.saturation_cumulative,
+                "taus": np.asarray([row.tau for row in summary.exits]),
+                "exits": np.stack([row.exits for row in summary.exits]),
+                "exit_accuracy": np.asarray([row.accuracy for row in summary.exits]),
+                "speedup": np.asarray([row.speedup for row in summary.exits]),
+            }
+            scalars = {"effective_depth": depth["absolute"], "effective_depth_relative": depth["relative"],
+                       "n": float(summary.saturation_counts.sum())}
+            notes = ["next-token labels; each prompt's last token has none and is left out"] if next_token else []
+            return arrays, scalars, notes
+
+        return self.results.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                      compute)
+
+    def neural_collapse(self, run: str, layers: list[int], rcond: float = 0.0, refresh: bool = False) -> MetricResult:
+        record = self.checks.committed_run(run)
+        if record.pooling == "tokens":
+            raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
+        chosen = self.checks.check_layers(record, layers, "layer")
+        self.checks.check_finite(record, chosen)
+        labels = self.checks.labels(record)
+        rcond = rcond or 1e-10
+        options = {"layers": chosen, "rcond": rcond}
+
+        def compute():
+            empty = PerLayer([lens.NC1Accumulator() for _ in chosen])
+            total = self.executor.map_reduce(record.rows, [(record.run_key, chosen)], empty, labels=labels)
+            values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
+            return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
+
+        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh, compute)

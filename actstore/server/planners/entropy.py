@@ -1,0 +1,147 @@
+"""Matrix-entropy queries (Skean et al. 2025): dataset and prompt entropy, effective rank,
+curvature, and the augmentation-invariance family (InfoNCE, DiME, LiDAR); formulas in
+`metrics.entropy`."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.metrics import entropy as ent
+from actstore.server.planners import QueryParts
+from actstore.server.results import MetricResult
+from actstore.store.catalog import RunRecord
+from actstore.store.datasets import load_dataset
+from actstore.workers.metric_tasks import PerLayer
+
+
+class EntropyPlanner:
+    def __init__(self, parts: QueryParts) -> None:
+        self.catalog = parts.catalog
+        self.checks = parts.checks
+        self.results = parts.results
+        self.executor = parts.executor
+        self.arrays = parts.arrays
+
+    def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
+                clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
+                seed: int = 0, exp: bool = False, temperature: float = 0.0, refresh: bool = False) -> MetricResult:
+        record = self.checks.committed_run(run)
+        chosen = self.checks.check_layers(record, layers, "layer")
+        self.checks.check_finite(record, chosen)
+        alpha = alpha or 1.0
+        normalization = normalization or "raw"
+        if normalization not in ("raw", "maxEntropy", "logN", "logD"):
+            raise InvalidArgument(f"normalization {normalization!r} is not one of raw, maxEntropy, logN, logD")
+        token_level = metric in ("prompt_entropy", "curvature")
+        if token_level != (record.pooling == "tokens"):
+            raise InvalidArgument(
+                f"{metric} needs a {'token-level' if token_level else 'pooled'} run; run {record.run_key[:12]} is "
+                f"pooled '{record.pooling}': capture with "
+                f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last)'}")
+        options: dict[str, Any] = {"layers": chosen}
+        if metric in ("dataset_entropy", "prompt_entropy", "dime", "lidar"):
+            options["alpha"] = alpha
+        if metric in ("dataset_entropy", "prompt_entropy"):
+            options.update(normalization=normalization, clamp=clamp)
+        if metric == "effective_rank":
+            options["convention"] = convention or "diff-erank"
+            if options["convention"] not in ("diff-erank", "roy-vetterli"):
+                raise InvalidArgument(f"convention {convention!r} is not one of diff-erank, roy-vetterli")
+        if metric == "curvature":
+            options["abs_cos"] = abs_cos
+        if metric == "dime":
+            options.update(permutations=permutations or 10, seed=seed)
+        if metric == "lidar":
+            options["exp"] = exp
+        if metric == "infonce":
+            options["temperature"] = temperature or 0.1
+        compute = {
+            "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
+            "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,
+            "infonce": self._invariance, "dime": self._invariance, "lidar": self._invariance,
+        }.get(metric)
+        if compute is None:
+            raise InvalidArgument(f"entropy metric {metric!r} is unknown")
+        return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                       lambda: compute(metric, record, chosen, options))
+
+    def _dataset_entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        means = self.arrays.means(run.run_key)
+        clamp_small = options.get("clamp") and run.rows <= run.width
+        if clamp_small:
+            self.checks.check_in_memory(run, 1, square=True)
+        else:
+            self.checks.check_memory(8 * run.width**2 * len(layers), f"{len(layers)} d x d scatter matrices (d={run.width})")
+        if clamp_small:  # the clamped n x n Gram cannot be streamed: n <= d keeps it small
+            fn = partial(ent.dataset_entropy, alpha=options["alpha"], normalization=options["normalization"],
+                         clamp=True)
+            values = self.executor.evaluate_layers(run.run_key, layers, fn)
+        else:
+            accumulators = PerLayer([ent.DatasetEntropyAccumulator(means[layer]) for layer in layers])
+            total = self.executor.map_reduce(run.rows, [(run.run_key, layers)], accumulators)
+            if metric == "effective_rank":
+                values = [acc.effective_rank(options["convention"]) for acc in total.accumulators]
+            else:
+                values = [acc.finalize(options["alpha"], options["normalization"], options["clamp"])
+                          for acc in total.accumulators]
+        return {"values": np.asarray(values, dtype=np.float64)}, {"n": float(run.rows)}, []
+
+    def _prompt_metric(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        make = (lambda: ent.PromptEntropyAccumulator(options["alpha"], options["normalization"], options["clamp"])
+                ) if metric == "prompt_entropy" else (lambda: ent.CurvatureAccumulator(options["abs_cos"]))
+        offsets = self.arrays.offsets(run.run_key)
+        total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
+        first = total.accumulators[0]
+        notes = [f"{first.skipped} prompts were too short and skipped"] if first.skipped else []
+        return ({"values": np.asarray([acc.finalize() for acc in total.accumulators], dtype=np.float64)},
+                {"prompts": float(first.count)}, notes)
+
+    def _invariance(self, metric: str, run: RunRecord, layers: list[int], options: dict):
+        data = load_dataset(Path(self.catalog.dataset(run.dataset_digest).path))
+        if data.groups is None:
+            raise FailedPrecondition(
+                f"{metric} needs augmentation groups: register the dataset with --augment-views 2 (or a "
+                "--group-column), then capture it")
+        self.checks.check_in_memory(run, 1, square=metric != "lidar")
+        groups = np.asarray(data.groups)
+        if metric == "lidar":
+            fn = partial(_lidar_value, groups=groups, alpha=options["alpha"], exp=options["exp"])
+            notes = []
+        else:
+            first, second = _first_two_views(groups)
+            notes = [f"views 0 and 1 of {len(first)} groups"]
+            fn = partial(_paired_value, metric=metric, first=first, second=second, options=options)
+        values = self.executor.evaluate_layers(run.run_key, layers, fn)
+        if metric == "infonce":  # the score 1 - L/log n per layer, and the loss L itself
+            return ({"values": np.asarray([v.score for v in values]), "loss": np.asarray([v.loss for v in values])},
+                    {"n": float(run.rows)}, notes)
+        return {"values": np.asarray(values, dtype=np.float64)}, {"n": float(run.rows)}, notes
+
+
+def _first_two_views(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices of the first and second view of every group that has two."""
+    first, second = {}, {}
+    for row, group in enumerate(groups.tolist()):
+        if group not in first:
+            first[group] = row
+        elif group not in second:
+            second[group] = row
+    paired = [g for g in first if g in second]
+    if len(paired) < 2:
+        raise FailedPrecondition("fewer than 2 groups have two views: augment with --augment-views 2 or more")
+    return np.array([first[g] for g in paired]), np.array([second[g] for g in paired])
+
+
+def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndarray, options: dict):
+    if metric == "infonce":
+        return ent.infonce(z[first], z[second], options["temperature"])
+    return ent.dime(z[first], z[second], options["alpha"], options["permutations"], options["seed"])
+
+
+def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
+    return ent.lidar(z, groups, alpha=alpha, exp=exp)

@@ -1,0 +1,153 @@
+"""Similarity queries between two runs: linear CKA (biased and debiased), sample-wise cosine,
+minibatch CKA and mutual k-NN, tiled to the memory limit (formulas: `metrics.similarity`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from actstore.errors import InvalidArgument
+from actstore.metrics import similarity as sim
+from actstore.server.planners import QueryParts
+from actstore.server.results import MetricResult
+from actstore.server.tiling import chunks, row_itemsize
+from actstore.store.catalog import RunRecord
+
+
+class SimilarityPlanner:
+    def __init__(self, parts: QueryParts) -> None:
+        self.checks = parts.checks
+        self.results = parts.results
+        self.executor = parts.executor
+        self.sizing = parts.sizing
+        self.arrays = parts.arrays
+
+    def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
+                   center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
+                   k: int = 0) -> MetricResult:
+        a = self.checks.committed_run(run_a)
+        b = self.checks.committed_run(run_b) if run_b else a
+        la = self.checks.check_layers(a, layers_a, "layer")
+        lb = self.checks.check_layers(b, layers_b, "layer")
+        self.checks.check_matrix(len(la), len(lb))
+        self.checks.check_same_samples(a, b)
+        self.checks.check_finite(a, la)
+        self.checks.check_finite(b, lb)
+        run_keys = [a.run_key, b.run_key]
+        if metric == "cka":
+            options = {"layers_a": la, "layers_b": lb}
+            return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
+                                           lambda: self._cka(a, b, la, lb))
+        if metric == "cos":
+            center = center or "global-mean"
+            if center not in ("global-mean", "none"):
+                raise InvalidArgument(f"center {center!r} is not one of global-mean, none")
+            if a.width != b.width:
+                raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
+                                      f"({a.width} != {b.width}): COS is for layers of one model or of models "
+                                      "of equal width; use CKA across widths")
+            options = {"layers_a": la, "layers_b": lb, "center": center}
+            return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
+                                           refresh, lambda: self._cos(a, b, la, lb, center))
+        if metric == "minibatch_cka":
+            remainder = remainder or "drop"
+            if batch_size < sim.MIN_HSIC_SAMPLES or batch_size > a.rows:
+                raise InvalidArgument(f"batch_size {batch_size} must be between {sim.MIN_HSIC_SAMPLES} and "
+                                      f"n={a.rows}")
+            if remainder not in ("drop", "merge"):
+                raise InvalidArgument(f"remainder {remainder!r} is not one of drop, merge")
+            options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
+            return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
+                                           lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
+        if metric == "mutual_knn":
+            k = k or 10
+            if not 1 <= k < a.rows:
+                raise InvalidArgument(f"k={k} must be between 1 and n-1={a.rows - 1}")
+            self.checks.check_in_memory(a, 2, square=True)
+            options = {"layers_a": la, "layers_b": lb, "k": k}
+
+            def knn():
+                values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
+                return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
+
+            return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
+        raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
+
+    def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
+                   remainder: str):
+        full, short = divmod(a.rows, batch_size)
+        stops = [batch_size * (i + 1) for i in range(full)]
+        if short and remainder == "merge":
+            stops[-1] = a.rows
+        batches = list(zip([0, *stops[:-1]], stops))
+        parts = max(1, min(self.executor.parts, len(batches)))
+        groups = [batches[i::parts] for i in range(parts)]
+        sources, ia, ib = self._blocks(a, b, la, lb)
+        widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
+        pairs = [(i, j) for i in ia for j in ib]
+        total = self.executor.map_reduce(a.rows, sources, sim.MinibatchCKAAccumulator(pairs, widths), groups)
+        outcome = "none" if not short else ("dropped" if remainder == "drop" else "merged")
+        notes = [f"{len(batches)} batches of {batch_size} rows; the short final batch of {short} rows was "
+                 f"{outcome}"] if short else [f"{len(batches)} batches of {batch_size} rows"]
+        return ({"values": total.finalize().reshape(len(la), len(lb))},
+                {"n": float(a.rows), "batches": float(len(batches)), "batch_size": float(batch_size)}, notes)
+
+    def _blocks(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]
+                ) -> tuple[list[tuple[str, list[int]]], list[int], list[int]]:
+        """The accumulator's blocks (as read sources) and where each requested layer sits in them."""
+        if a.run_key == b.run_key:
+            union = sorted(set(la) | set(lb))
+            where = {layer: i for i, layer in enumerate(union)}
+            return [(a.run_key, union)], [where[x] for x in la], [where[x] for x in lb]
+        return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
+                [len(la) + j for j in range(len(lb))])
+
+    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
+        """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
+        widest = [a.width] * len(la) + [b.width] * len(lb)
+        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, row_itemsize(a, b))
+        return [(tile_a, tile_b) for tile_a in chunks(la, size) for tile_b in chunks(lb, size)]
+
+    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]):
+        sources, _, _ = self._blocks(a, b, la, lb)
+        mode = self.sizing.mode([a.width if run == a.run_key else b.width for run, layers in sources for _ in layers],
+                             a.rows, row_itemsize(a, b))
+        biased = np.empty((len(la), len(lb)))
+        debiased = np.empty((len(la), len(lb)))
+        pos_a = {layer: i for i, layer in enumerate(la)}
+        pos_b = {layer: j for j, layer in enumerate(lb)}
+        tiles = self._tiles(a, b, la, lb, mode)
+        for tile_a, tile_b in tiles:
+            sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
+            widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
+            total = self.executor.map_reduce(a.rows, sources, sim.SimilarityAccumulator(widths, mode))
+            matrices = total.finalize(strip_map=self.executor.gram_strip_map)
+            rows = [pos_a[x] for x in tile_a]
+            cols = [pos_b[x] for x in tile_b]
+            biased[np.ix_(rows, cols)] = matrices.biased[np.ix_(ia, ib)]
+            debiased[np.ix_(rows, cols)] = matrices.debiased[np.ix_(ia, ib)]
+        notes = [f"computed in {mode} space over {a.rows} rows in {len(tiles)} tile(s)"]
+        if np.isnan(debiased).any():
+            notes.append("debiased CKA is NaN where HSIC_u(K,K) or HSIC_u(L,L) is not positive")
+        return {"biased": biased, "debiased": debiased}, {"n": float(a.rows)}, notes
+
+    def _cos(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], center: str):
+        sources, ia, ib = self._blocks(a, b, la, lb)
+        pairs = [(i, j) for i in ia for j in ib]
+        centers = None
+        if center == "global-mean":
+            centers = [self.arrays.means(run)[layer] for run, layers in sources for layer in layers]
+        widths = [a.width] * sum(len(layers) for _, layers in sources)
+        total = self.executor.map_reduce(a.rows, sources, sim.CosineAccumulator(pairs, widths, centers))
+        stats = total.finalize()
+        shape = (len(la), len(lb))
+        arrays = {
+            "mean": stats.mean.reshape(shape),
+            "quantiles": stats.quantiles.reshape(*shape, -1),
+            "quantile_levels": np.asarray(sim.QUANTILE_LEVELS),
+        }
+        notes = []
+        if stats.zero_norm.any():
+            notes.append(f"{int(stats.zero_norm.max())} samples had a zero vector; their cosine counts as 0")
+        return arrays, {"n": float(stats.n)}, notes

@@ -1,0 +1,50 @@
+"""Model stitching (Brown et al. 2023): fit an affine map from layer a of model A into layer b of
+model B on token-level runs, run the rest of B, and report the loss penalty on held-out prompts."""
+
+from __future__ import annotations
+
+from actstore.errors import InvalidArgument, Unavailable
+from actstore.server.dispatch import get_or_raise
+from actstore.server.planners import QueryParts
+from actstore.server.results import MetricResult
+from actstore.workers.stitch import StitchPlan, stitch_penalty
+
+STITCH_VERSION = 1
+
+
+class StitchPlanner:
+    def __init__(self, parts: QueryParts) -> None:
+        self.catalog = parts.catalog
+        self.checks = parts.checks
+        self.results = parts.results
+        self.executor = parts.executor
+
+    def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, test_fraction: float = 0.0,
+               seed: int = 0, refresh: bool = False) -> MetricResult:
+        checks = self.checks
+        a, b = checks.committed_run(run_a), checks.committed_run(run_b)
+        checks.check_layers(a, [layer_a], "layer_a")
+        checks.check_layers(b, [layer_b], "layer_b")
+        if a.pooling != "tokens" or b.pooling != "tokens":
+            raise InvalidArgument("stitching feeds every token of A into B: capture both runs with --pooling tokens")
+        checks.check_same_samples(a, b)
+        checks.check_finite(a, [layer_a])
+        checks.check_finite(b, [layer_b])
+        test_fraction = test_fraction or 0.25
+        if not 0 < test_fraction < 1:
+            raise InvalidArgument(f"test_fraction {test_fraction} must be between 0 and 1")
+        checks.check_memory(8 * a.rows * (a.width + 2 * b.width + 1), "the stitch fit")
+        model_b = self.catalog.model(b.model_digest)
+        options = {"layer_a": layer_a, "layer_b": layer_b, "test_fraction": test_fraction, "seed": seed}
+
+        def compute():
+            plan = StitchPlan(self.executor.store, a.run_key, layer_a, b.run_key, layer_b, model_b.path,
+                              self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction, seed)
+            scalars = get_or_raise(self.executor.device_task(stitch_penalty)(plan),
+                                   lambda cause: Unavailable(f"the stitching task failed: {cause}"))
+            notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
+                     f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
+            return {}, scalars, notes
+
+        return self.results.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key], refresh,
+                                              compute)

@@ -1,0 +1,99 @@
+"""Registering models and datasets: load them once, store them under their digest, catalog them
+with an alias. Model loading runs in a Ray task (torch stays out of the server process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ray
+
+from actstore.errors import InvalidArgument, NotFound
+from actstore.server.dispatch import get_or_raise
+from actstore.store import datasets as ds
+from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
+from actstore.store.handle import StoreHandle
+from actstore.modeling.sources import BUILTIN_MODELS
+from actstore.workers.registry import register_model
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """Where a dataset comes from: exactly one of path, builtin, texts."""
+
+    path: str | None = None
+    builtin: str | None = None
+    texts: list[str] | None = None
+    labels: list[int] | None = None
+    sample_ids: list[str] | None = None
+    label_names: list[str] | None = None
+    limit: int | None = None
+    seed: int = 0
+    split: str | None = None
+    text_column: str = "text"
+    label_column: str | None = None
+    id_column: str | None = None
+    group_column: str | None = None
+    augment_views: int = 0
+    augment_method: str = "word-dropout"
+
+
+class Registrar:
+    def __init__(self, catalog: Catalog, store: StoreHandle) -> None:
+        self.catalog = catalog
+        self.store = store
+
+    def register_model(self, *, path: str | None = None, builtin: str | None = None,
+                       name: str | None = None, lineage: dict | None = None) -> ModelRecord:
+        if bool(path) == bool(builtin):
+            raise InvalidArgument("give exactly one of a model folder path or a builtin name "
+                                  f"({', '.join(BUILTIN_MODELS)})")
+        if builtin:
+            if builtin not in BUILTIN_MODELS:
+                raise NotFound(f"no builtin model {builtin!r}; the builtins are {', '.join(BUILTIN_MODELS)}")
+            try:  # registered before: the alias is the cache (SmolLM2 takes ~20 s to dequantise)
+                return self.catalog.model(name or builtin)
+            except NotFound:
+                pass
+        source = builtin or str(Path(path).expanduser().resolve())
+        task = ray.remote(num_cpus=1)(register_model).remote(source, str(self.store.path))
+        registered = get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
+        record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
+        self.catalog.add_model(record)
+        self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
+        return self.catalog.model(record.digest)
+
+    def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
+        chosen = [s for s in (source.path, source.builtin, source.texts) if s is not None and s != ""]
+        if len(chosen) != 1:
+            raise InvalidArgument("give exactly one dataset source: a file path, a builtin name "
+                                  f"({', '.join(ds.BUILTIN_DATASETS)}) or a list of texts")
+        if source.builtin:
+            data = ds.load_builtin(source.builtin, limit=source.limit, seed=source.seed, split=source.split)
+        elif source.path:
+            data = ds.load_file(Path(source.path).expanduser(), text_column=source.text_column,
+                                label_column=source.label_column, id_column=source.id_column,
+                                group_column=source.group_column)
+            if source.limit:
+                data = data.take(range(min(source.limit, data.n)))
+        else:
+            data = ds.from_texts(source.texts, labels=source.labels or None, sample_ids=source.sample_ids or None)
+            if source.label_names:
+                data = replace(data, label_names=list(source.label_names))
+        if source.augment_views > 1:
+            data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
+                                    seed=source.seed)
+        digest = ds.dataset_digest(data)
+        target = self.store.path / "datasets" / digest
+        if not target.exists():
+            ds.save_dataset(data, target)
+        record = DatasetRecord(
+            digest=digest, kind=data.kind, n=data.n,
+            num_labels=len(data.label_names) if data.label_names else
+            (int(data.labels.max()) + 1 if data.labels is not None else 0),
+            has_groups=data.groups is not None, path=str(target), source=data.source,
+        )
+        self.catalog.add_dataset(record)
+        default_name = source.builtin or (Path(source.path).stem if source.path else f"texts-{digest[:8]}")
+        self.catalog.set_dataset_alias(name or default_name, digest)
+        return self.catalog.dataset(digest)

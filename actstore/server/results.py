@@ -1,0 +1,119 @@
+"""Metric results, their provenance, and the result cache (memory in front of the catalog).
+
+Every answer is a ``MetricResult`` with its provenance. Results are stored under their result key
+(metric, definition version, options, input run keys), so a repeated query is a lookup.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from actstore.errors import NotFound
+from actstore.store.catalog import Catalog
+from actstore.store.keys import result_key
+
+Computed = tuple[dict[str, np.ndarray], dict[str, float], list[str]]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    metric: str
+    definition_version: int
+    options: dict[str, Any]
+    run_keys: list[str]
+    cached: bool
+    seconds: float
+    result_key: str
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    arrays: dict[str, np.ndarray]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        meta = json.dumps({"scalars": self.scalars, "notes": self.notes}).encode()
+        np.savez(buffer, **self.arrays, __meta__=np.frombuffer(meta, dtype=np.uint8))
+        return buffer.getvalue()
+
+    @staticmethod
+    def from_bytes(payload: bytes, provenance: Provenance) -> MetricResult:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
+            meta = json.loads(npz["__meta__"].tobytes())
+        return MetricResult(arrays, meta["scalars"], provenance, meta["notes"])
+
+
+class ResultCache:
+    """Recent results in memory (LRU), all of them in the catalog."""
+
+    ENTRIES = 512
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._lock = threading.Lock()
+        self._results: OrderedDict[str, MetricResult] = OrderedDict()
+
+    def forget(self) -> None:
+        with self._lock:
+            self._results.clear()
+
+    def cached_or_compute(self, metric: str, version: int, options: dict, run_keys: list[str], refresh: bool,
+                          compute: Callable[[], Computed]) -> MetricResult:
+        key = result_key(metric, version, options, run_keys)
+        if not refresh:
+            with self._lock:
+                if key in self._results:
+                    self._results.move_to_end(key)
+                    return self._results[key]
+            stored = self.catalog.result(key)
+            if stored is not None:
+                payload, seconds = stored
+                result = MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True,
+                                                                     seconds, key))
+                self._remember(key, result)
+                return result
+        started = time.perf_counter()
+        arrays, scalars, notes = compute()
+        seconds = time.perf_counter() - started
+        result = MetricResult(arrays, scalars, Provenance(metric, version, options, run_keys, False, seconds, key),
+                              notes)
+        self.store(result, replace=refresh)
+        return result
+
+    def store(self, result: MetricResult, replace: bool) -> None:
+        """Put a freshly computed result into the catalog and the memory cache."""
+        p = result.provenance
+        self.catalog.put_result(p.result_key, p.metric, p.definition_version, p.options, p.run_keys,
+                                result.to_bytes(), p.seconds, replace=replace)
+        self._remember(p.result_key, _as_cached(result))
+
+    def result(self, key: str) -> MetricResult:
+        stored = self.catalog.result_record(key)
+        if stored is None:
+            raise NotFound(f"no stored result {key[:16]}: it is still computing (watch its job) or "
+                           "was never asked for")
+        metric, version, options, run_keys, payload, seconds = stored
+        return MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True, seconds, key))
+
+    def _remember(self, key: str, result: MetricResult) -> None:
+        with self._lock:
+            self._results[key] = result
+            while len(self._results) > self.ENTRIES:
+                self._results.popitem(last=False)
+
+
+def _as_cached(result: MetricResult) -> MetricResult:
+    return replace(result, provenance=replace(result.provenance, cached=True))

@@ -1,0 +1,114 @@
+"""Checks every query makes of its input runs, with what committed runs let us remember.
+
+Committed runs are immutable, so their records, chunk health and the pairs already checked for
+matching samples are kept in memory until a run is deleted (``forget``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from actstore.config import Settings
+from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from actstore.metrics import similarity as sim
+from actstore.store.arrays import ArrayStore
+from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
+
+
+def byte_size(n: int) -> str:
+    """`12.5 KiB`, `3.20 GiB`: a size a person reads at a glance."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+class RunChecks:
+    def __init__(self, catalog: Catalog, arrays: ArrayStore, settings: Settings) -> None:
+        self.catalog = catalog
+        self.arrays = arrays
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+        self._health: dict[str, ChunkHealth] = {}
+        self._same_samples: set[tuple[str, str]] = set()
+
+    def forget(self) -> None:
+        """Drop what is remembered (a run was deleted)."""
+        with self._lock:
+            self._runs.clear()
+            self._health.clear()
+            self._same_samples.clear()
+
+    def committed_run(self, name: str) -> RunRecord:
+        with self._lock:
+            record = self._runs.get(name)
+        if record is None:
+            record = self.catalog.committed_run(name)
+            with self._lock:
+                self._runs[name] = record
+        return record
+
+    @staticmethod
+    def check_layers(run: RunRecord, layers: list[int], what: str) -> list[int]:
+        chosen = list(layers) if layers else list(range(run.num_layers + 1))
+        bad = [layer for layer in chosen if not 0 <= layer <= run.num_layers]
+        if bad:
+            raise InvalidArgument(f"{what} {bad[0]} is out of range: run {run.run_key[:12]} has layers "
+                                  f"0..{run.num_layers} (0 = embeddings, {run.num_layers} = last block)")
+        return chosen
+
+    def check_same_samples(self, a: RunRecord, b: RunRecord) -> None:
+        if a.run_key == b.run_key or (a.run_key, b.run_key) in self._same_samples:
+            return
+        try:
+            sim.check_same_samples(self.arrays.sample_ids(a.run_key), self.arrays.sample_ids(b.run_key))
+        except ValueError as exc:
+            raise InvalidArgument(f"runs {a.run_key[:12]} and {b.run_key[:12]} do not hold the same samples "
+                                  f"in the same order: {exc}. Capture both models on the same dataset") from None
+        if a.pooling == "tokens" or b.pooling == "tokens":
+            if a.pooling != b.pooling or not np.array_equal(self.arrays.offsets(a.run_key),
+                                                            self.arrays.offsets(b.run_key)):
+                raise InvalidArgument("token-level comparison needs both runs tokenised identically "
+                                      "(same offsets): compare pooled runs instead")
+        with self._lock:
+            self._same_samples.update({(a.run_key, b.run_key), (b.run_key, a.run_key)})
+
+    def check_finite(self, run: RunRecord, layers: list[int]) -> None:
+        health = self._health.get(run.run_key)
+        if health is None:
+            health = self._health[run.run_key] = self.catalog.chunk_health(run.run_key, run.num_layers)
+        for layer in layers:
+            if health.nan_count[layer] or health.inf_count[layer]:
+                raise FailedPrecondition(
+                    f"run {run.run_key[:12]} layer {layer} holds {health.nan_count[layer]} NaN and "
+                    f"{health.inf_count[layer]} Inf values (see `actstore describe {run.run_key[:12]}`); "
+                    "they are not averaged away. Exclude the layer, or capture with --dtype float32 "
+                    "if float16 overflowed")
+
+    def check_matrix(self, rows: int, cols: int) -> None:
+        if rows * cols > self.settings.max_matrix_cells:
+            raise ResourceExhausted(f"a {rows} x {cols} result exceeds the limit of "
+                                    f"{self.settings.max_matrix_cells} cells (ACTSTORE_MAX_MATRIX_CELLS): "
+                                    "ask for fewer layers")
+
+    def check_memory(self, need: int, what: str) -> None:
+        if need > self.settings.max_accumulator_bytes:
+            raise ResourceExhausted(
+                f"{what} would hold {byte_size(need)} in memory, over the "
+                f"{byte_size(self.settings.max_accumulator_bytes)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES): "
+                "use fewer samples")
+
+    def check_in_memory(self, run: RunRecord, layers: int, square: bool) -> None:
+        """Refuse an in-memory metric whose rows (and n x n matrix) would exceed the limit."""
+        self.check_memory(8 * run.rows * run.width * layers + (8 * run.rows**2 if square else 0),
+                          f"this metric (whole layers{' and an n x n matrix' if square else ''}, n={run.rows})")
+
+    def labels(self, run: RunRecord) -> np.ndarray:
+        labels = self.arrays.labels(run.run_key)
+        if labels is None:
+            raise FailedPrecondition(f"run {run.run_key[:12]}'s dataset has no labels: register it with a label "
+                                     "column (or use a labelled builtin)")
+        return labels

@@ -1,0 +1,58 @@
+"""How CKA accumulators are sized and tiled to the memory limit, for queries and the matrix job.
+
+A CKA accumulator over many blocks (layers) runs in feature or Gram space, whichever is cheaper
+and fits ``max_accumulator_bytes``. When even the cheaper one does not fit, the blocks are cut
+into groups, and every pair of groups is one tile whose accumulator fits.
+"""
+
+from __future__ import annotations
+
+from actstore.config import Settings
+from actstore.errors import ResourceExhausted
+from actstore.metrics import similarity as sim
+from actstore.server.executor import Executor
+from actstore.server.runs import byte_size
+from actstore.store.catalog import RunRecord
+
+
+def row_itemsize(*runs: RunRecord) -> int:
+    """Bytes per value of the rows a Gram-space accumulator keeps: float16 stays float16,
+    float32 and bfloat16 (read back as float32) take 4."""
+    return max(2 if run.dtype == "float16" else 4 for run in runs)
+
+
+class CkaSizing:
+    def __init__(self, settings: Settings, executor: Executor) -> None:
+        self.limit = settings.max_accumulator_bytes
+        self.executor = executor
+
+    @property
+    def strip_tasks(self) -> int:
+        """The tasks a Gram-space finalize spreads its strips over (the cluster may grow)."""
+        return self.executor.parts
+
+    def mode(self, widths: list[int], rows: int, itemsize: int) -> str:
+        """Feature or Gram space for a CKA accumulator over these blocks: the cheaper one whose
+        memory fits (`similarity.choose_cka_mode`; the Gram strips run in `strip_tasks` tasks)."""
+        return sim.choose_cka_mode(widths, rows, self.limit, itemsize=itemsize, strip_tasks=self.strip_tasks)
+
+    def nbytes(self, widths: list[int], mode: str, rows: int, itemsize: int) -> int:
+        """What a CKA accumulator is held to against the limit: the peak of its finalize. Feature
+        space: the O(D^2) state plus finalize's 2 D^2 temporaries, whatever n. Gram space: the
+        rows, their concatenation, the copy the strip tasks read and one Gram strip per task."""
+        return sim.SimilarityAccumulator.estimate_peak_nbytes(widths, mode, rows, itemsize=itemsize,
+                                                              strip_tasks=self.strip_tasks)
+
+    def group_size(self, count: int, widest: list[int], mode: str, rows: int, itemsize: int) -> int:
+        """The most blocks per group such that two groups of the widest blocks fit the limit."""
+        widest = sorted(widest)
+        for size in range(count, 0, -1):
+            if self.nbytes(widest[-2 * size:], mode, rows, itemsize) <= self.limit:
+                return size
+        need = self.nbytes(widest[-2:], mode, rows, itemsize)
+        raise ResourceExhausted(f"one block pair needs {byte_size(need)} of accumulator, over the "
+                                f"{byte_size(self.limit)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,92 @@
+"""Training jobs: one Ray task trains (a whole GPU, or every CPU), while the job registers each
+checkpoint as a model the moment it appears, so a killed job keeps its checkpoints."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ray
+
+from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.server.dispatch import WAIT_SECONDS, get_or_raise
+from actstore.server.jobs import JobManager, JobSnapshot, JobState
+from actstore.server.registration import Registrar
+from actstore.store.catalog import ModelRecord
+from actstore.store.handle import StoreHandle
+from actstore.store.keys import sha256_hex
+from actstore.training import METHODS, RECIPES, list_checkpoints
+from actstore.workers import cluster
+from actstore.workers.train_task import read_progress, run_training
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    recipe: str
+    method: str
+    seed: int = 0
+    steps: int = 0
+    smoke: bool = False
+    alternating: bool = False
+    weights: str = ""
+
+
+class TrainingJobs:
+    def __init__(self, jobs: JobManager, registrar: Registrar, store: StoreHandle) -> None:
+        self.jobs = jobs
+        self.registrar = registrar
+        self.store = store
+
+    def submit(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
+        if request.recipe not in RECIPES:
+            raise NotFound(f"no recipe {request.recipe!r}; the recipes are {', '.join(RECIPES)}")
+        if request.method not in METHODS:
+            raise InvalidArgument(f"method {request.method!r} is not one of {', '.join(METHODS)}")
+        if request.steps < 0 or request.seed < 0:
+            raise InvalidArgument("steps and seed must be >= 0 (steps 0: the recipe's budget)")
+        spec = {"recipe": request.recipe, "method": request.method, "seed": request.seed,
+                "steps": request.steps or None, "smoke": request.smoke, "alternating": request.alternating,
+                "weights": request.weights or "linear"}
+        key = sha256_hex({"training": spec})
+        state, joined = self.jobs.start("train", key, spec, lambda job: self._train(job, spec, key),
+                                        principal=principal)
+        return replace(state.snapshot, joined=joined)
+
+    def _train(self, job: JobState, spec: dict, key: str) -> None:
+        out_dir = self.store.path / "training" / key[:16]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        gpus = cluster.cluster_gpus()
+        resources = {"num_gpus": 1} if gpus else {"num_cpus": cluster.cluster_cpus()}
+        task = ray.remote(max_retries=0, **resources)(run_training).remote(
+            spec["recipe"], spec["method"], spec["seed"], spec["steps"], spec["smoke"], spec["alternating"],
+            spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus())
+        registered: set[str] = set()
+        name = f"{spec['recipe']}{'-smoke' if spec['smoke'] else ''}-{spec['method']}-s{spec['seed']}"
+        while True:
+            ready, _ = ray.wait([task], timeout=WAIT_SECONDS)
+            if job.cancel_requested.is_set():
+                ray.cancel(task, force=True)
+                raise Cancelled(f"training {name} cancelled; its checkpoints are kept: submit it again to resume")
+            self._register_new(out_dir, name, registered)
+            progress = read_progress(out_dir)
+            if progress:
+                job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
+            if ready:
+                break
+        get_or_raise(task, lambda cause: Unavailable(f"training {name} failed: {cause}; the checkpoints so far "
+                                                     "are kept"))
+        self._register_new(out_dir, name, registered)
+
+    def _register_new(self, out_dir: Path, name: str, registered: set[str]) -> None:
+        for checkpoint in list_checkpoints(out_dir):
+            if checkpoint.name not in registered:
+                self._register_checkpoint(checkpoint, name)
+                registered.add(checkpoint.name)
+
+    def _register_checkpoint(self, checkpoint: Path, name: str) -> ModelRecord:
+        lineage = json.loads((checkpoint / "lineage.json").read_text())
+        record = self.registrar.register_model(path=str(checkpoint), name=f"{name}@step{lineage['step']}",
+                                               lineage=lineage)
+        self.registrar.catalog.set_model_alias(name, record.digest)  # the name alone follows the newest
+        return record

@@ -1,0 +1,103 @@
+"""Directories and files that appear whole or not at all.
+
+Every writer of a folder that readers may open concurrently (datasets, registered models, model
+caches, training checkpoints) and every small status file goes through here, so all of them stage
+beside the target, fsync every file, rename into place and fsync the parent. A crash at any moment
+leaves either nothing or the complete target, plus at most a stale staging folder that a later
+writer of the same target removes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# A staging folder older than this belongs to a writer that crashed; younger ones may be live.
+STALE_STAGING_SECONDS = 3600.0
+# mkdtemp makes folders 0700 and mkstemp files 0600; the store is shared by a team.
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file below ``root`` and every folder, so a rename publishes durable bytes."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            _fsync_path(os.path.join(dirpath, name))
+        _fsync_path(dirpath)
+
+
+def _fsync_path(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_staging(parent: Path, prefix: str) -> None:
+    now = time.time()
+    for stale in parent.glob(glob.escape(prefix) + "*"):
+        try:
+            if now - stale.stat().st_mtime > STALE_STAGING_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # removed by another writer meanwhile
+
+
+@contextmanager
+def atomic_directory(target: Path | str) -> Iterator[Path]:
+    """Yield an empty staging folder; when the block ends cleanly it becomes ``target``.
+
+    Raises ``FileExistsError`` when ``target`` exists by the time the block ends (another writer
+    won the race): the caller decides whether the existing folder is acceptable. On any error the
+    staging folder is removed and ``target`` is untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{target.name}.staging-"
+    _remove_stale_staging(target.parent, prefix)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        os.chmod(staging, DIR_MODE)
+        yield staging
+        fsync_tree(staging)
+        try:
+            os.rename(staging, target)
+        except OSError as e:
+            if target.exists():
+                raise FileExistsError(str(target)) from e
+            raise
+        _fsync_path(target.parent)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    """Replace the file at ``path`` with ``data``: readers see the old or the new bytes, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.staging-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(staging, FILE_MODE)
+        os.replace(staging, path)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    _fsync_path(path.parent)
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """``atomic_write_bytes`` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
