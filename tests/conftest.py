@@ -79,3 +79,55 @@ def module_server(tmp_path_factory, ray_cluster):
 @pytest.fixture(scope="module")
 def module_client(module_server):
     yield from _connect(module_server)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-protocol server process on loopback (moto's server mode, as zarr-python, s3fs and
+    obstore test against), with the AWS variables a user would set pointing at it."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError("moto's S3 server did not start") from None
+            time.sleep(0.2)
+    variables = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_REGION": "us-east-1"}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    yield endpoint
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A fresh, empty bucket on the loopback S3 server; its s3:// URL with a prefix."""
+    import uuid
+
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    return f"s3://{name}/actstore"

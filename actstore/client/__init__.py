@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import replace
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -37,13 +37,15 @@ from actstore.client.results import (
     QueryAnswer,
     RunInfo,
 )
-from actstore.errors import ERRORS_BY_CODE, ActStoreError
+from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
+from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
 __all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
            "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
 
-ENTROPY_METRICS = ("dataset_entropy", "prompt_entropy", "effective_rank", "curvature", "infonce", "dime", "lidar")
+ENTROPY_METRICS = ENTROPY.metric.choices
+SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
 
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -86,6 +88,25 @@ def _translating_stream(stream):
         _raise_as_ours(exc)
 
 
+def _server_starter(name: str = "embedded"):
+    """The server's `start_server(settings)` and its `Settings`, found through the entry point
+    group, so that importing the client never imports the server (torch, Ray, DuckDB, Zarr)."""
+    from importlib.metadata import entry_points
+
+    install = "pip install 'actstore[server]'"
+    found = list(entry_points(group=SERVER_ENTRY_POINTS, name=name))
+    if not found:
+        raise FailedPrecondition(f"no actstore server is installed (no {name!r} entry point in group "
+                                 f"{SERVER_ENTRY_POINTS!r}): {install} to run one in-process, or connect to "
+                                 "a running `actstore serve` with Client(address)")
+    try:
+        start = found[0].load()
+        from actstore.config import Settings
+    except ImportError as exc:
+        raise FailedPrecondition(f"the embedded server cannot be imported ({exc}): {install}") from None
+    return start, Settings
+
+
 class Client:
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
@@ -106,10 +127,9 @@ class Client:
     @classmethod
     def embedded(cls, path: str | Path | None = None, **settings) -> Client:
         """Start an in-process server on a free loopback port (and a local Ray unless RAY_ADDRESS
-        is set) owning the store at `path`; closing the client stops it."""
-        from actstore.config import Settings
-        from actstore.server.app import start_server
-
+        is set) owning the store at `path`; closing the client stops it. Needs the server extra:
+        FailedPrecondition says how to install it if it is missing."""
+        start_server, Settings = _server_starter()
         if path is not None:
             settings["store"] = str(path)
         server = start_server(Settings(**{"port": 0, **settings}))
@@ -142,11 +162,12 @@ class Client:
     def register_dataset(self, path: str | Path | None = None, *, builtin: str | None = None,
                          texts: Sequence[str] | None = None, labels: Sequence[int] | None = None,
                          sample_ids: Sequence[str] | None = None, label_names: Sequence[str] | None = None,
-                         name: str | None = None, limit: int | None = None, seed: int = 0,
-                         split: str | None = None, text_column: str | None = None,
+                         name: str | None = None, limit: int | None = DATASETS.limit.default,
+                         seed: int = DATASETS.seed.default, split: str | None = None,
+                         text_column: str | None = DATASETS.text_column.default,
                          label_column: str | None = None, id_column: str | None = None,
-                         group_column: str | None = None, augment_views: int = 0,
-                         augment_method: str | None = None) -> DatasetInfo:
+                         group_column: str | None = None, augment_views: int = DATASETS.augment_views.default,
+                         augment_method: str | None = DATASETS.augment_method.default) -> DatasetInfo:
         request = pb.RegisterDatasetRequest(
             name=name or "", limit=limit or 0, seed=seed, split=split or "", text_column=text_column or "",
             label_column=label_column or "", id_column=id_column or "", group_column=group_column or "",
@@ -179,8 +200,9 @@ class Client:
         return self._catalog.DeleteRun(pb.DeleteRunRequest(run=run)).run_key
 
     # ---- capture ------------------------------------------------------------------------------
-    def submit_capture(self, model: str, dataset: str, *, pooling: str | None = None, dtype: str | None = None,
-                       max_len: int | None = None) -> JobInfo:
+    def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
+                       dtype: str | None = CAPTURE.dtype.default,
+                       max_len: int | None = CAPTURE.max_len.default) -> JobInfo:
         request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
                                     max_len=max_len or 0)
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
@@ -211,8 +233,9 @@ class Client:
             raise error
         return job
 
-    def capture(self, model: str, dataset: str, *, pooling: str | None = None, dtype: str | None = None,
-                max_len: int | None = None, progress: bool = False) -> CaptureResult:
+    def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
+                dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
+                progress: bool = False) -> CaptureResult:
         """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
         job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
         if not job.finished:
@@ -221,8 +244,10 @@ class Client:
             job = JobInfo(**{**job.__dict__, "joined": joined})
         return CaptureResult(run_key=job.target, job=job)
 
-    def train(self, recipe: str, method: str, *, seed: int = 0, steps: int | None = None, smoke: bool = False,
-              alternating: bool = False, weights: str = "linear", progress: bool = False) -> ModelInfo:
+    def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
+              steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
+              alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
+              progress: bool = False) -> ModelInfo:
         """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
         checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (the name without
         @step follows the newest). Returns the final model. Resubmitting resumes a stopped run."""
@@ -258,27 +283,28 @@ class Client:
 
     def minibatch_cka(self, run_a: str, run_b: str | None = None, *, batch_size: int,
                       layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
-                      remainder: str = "drop", refresh: bool = False) -> MatrixResult:
+                      remainder: str = SIMILARITY.remainder.default, refresh: bool = False) -> MatrixResult:
         """Minibatch CKA (Nguyen et al. 2021) over consecutive batches of `batch_size` rows."""
         return self._matrix(self._similarity(pb.SimilarityRequest.MINIBATCH_CKA, run_a, run_b, layers_a, layers_b,
                                              refresh=refresh, batch_size=batch_size, remainder=remainder))
 
-    def mutual_knn(self, run_a: str, run_b: str | None = None, *, k: int = 10,
+    def mutual_knn(self, run_a: str, run_b: str | None = None, *, k: int = SIMILARITY.k.default,
                    layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
                    refresh: bool = False) -> MatrixResult:
         """Mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers."""
         return self._matrix(self._similarity(pb.SimilarityRequest.MUTUAL_KNN, run_a, run_b, layers_a, layers_b,
                                              refresh=refresh, k=k))
 
-    def entropy(self, metric: str, run: str, *, layers: Sequence[int] | None = None, alpha: float = 1.0,
-                normalization: str = "raw", clamp: bool = False, convention: str = "diff-erank",
-                abs_cos: bool = False, permutations: int = 10, seed: int = 0, exp: bool = False,
-                temperature: float = 0.1, refresh: bool = False) -> LayerValues:
+    def entropy(self, metric: str, run: str, *, layers: Sequence[int] | None = None,
+                alpha: float = ENTROPY.alpha.default, normalization: str = ENTROPY.normalization.default,
+                clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
+                abs_cos: bool = ENTROPY.abs_cos.default, permutations: int = ENTROPY.permutations.default,
+                seed: int = ENTROPY.seed.default, exp: bool = ENTROPY.exp.default,
+                temperature: float = ENTROPY.temperature.default, refresh: bool = False) -> LayerValues:
         """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
         dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
         infonce, dime, lidar (pooled runs of an augmented dataset)."""
-        if metric not in ENTROPY_METRICS:
-            raise ValueError(f"metric must be one of {', '.join(ENTROPY_METRICS)}")
+        metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
         request = pb.EntropyRequest(
             metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
             normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
@@ -312,8 +338,9 @@ class Client:
         return CKAMatrixResult(answer.arrays["biased"], answer.arrays["debiased"], answer.arrays["block_run"],
                                answer.arrays["block_layer"], provenance.run_keys, provenance, answer.notes)
 
-    def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *, test_fraction: float = 0.25,
-               seed: int = 0, refresh: bool = False) -> QueryAnswer:
+    def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
+               test_fraction: float = STITCH.test_fraction.default, seed: int = STITCH.seed.default,
+               refresh: bool = False) -> QueryAnswer:
         """Stitch run A's layer into run B's model at layer_b (token-level runs, same tokenisation):
         scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2."""
         return QueryAnswer.from_proto(self._query.Stitch(pb.StitchRequest(
@@ -330,7 +357,8 @@ class Client:
                          options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)
 
     def cos(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
-            layers_b: Sequence[int] | None = None, center: str = "global-mean", refresh: bool = False) -> COSResult:
+            layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
+            refresh: bool = False) -> COSResult:
         """Sample-wise cosine similarity between layers (same width), mean and quantiles."""
         answer = self._similarity(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh)
         options = answer.provenance.options
@@ -338,11 +366,12 @@ class Client:
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,
                          answer.notes)
 
-    def lens(self, run: str, *, epsilon: float = 0.1, taus: Sequence[float] | None = None, heads: str = "shared",
-             refresh: bool = False) -> LensResult:
+    def lens(self, run: str, *, epsilon: float = LENS.epsilon.default, taus: Sequence[float] | None = None,
+             heads: str = LENS.heads.default, refresh: bool = False) -> LensResult:
         """Logit lens with the model's stored head on every layer: per-layer accuracy, saturation
         distribution, epsilon-effective depth (absolute and relative) and the multi-exit sweep.
-        heads='exits' uses a multi-exit model's own per-layer classifiers instead."""
+        heads='exits' uses a multi-exit model's own per-layer classifiers instead. taus None: the
+        default sweep (options.LENS)."""
         answer = QueryAnswer.from_proto(self._query.Lens(pb.LensRequest(
             run=run, epsilon=epsilon, taus=list(taus or []), heads=heads, refresh=refresh)))
         a, s = answer.arrays, answer.scalars
@@ -350,8 +379,8 @@ class Client:
                           int(s["effective_depth"]), int(s["effective_depth_relative"]), a["taus"], a["exits"],
                           a["exit_accuracy"], a["speedup"], int(s["n"]), answer.provenance, answer.notes)
 
-    def neural_collapse(self, run: str, *, layers: Sequence[int] | None = None, rcond: float = 1e-10,
-                        refresh: bool = False) -> LayerValues:
+    def neural_collapse(self, run: str, *, layers: Sequence[int] | None = None,
+                        rcond: float = LENS.rcond.default, refresh: bool = False) -> LayerValues:
         """NC1 = (1/C) tr(Sigma_W Sigma_B^+) per layer of a labelled pooled run."""
         answer = QueryAnswer.from_proto(self._query.NeuralCollapse(pb.NeuralCollapseRequest(
             run=run, layers=list(layers or []), rcond=rcond, refresh=refresh)))

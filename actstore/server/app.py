@@ -75,5 +75,5 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     server.start()
     for name in SERVICE_NAMES + [""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("actstore serving on %s (store %s)", target, settings.store_path)
+    log.info("actstore serving on %s (store %s)", target, settings.store_root)
     return RunningServer(server, service, port, health_servicer)

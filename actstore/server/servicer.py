@@ -170,15 +170,14 @@ class QueryServicer(rpc.QueryServicer):
         elif metric == "mutual_knn":
             k = from_wire(SIMILARITY, "k", k)
         result = self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                                 list(request.layers_b), center, request.refresh, batch_size,
-                                                 remainder, k)
+                                         list(request.layers_b), center, request.refresh, batch_size, remainder, k)
         return result_proto(result)
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
         options = {name: from_wire(ENTROPY, name, getattr(request, name)) for name in ENTROPY if name != "metric"}
         return result_proto(self.service.entropy(metric, request.run, list(request.layers), **options,
-                                                         refresh=request.refresh))
+                                                 refresh=request.refresh))
 
     def ResidualNorm(self, request, context):
         return result_proto(self.service.residual_norm(request.run, list(request.layers), request.refresh))

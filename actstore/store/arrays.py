@@ -14,16 +14,21 @@ Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never 
 
 from __future__ import annotations
 
-import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
+from obstore.exceptions import BaseError as ObjectStoreError
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
+from actstore.store import objects
 
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
@@ -123,21 +128,38 @@ class ArrayStore(ABC):
 
 
 class ZarrArrayStore(ArrayStore):
-    """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c."""
+    """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
-    def __init__(self, root: Path, compressor: str = "lz4") -> None:
-        self.root = Path(root)
+    `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
+    store (`store.objects`); the arrays, their layout and every check go through the zarr store
+    interface, so both behave alike. Object-store failures raise our errors (`objects.failure`)."""
+
+    def __init__(self, root: Path | str, compressor: str = "lz4") -> None:
+        self.root = root
         self.compressor = compressor
+        self._url = objects.is_url(str(root))
+        self._zarr = objects.zarr_store(str(root)) if self._url else LocalStore(Path(root))
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
 
-    def _run_path(self, run_key: str) -> Path:
-        return self.root / "runs" / run_key
+    @contextmanager
+    def _reported(self) -> Iterator[None]:
+        """Object-store errors as ours (a local store's errors are left as they are)."""
+        try:
+            yield
+        except (ObjectStoreError, OSError) as exc:
+            if not self._url or isinstance(exc, FileNotFoundError):
+                raise
+            raise objects.failure(exc, str(self.root)) from None
+
+    def _exists(self, key: str) -> bool:
+        with self._reported():
+            return sync(self._zarr.exists(key))
 
     def _group(self, run_key: str, mode: str = "r") -> zarr.Group:
-        path = self._run_path(run_key)
-        if mode == "r" and not (path / "zarr.json").exists():
+        if mode == "r" and not self._exists(f"runs/{run_key}/zarr.json"):
             raise NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
-        return zarr.open_group(str(path), mode=mode)
+        with self._reported():
+            return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode)
 
     def _codecs(self, itemsize: int) -> list:
         return [
@@ -146,17 +168,19 @@ class ZarrArrayStore(ArrayStore):
         ]
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets) -> None:
-        path = self._run_path(run_key)
         self._layouts.pop(run_key, None)
-        if (path / "zarr.json").exists():
+        if self._exists(f"runs/{run_key}/zarr.json"):
             try:
                 if self.layout(run_key) == layout:
                     return
             except NotFound:  # an interrupted create: start over
                 pass
-            shutil.rmtree(path)
-            self._layouts.pop(run_key, None)
-        group = zarr.open_group(str(path), mode="w")
+            self.delete_run(run_key)
+        with self._reported():
+            self._create(run_key, layout, sample_ids, labels, offsets)
+
+    def _create(self, run_key, layout, sample_ids, labels, offsets) -> None:
+        group = zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode="w")
         dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
         group.create_array(
             layout.array_name,
@@ -189,7 +213,7 @@ class ZarrArrayStore(ArrayStore):
         group.attrs["layout"] = layout.to_dict()
 
     def layout(self, run_key: str) -> RunLayout:
-        if run_key in self._layouts and not (self._run_path(run_key) / "zarr.json").exists():
+        if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
             self._layouts.pop(run_key)  # deleted through another handle
         if run_key not in self._layouts:
             attrs = self._group(run_key).attrs.asdict()
@@ -206,24 +230,25 @@ class ZarrArrayStore(ArrayStore):
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
         group = self._group(run_key, mode="r+")
-        group[layout.array_name][start:stop] = values
-        group["layer_sums"][shard] = sums
-        if token_ids is not None:
-            group["token_ids"][start:stop] = token_ids
+        with self._reported():
+            group[layout.array_name][start:stop] = values
+            group["layer_sums"][shard] = sums
+            if token_ids is not None:
+                group["token_ids"][start:stop] = token_ids
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         layout = self.layout(run_key)
         array = self._group(run_key)[layout.array_name]
-        shard_dir = self._run_path(run_key) / layout.array_name / "c"
         for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
-            if not (shard_dir / str(shard) / "0" / "0").exists():  # Zarr would read it as zeros
+            if not self._exists(f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0"):  # Zarr reads it as zeros
                 raise DataLoss(f"run {run_key[:12]}: shard {shard} is missing from the store; delete the "
                                "run and capture it again")
         try:
-            if len(layers) == 1:
-                stored = array[start:stop, layers[0], :][None]
-            else:
-                stored = np.stack([array[start:stop, layer, :] for layer in layers])
+            with self._reported():
+                if len(layers) == 1:
+                    stored = array[start:stop, layers[0], :][None]
+                else:
+                    stored = np.stack([array[start:stop, layer, :] for layer in layers])
         except ValueError as exc:
             if "checksum" in str(exc):
                 raise DataLoss(
@@ -266,9 +291,10 @@ class ZarrArrayStore(ArrayStore):
 
     def delete_run(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)
-        shutil.rmtree(self._run_path(run_key), ignore_errors=True)
+        with self._reported():
+            sync(self._zarr.delete_dir(f"runs/{run_key}"))
 
     def nbytes_stored(self, run_key: str) -> int:
         layout = self.layout(run_key)
-        shard_dir = self._run_path(run_key) / layout.array_name
-        return sum(p.stat().st_size for p in shard_dir.rglob("*") if p.is_file())
+        with self._reported():
+            return sync(self._zarr.getsize_prefix(f"runs/{run_key}/{layout.array_name}"))

@@ -29,7 +29,9 @@ def fsync_tree(root: Path) -> None:
     """fsync every file below ``root`` and every folder, so a rename publishes durable bytes."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            _fsync_path(os.path.join(dirpath, name))
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):  # a link's target is not ours (and may not exist)
+                _fsync_path(path)
         _fsync_path(dirpath)
 
 
@@ -45,8 +47,11 @@ def _remove_stale_staging(parent: Path, prefix: str) -> None:
     now = time.time()
     for stale in parent.glob(glob.escape(prefix) + "*"):
         try:
-            if now - stale.stat().st_mtime > STALE_STAGING_SECONDS:
-                shutil.rmtree(stale, ignore_errors=True)
+            if now - stale.lstat().st_mtime > STALE_STAGING_SECONDS:
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink()
         except OSError:
             pass  # removed by another writer meanwhile
 
@@ -68,10 +73,14 @@ def atomic_directory(target: Path | str) -> Iterator[Path]:
         os.chmod(staging, DIR_MODE)
         yield staging
         fsync_tree(staging)
+        # rename(2) silently replaces an *empty* folder, so look first; the rename's error covers
+        # a target that appears after this look.
+        if os.path.lexists(target):
+            raise FileExistsError(str(target))
         try:
             os.rename(staging, target)
         except OSError as e:
-            if target.exists():
+            if os.path.lexists(target):
                 raise FileExistsError(str(target)) from e
             raise
         _fsync_path(target.parent)
@@ -84,7 +93,9 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Replace the file at ``path`` with ``data``: readers see the old or the new bytes, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=f".{path.name}.staging-", dir=path.parent)
+    prefix = f".{path.name}.staging-"
+    _remove_stale_staging(path.parent, prefix)
+    fd, staging = tempfile.mkstemp(prefix=prefix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

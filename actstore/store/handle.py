@@ -1,8 +1,8 @@
 """The store handle: one small picklable reference that opens the activation store anywhere.
 
 The service, every Ray task and every actor receive a ``StoreHandle`` (never a path and a codec
-string) and call ``open()``. The root is a URL-shaped string so that other backends plug in here:
-a local path or ``file://`` URL opens the Zarr directory store.
+string) and call ``open()``. The root is a local path (or ``file://`` URL), which opens the Zarr directory store, or an
+``s3://bucket/prefix`` URL, which opens it on an S3-compatible object store (`objects`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actstore.config import Settings
+from actstore.store import objects
 from actstore.store.arrays import ArrayStore, ZarrArrayStore
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.
@@ -23,19 +24,30 @@ class StoreHandle:
 
     root: str
     compressor: str = "lz4"
+    local_dir: str = ""  # with a URL root: where the catalog, models and datasets live
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreHandle:
-        return cls(str(settings.store_path), settings.compressor)
+        return cls(settings.store_root, settings.compressor, str(settings.local_dir))
+
+    @property
+    def is_url(self) -> bool:
+        return objects.is_url(self.root)
 
     @property
     def path(self) -> Path:
-        """The store's local directory (datasets, models, partial results and the catalog live
-        beside the arrays)."""
-        return Path(self.root.removeprefix("file://")).expanduser()
+        """The directory for everything but the arrays: registered models and datasets, training
+        checkpoints, partial results of matrix jobs and, by default, the catalog. A local store
+        keeps them beside its arrays."""
+        return Path(self.local_dir or self.root.removeprefix("file://")).expanduser()
+
+    def check(self) -> None:
+        """Fail fast, saying what to fix, when an object store cannot be reached."""
+        if self.is_url:
+            objects.check_reachable(self.root)
 
     def open(self) -> ArrayStore:
         store = _OPENED.get(self)
         if store is None:
-            store = _OPENED[self] = ZarrArrayStore(self.path, self.compressor)
+            store = _OPENED[self] = ZarrArrayStore(self.root if self.is_url else self.path, self.compressor)
         return store

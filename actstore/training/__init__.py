@@ -8,7 +8,8 @@ Public API:
 - ``Recipe``, ``RECIPES``, ``get_recipe(name, smoke=False)`` (``recipes``): ``vit-fmnist``,
   ``minilm-rt``, ``gpt2-austen``.
 - ``METHODS``, ``layer_weights``, ``training_loss``, ``objective_for_step``, ... (``objectives``).
-- ``exit_heads(model_dir)``: a multi-exit checkpoint's per-layer classifiers.
+- ``exit_heads(model_dir)``, ``list_checkpoints(out_dir)`` (``checkpoints``): a multi-exit
+  checkpoint's per-layer classifiers; the checkpoints of an output folder.
 - ``multi_exit_params(config)`` (``params``): the paper's Table 1 for any config.
 
 Heavy imports (torch, transformers) happen when these names are used, not on import of this
@@ -44,8 +45,8 @@ _LAZY = {
     "Recipe": "recipes",
     "get_recipe": "recipes",
     "TrainResult": "loop",
-    "exit_heads": "loop",
-    "list_checkpoints": "loop",
+    "exit_heads": "checkpoints",
+    "list_checkpoints": "checkpoints",
     "train": "loop",
     "layer_weights": "objectives",
     "objective_for_step": "objectives",

@@ -1,19 +1,10 @@
 """The training loop: one loop for every recipe and method, with atomic, resumable checkpoints.
 
-``train(recipe, method, seed, out_dir=...)`` trains and writes checkpoints into ``out_dir``:
-
-    out_dir/step-<k>/
-        config.json, model.safetensors, (tokenizer files)   save_pretrained of model + tokenizer
-        exit_heads.safetensors, exit_heads.json              multi-exit only (see exit_heads())
-        training_state.pt                                    optimizer, schedule, step, RNG, run
-        lineage.json                                         {recipe, method, seed, step, parent, ...}
-        checkpoint.json                                      digest, eval metrics, timings
-
-A checkpoint is written into a hidden temp folder and renamed into place, so ``step-<k>`` exists
-only when it is complete. Checkpoints are taken every ``recipe.checkpoint_every`` steps and at
-the end. Only the newest checkpoint keeps its ``training_state.pt`` (the optimizer state is twice
-the model's size); older folders stay complete Hugging Face model folders
-(``keep_training_states=True`` keeps every state).
+``train(recipe, method, seed, out_dir=...)`` trains and writes checkpoints ``out_dir/step-<k>/``
+(layout and atomic writes: ``actstore.training.checkpoints``). Checkpoints are taken every
+``recipe.checkpoint_every`` steps and at the end. Only the newest checkpoint keeps its
+``training_state.pt`` (the optimizer state is twice the model's size); older folders stay complete
+Hugging Face model folders (``keep_training_states=True`` keeps every state).
 
 Determinism: the batch of step t is a pure function of (seed, t): each epoch e is the permutation
 ``numpy.random.default_rng([seed, e])`` of the training rows, and step t takes the rows
@@ -32,14 +23,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,29 +36,28 @@ from torch import nn
 from actstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument
 from actstore.store.datasets import DatasetData
 from actstore.training import objectives as obj
-from actstore.training.recipes import Recipe, get_recipe, quiet_transformers
+from actstore.training.checkpoints import (
+    INFO_FILE,
+    LINEAGE_FILE,
+    STATE_FILE,
+    DirLock,
+    RunIdentity,
+    list_checkpoints,
+    load_model,
+    load_state,
+    remove_staging,
+    save_checkpoint,
+    set_rng_state,
+)
+from actstore.training.recipes import Recipe, get_recipe
 
 __all__ = [
-    "CHECKPOINT_RE",
-    "EXIT_HEADS_FILE",
-    "EXIT_HEADS_JSON",
     "TrainResult",
     "batch_indices",
     "evaluate",
-    "exit_heads",
     "learning_rate",
-    "list_checkpoints",
-    "load_exit_heads",
     "train",
 ]
-
-CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
-STATE_FILE = "training_state.pt"
-LINEAGE_FILE = "lineage.json"
-INFO_FILE = "checkpoint.json"
-EXIT_HEADS_FILE = "exit_heads.safetensors"
-EXIT_HEADS_JSON = "exit_heads.json"
-STATE_FORMAT = 1
 
 ProgressFn = Callable[[int, int, dict[str, Any]], None]
 
@@ -243,250 +230,6 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------------
-
-
-def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The ``step-<k>`` folders of ``out_dir`` in step order (complete by construction)."""
-    d = Path(out_dir)
-    if not d.is_dir():
-        return []
-    found = []
-    for p in d.iterdir():
-        m = CHECKPOINT_RE.match(p.name)
-        if m and p.is_dir() and (p / "config.json").is_file() and (p / LINEAGE_FILE).is_file():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
-def _step_of(path: Path) -> int:
-    m = CHECKPOINT_RE.match(path.name)
-    assert m is not None
-    return int(m.group(1))
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def _save_exit_heads(
-    directory: Path, heads: nn.ModuleDict, parts: obj.HeadParts, num_layers: int
-) -> None:
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    own = {str(num_layers): parts.classifier}
-    for key, head in {**dict(heads.items()), **own}.items():
-        tensors[f"{key}.weight"] = head.weight.detach().to("cpu", torch.float32).contiguous().clone()
-        if head.bias is not None:
-            tensors[f"{key}.bias"] = head.bias.detach().to("cpu", torch.float32).contiguous().clone()
-    save_file(tensors, str(directory / EXIT_HEADS_FILE), metadata={"format": "actstore-exit-heads-v1"})
-    _write_json(
-        directory / EXIT_HEADS_JSON,
-        {
-            "format": 1,
-            "num_layers": num_layers,
-            "layers": list(range(1, num_layers + 1)),
-            "own_head_layer": num_layers,
-            "bias": parts.classifier.bias is not None,
-            "shape": list(parts.classifier.weight.shape),
-            "description": (
-                "one linear classifier per layer: z_l = W_l . x + b_l, where x is the input of "
-                "the model's own classifier computed from layer l's residual state (the final "
-                "norm and, for BERT, the pooler are shared: exactly lens_head() with weight / "
-                "bias replaced). Layers 1..L-1 are the extra exits (initialised as copies of the "
-                "model's classifier); layer L is a copy of the model's own classifier."
-            ),
-        },
-    )
-
-
-def load_exit_heads(model_dir: str | os.PathLike) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]] | None:
-    """As ``exit_heads`` but torch tensors."""
-    d = Path(model_dir)
-    path = d / EXIT_HEADS_FILE
-    if not path.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(path))
-        meta = json.loads((d / EXIT_HEADS_JSON).read_text())
-    except Exception as exc:  # a corrupt file is data loss, whatever the parser says
-        raise DataLoss(f"cannot read the exit heads in {d} ({type(exc).__name__}: {exc})") from exc
-    out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-    for layer in meta["layers"]:
-        w = tensors.get(f"{layer}.weight")
-        if w is None:
-            raise DataLoss(f"{path} has no weight for layer {layer}")
-        out[int(layer)] = (w, tensors.get(f"{layer}.bias"))
-    return out
-
-
-def exit_heads(model_dir: str | os.PathLike) -> dict[int, tuple[np.ndarray, np.ndarray | None]] | None:
-    """A multi-exit checkpoint's own classifiers: ``{layer: (W (C x d), b (C,) or None)}`` for
-    layers 1..L (L is a copy of the model's own classifier), float32 numpy; None for a model
-    trained without exit heads. Logits at layer l: take ``lens_head()`` of the model and replace
-    its ``weight`` / ``bias`` by ``W_l`` / ``b_l`` (norm and pooler are shared)."""
-    heads = load_exit_heads(model_dir)
-    if heads is None:
-        return None
-    return {
-        layer: (w.numpy().copy(), None if b is None else b.numpy().copy())
-        for layer, (w, b) in heads.items()
-    }
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@dataclass
-class _Run:
-    recipe: Recipe
-    method: str
-    seed: int
-    weights: str
-    alternating: bool
-    beta: float
-
-    def identity(self) -> dict[str, Any]:
-        return {
-            "recipe": self.recipe.name,
-            "smoke": self.recipe.smoke,
-            "method": self.method,
-            "seed": self.seed,
-            "weights": self.weights,
-            "alternating": self.alternating,
-            "beta": self.beta,
-        }
-
-
-def _save_checkpoint(
-    out_dir: Path,
-    step: int,
-    total: int,
-    run: _Run,
-    model: nn.Module,
-    tokenizer: Any,
-    parts: obj.HeadParts,
-    heads: nn.ModuleDict | None,
-    optimizer: torch.optim.Optimizer,
-    parent: str | None,
-    metrics: dict[str, Any],
-    elapsed: float,
-) -> tuple[Path, str]:
-    from actstore.workers.models import model_digest
-
-    final = out_dir / f"step-{step}"
-    if final.exists():
-        raise AlreadyExists(f"checkpoint {final} exists already")
-    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=out_dir))
-    try:
-        os.chmod(tmp, 0o755)
-        with quiet_transformers():
-            model.save_pretrained(tmp)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-        L = int(model.config.num_hidden_layers)
-        if heads is not None:
-            _save_exit_heads(tmp, heads, parts, L)
-        state = {
-            "format": STATE_FORMAT,
-            **run.identity(),
-            "step": step,
-            "total_steps": total,
-            "optimizer": optimizer.state_dict(),
-            "exit_heads": None if heads is None else heads.state_dict(),
-            "scheduler": {
-                "kind": "warmup-cosine",
-                "base_lr": run.recipe.lr,
-                "warmup_steps": run.recipe.warmup_steps,
-                "total_steps": total,
-            },
-            "rng": _rng_state(),
-        }
-        torch.save(state, tmp / STATE_FILE)
-        digest = model_digest(model)
-        lineage = {**run.identity(), "step": step, "parent": parent}
-        _write_json(tmp / LINEAGE_FILE, lineage)
-        _write_json(
-            tmp / INFO_FILE,
-            {
-                **lineage,
-                "total_steps": total,
-                "digest": digest,
-                "metrics": metrics,
-                "elapsed_seconds": elapsed,
-                "kind": run.recipe.kind,
-                "eval_source": run.recipe.eval_source(),
-                "exit_heads": heads is not None,
-                "lr": run.recipe.lr,
-                "batch_size": run.recipe.batch_size,
-            },
-        )
-        _fsync_tree(tmp)
-        os.rename(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final, digest
-
-
-def _load_state(ckpt: Path) -> dict[str, Any]:
-    # on the CPU: RNG states must stay CPU byte tensors; the optimizer moves its state to the
-    # parameters' device itself
-    try:
-        return torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise DataLoss(f"cannot read {ckpt / STATE_FILE} ({type(exc).__name__}: {exc})") from exc
-
-
-def _load_model(ckpt: Path, recipe: Recipe) -> tuple[nn.Module, Any]:
-    import transformers
-    from transformers import AutoConfig, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(ckpt, local_files_only=True)
-    arch = (getattr(config, "architectures", None) or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:
-        raise DataLoss(f"the checkpoint {ckpt} names no usable architecture ({arch!r})")
-    with quiet_transformers():
-        model, info = cls.from_pretrained(
-            ckpt, config=config, dtype=torch.float32, local_files_only=True, output_loading_info=True
-        )
-    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | (
-        {"error_msgs": info["error_msgs"]} if info.get("error_msgs") else {}
-    )
-    if bad:
-        raise DataLoss(f"the checkpoint {ckpt} does not load cleanly: {bad}")
-    tokenizer = None
-    if recipe.kind != "vision":
-        tokenizer = AutoTokenizer.from_pretrained(ckpt, local_files_only=True)
-    return model, tokenizer
-
-
-# ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
 
@@ -514,36 +257,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-class _DirLock:
-    """An exclusive advisory lock on ``out_dir/.lock``: one trainer per output folder."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / ".lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> Self:
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            raise FailedPrecondition(
-                f"another training process is writing {self.path.parent}"
-            ) from None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import fcntl
-
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
 
 
 def train(
@@ -591,13 +304,12 @@ def train(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
-    run = _Run(recipe, method, seed, weights, bool(alternating), float(beta))
+    run = RunIdentity(recipe, method, seed, weights, bool(alternating), float(beta))
 
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    with _DirLock(out):
-        for stale in out.glob(".step-*.tmp-*"):  # a crash mid-write; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
+    with DirLock(out):
+        remove_staging(out)  # a crash mid-write; we hold the lock
         existing = list_checkpoints(out)
         resume_from: Path | None = None
         if existing:
@@ -624,7 +336,7 @@ def train(
 
 
 def _train_locked(
-    run: _Run,
+    run: RunIdentity,
     total: int,
     out: Path,
     resume_from: Path | None,
@@ -651,7 +363,7 @@ def _train_locked(
 
     state: dict[str, Any] | None = None
     if resume_from is not None:
-        state = _load_state(resume_from)
+        state = load_state(resume_from)
         start = int(state["step"])
         result.resumed_from = start
         result.step = start
@@ -666,7 +378,7 @@ def _train_locked(
             result.checkpoints = list_checkpoints(out)
             result.elapsed = time.perf_counter() - t_start
             return result
-        model, tokenizer = _load_model(resume_from, recipe)
+        model, tokenizer = load_model(resume_from, recipe)
     else:
         start = 0
         torch.manual_seed(run.seed)
@@ -689,7 +401,7 @@ def _train_locked(
     )
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
     else:
         torch.manual_seed(run.seed)  # dropout stream: independent of how the model was built
     allowed = _base_args(model)
@@ -740,7 +452,7 @@ def _train_locked(
         if step % recipe.checkpoint_every == 0 or step == last_stop:
             ev = evaluate(model, recipe, eval_data, tokenizer, heads, device)
             ev["train_loss"] = metrics["loss"]
-            ckpt, digest = _save_checkpoint(
+            ckpt, digest = save_checkpoint(
                 out, step, total, run, model, tokenizer, parts, heads, optimizer, parent, ev,
                 time.perf_counter() - t_start,
             )

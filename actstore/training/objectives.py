@@ -7,7 +7,7 @@ last-layer classifier ``W`` to every layer's representation ``h^(l)`` and trains
 
 with ``lambda_l = 2 l / (L (L + 1))`` (linear, the default; sums to 1) or ``1 / L`` (uniform).
 
-Conventions (the same as ``actstore.workers.models.ModelAdapter``, so what is trained here is
+Conventions (the same as ``actstore.modeling.ModelAdapter``, so what is trained here is
 what the lens measures later):
 
 - ``residual_states(model, inputs)`` returns the L + 1 residual-stream states, with gradients:
@@ -55,7 +55,7 @@ from torch.nn import functional as F
 
 from actstore.errors import InvalidArgument
 from actstore.training import METHODS, WEIGHT_SCHEMES
-from actstore.workers.models import find_final_norm, find_head_module
+from actstore.modeling.introspection import find_final_norm, find_head_module
 
 __all__ = [
     "DEFAULT_BETA",

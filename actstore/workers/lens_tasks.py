@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from actstore.metrics.lens import LensAccumulator
+from actstore.metrics.lens import LensAccumulator, LensHead
+from actstore.modeling.lens_head import TorchLensHead
 from actstore.store.handle import StoreHandle
-from actstore.workers.models import apply_lens_head
+from actstore.training import checkpoints
 from actstore.workers.metric_tasks import task_device
 from actstore.workers.registry import load_lens_head
 
@@ -33,16 +34,14 @@ class LensPlan:
     exit_heads: bool = False  # a multi-exit model's own classifier at each layer 1..L
 
 
-def layer_heads(plan: LensPlan) -> list[dict]:
+def layer_heads(plan: LensPlan) -> list[LensHead]:
     """The head applied at each layer 0..L: the shared one, or (exit_heads) the model's per-layer
     classifiers on the shared final norm / pooler (layer 0 has no exit and keeps the shared head)."""
     head = load_lens_head(plan.model_path)
     heads = [head] * plan.num_states
     if plan.exit_heads:
-        from actstore.training import exit_heads
-
-        for layer, (weight, bias) in (exit_heads(plan.model_path) or {}).items():
-            heads[layer] = {**head, "weight": weight, "bias": bias, "digest": f"{head.get('digest', '')}:exit{layer}"}
+        for layer, (weight, bias) in (checkpoints.exit_heads(plan.model_path) or {}).items():
+            heads[layer] = head.with_classifier(weight, bias, digest=f"{head.digest}:exit{layer}")
     return heads
 
 
@@ -64,7 +63,7 @@ def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarr
     arrays = plan.store.open()
     heads = layer_heads(plan)
     device = torch.device(task_device(device_policy) or "cpu")  # the lens is torch either way
-    cache: dict = {}
+    applied = {id(head): TorchLensHead(head, device) for head in heads}  # the shared head once
     accumulator = copy.deepcopy(accumulator)
     offsets = arrays.offsets(plan.run_key) if plan.next_token else None
     layers = list(range(plan.num_states))
@@ -80,7 +79,7 @@ def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarr
             if not keep.any():
                 continue
             hidden = torch.from_numpy(arrays.read_layers(plan.run_key, layers, start, stop)[:, keep]).to(device)
-            logits = torch.stack([apply_lens_head(heads[layer], hidden[layer], cache) for layer in layers])
+            logits = torch.stack([applied[id(heads[layer])](hidden[layer]) for layer in layers])
             confidence, predicted = torch.softmax(logits.double(), dim=-1).max(dim=-1)
             accumulator.update(predicted.cpu().numpy(), confidence.cpu().numpy(), chunk_labels[keep])
     return accumulator

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from actstore.errors import InvalidArgument
+from actstore.modeling.adapter import ModelAdapter
 from actstore.store.handle import StoreHandle
 from actstore.store.datasets import load_dataset
 from actstore.workers.metric_tasks import task_device
-from actstore.workers.models import ModelAdapter
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,14 @@ job manager follows (a Ray task has no channel back to the job but the shared st
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+import torch
+
+from actstore.store.atomic import atomic_write_text
+from actstore.training.loop import train
+from actstore.training.recipes import get_recipe
 
 PROGRESS_FILE = "progress.json"
 
@@ -24,10 +29,6 @@ def read_progress(out_dir: str | Path) -> dict | None:
 
 def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: bool, alternating: bool,
                  weights: str, out_dir: str, num_threads: int | None = None) -> dict:
-    import torch
-
-    from actstore.training import get_recipe, train
-
     if num_threads:
         torch.set_num_threads(num_threads)
     path = progress_path(out_dir)
@@ -39,9 +40,7 @@ def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: 
             return
         written[0] = now
         record = {"step": step, "total": total, "loss": float(metrics.get("loss", float("nan")))}
-        staging = path.with_suffix(".tmp")
-        staging.write_text(json.dumps(record))
-        os.replace(staging, path)
+        atomic_write_text(path, json.dumps(record))
 
     result = train(get_recipe(recipe, smoke=smoke), method, seed, steps, out_dir=out_dir, progress=progress,
                    alternating=alternating, weights=weights)

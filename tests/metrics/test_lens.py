@@ -78,6 +78,44 @@ def test_rmsnorm_head_matches_torch_and_llama_formula(rng):
     np.testing.assert_allclose(head.logits(h), llama @ p["weight"].T, rtol=1e-12, atol=1e-12)
 
 
+def test_rmsnorm_bias_is_added_after_the_scale(rng):
+    """No HF RMSNorm has a bias (nor torch.nn.RMSNorm); one that has adds it like a LayerNorm."""
+    p = make_head_arrays(rng)
+    head = LensHead("rmsnorm", p["norm_weight"], p["norm_bias"], 1e-6, p["weight"], p["bias"])
+    h = rng.standard_normal((9, 16)) * 4 + 2
+    t = {k: torch.from_numpy(v) for k, v in p.items()}
+    normed = F.rms_norm(torch.from_numpy(h), (16,), t["norm_weight"], 1e-6) + t["norm_bias"]
+    expected = F.linear(normed, t["weight"], t["bias"]).numpy()
+    np.testing.assert_allclose(head.logits(h), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu"])
+def test_pooler_head_matches_torch(rng, activation):
+    p = make_head_arrays(rng)
+    pooler_w, pooler_b = rng.standard_normal((16, 12)), rng.standard_normal(16)
+    head = LensHead("layernorm", p["norm_weight"][:12], p["norm_bias"][:12], 1e-5, p["weight"], p["bias"],
+                    pooler_weight=pooler_w, pooler_bias=pooler_b, pooler_activation=activation,
+                    position="cls", task="classifier")
+    assert (head.width, head.num_classes) == (12, 23)
+    h = rng.standard_normal((5, 12))
+    x = F.layer_norm(torch.from_numpy(h), (12,), torch.from_numpy(p["norm_weight"][:12]),
+                     torch.from_numpy(p["norm_bias"][:12]), 1e-5)
+    x = {"tanh": torch.tanh, "relu": torch.relu, "gelu": F.gelu}[activation](
+        F.linear(x, torch.from_numpy(pooler_w), torch.from_numpy(pooler_b)))
+    expected = F.linear(x, torch.from_numpy(p["weight"]), torch.from_numpy(p["bias"])).numpy()
+    np.testing.assert_allclose(head.logits(h), expected, rtol=1e-12, atol=1e-12)
+    exit_head = head.with_classifier(p["weight"][:3], None)
+    assert exit_head.num_classes == 3 and exit_head.pooler_activation == activation
+
+
+def test_float32_arrays_stay_float32(rng):
+    p = make_head_arrays(rng)
+    head = LensHead("rmsnorm", p["norm_weight"].astype(np.float32), None, 1e-6,
+                    p["weight"].astype(np.float32))
+    assert head.weight.dtype == np.float32 and head.norm_weight.dtype == np.float32
+    assert head.logits(rng.standard_normal((2, 16))).dtype == np.float64
+
+
 def test_head_without_norm_is_affine(rng):
     p = make_head_arrays(rng)
     h = rng.standard_normal((4, 16))
@@ -92,7 +130,11 @@ def test_head_validation(rng):
     with pytest.raises(ValueError, match="norm_weight"):
         LensHead("layernorm", None, None, 1e-5, p["weight"])
     with pytest.raises(ValueError, match="norm_bias"):
-        LensHead("rmsnorm", p["norm_weight"], p["norm_bias"], 1e-5, p["weight"])
+        LensHead("none", None, p["norm_bias"], 1e-5, p["weight"])
+    with pytest.raises(ValueError, match="pooler"):
+        LensHead("none", None, None, 0.0, p["weight"], pooler_weight=np.eye(16))
+    with pytest.raises(ValueError, match="position"):
+        LensHead("none", None, None, 0.0, p["weight"], position="middle")
     with pytest.raises(ValueError, match="bias must have shape"):
         LensHead("rmsnorm", p["norm_weight"], None, 1e-5, p["weight"], p["bias"][:-1])
     head = LensHead("rmsnorm", p["norm_weight"], None, 1e-5, p["weight"])

@@ -12,14 +12,9 @@ import pytest
 import torch
 
 from actstore.errors import AlreadyExists, InvalidArgument
-from actstore.training import loop
-from actstore.training.loop import (
-    batch_indices,
-    exit_heads,
-    learning_rate,
-    list_checkpoints,
-    train,
-)
+from actstore.training import checkpoints, loop
+from actstore.training.checkpoints import exit_heads, list_checkpoints
+from actstore.training.loop import batch_indices, learning_rate, train
 from actstore.training.recipes import build_vit, get_recipe
 
 
@@ -89,7 +84,8 @@ def test_learning_rate_warmup_then_cosine():
 def test_checkpoints_lineage_and_digest_round_trip(tiny, tmp_path):
     from transformers import ViTForImageClassification
 
-    from actstore.workers.models import ModelAdapter, model_digest
+    from actstore.modeling.adapter import ModelAdapter
+    from actstore.modeling.introspection import model_digest
 
     seen = []
     r = train(tiny, "aligned", seed=1, out_dir=tmp_path, progress=lambda s, t, m: seen.append((s, t, m)))
@@ -122,7 +118,7 @@ def test_checkpoints_lineage_and_digest_round_trip(tiny, tmp_path):
     assert model_digest(reloaded) == r.digest
     adapter = ModelAdapter.load(last, device="cpu")
     assert adapter.digest == r.digest
-    assert adapter.lens_head()["num_classes"] == 10  # the lens reproduces the model's logits
+    assert adapter.lens_head().num_classes == 10  # the lens reproduces the model's logits
     assert exit_heads(last) is None
 
 
@@ -204,17 +200,21 @@ def test_refuses_to_mix_runs(tiny, tmp_path):
 
 
 def test_stale_temp_folders_are_cleaned_and_ignored(tiny, tmp_path):
-    (tmp_path / ".step-2.tmp-dead").mkdir(parents=True)
-    (tmp_path / ".step-2.tmp-dead" / "config.json").write_text("{}")
+    # an earlier version's temp folder and an atomic_directory staging folder, both fresh
+    for dead in (".step-2.tmp-dead", ".step-2.staging-dead"):
+        (tmp_path / dead).mkdir(parents=True)
+        (tmp_path / dead / "config.json").write_text("{}")
     r = train(tiny, "standard", seed=0, out_dir=tmp_path, steps=2)
     assert r.resumed_from is None and [p.name for p in r.checkpoints] == ["step-2"]
     assert not (tmp_path / ".step-2.tmp-dead").exists()
+    assert not (tmp_path / ".step-2.staging-dead").exists()
 
 
 def test_module_exports():
     import actstore.training as T
 
-    assert T.train is loop.train and T.exit_heads is loop.exit_heads
+    assert T.train is loop.train and T.exit_heads is checkpoints.exit_heads
+    assert T.list_checkpoints is checkpoints.list_checkpoints
     assert T.METHODS == ("standard", "aligned", "multi-exit", "ce-reg")
     assert set(T.RECIPES) == {"vit-fmnist", "minilm-rt", "gpt2-austen"}
 

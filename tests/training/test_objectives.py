@@ -114,7 +114,7 @@ def test_alternating_loss_is_standard_on_odd_steps_and_aligned_on_even():
 
 @pytest.mark.parametrize("name", ["vit-cls", "bert-cls", "gpt2", "llama"])
 def test_states_match_adapter_and_head_reproduces_logits(name, tmp_path):
-    from actstore.workers.models import ModelAdapter
+    from actstore.modeling.adapter import ModelAdapter
 
     model, tok = build_tiny_model(name)
     model.save_pretrained(tmp_path)

@@ -9,7 +9,8 @@ import pytest
 
 from actstore.errors import NotFound
 from actstore.store.datasets import load_builtin
-from actstore.training.loop import exit_heads, train
+from actstore.training.checkpoints import exit_heads
+from actstore.training.loop import train
 from actstore.training.objectives import METHODS
 from actstore.training.recipes import RECIPES, get_recipe
 
@@ -24,7 +25,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,method", CASES)
 def test_smoke_run_end_to_end(name, method, tmp_path):
-    from actstore.workers.models import ModelAdapter
+    from actstore.modeling.adapter import ModelAdapter
 
     recipe = get_recipe(name, smoke=True)
     r = train(recipe, method, seed=0, out_dir=tmp_path)
@@ -45,9 +46,9 @@ def test_smoke_run_end_to_end(name, method, tmp_path):
     if method == "multi-exit":
         assert sorted(heads) == list(range(1, L + 1))
         for w, b in heads.values():
-            assert w.shape == head["weight"].shape
-            assert (b is None) == (head["bias"] is None)
-        np.testing.assert_array_equal(heads[L][0], head["weight"])
+            assert w.shape == head.weight.shape
+            assert (b is None) == (head.bias is None)
+        np.testing.assert_array_equal(heads[L][0], head.weight)
     else:
         assert heads is None
 

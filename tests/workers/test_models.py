@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from actstore.errors import InvalidArgument, NotFound
-from actstore.workers import models as M
-from actstore.workers.models import (
-    BUILTIN_MODELS,
-    ModelAdapter,
-    model_digest,
-    resolve_model_source,
-)
+from actstore.metrics.lens import LensHead
+from actstore.modeling import introspection, pooling, sources
+from actstore.modeling.adapter import ModelAdapter
+from actstore.modeling.introspection import model_digest
+from actstore.modeling.lens_head import TorchLensHead
+from actstore.modeling.sources import BUILTIN_MODELS, resolve_model_source
 from tests.factories import TEXTS, WORDS, build_tiny_model
 
 _build = build_tiny_model
@@ -83,7 +82,7 @@ def test_smollm2_cache_is_atomic(tmp_path, monkeypatch):
     fake = tmp_path / "pkg" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     fake.parent.mkdir()
     fake.write_bytes(b"gguf")
-    monkeypatch.setattr(M, "_smollm2_gguf", lambda: fake)
+    monkeypatch.setattr(sources, "_smollm2_gguf", lambda: fake)
     cache = tmp_path / "cache"
     calls = []
 
@@ -92,7 +91,7 @@ def test_smollm2_cache_is_atomic(tmp_path, monkeypatch):
         (out_dir / "config.json").write_text("{}")  # half written
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(M, "_dequantise_gguf", crash)
+    monkeypatch.setattr(sources, "_dequantise_gguf", crash)
     with pytest.raises(RuntimeError):
         resolve_model_source("smollm2-135m", cache)
     assert list(cache.iterdir()) == []  # neither a final folder nor a temp folder is left
@@ -102,7 +101,7 @@ def test_smollm2_cache_is_atomic(tmp_path, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         (out_dir / "model.safetensors").write_bytes(b"")
 
-    monkeypatch.setattr(M, "_dequantise_gguf", ok)
+    monkeypatch.setattr(sources, "_dequantise_gguf", ok)
     final = resolve_model_source("smollm2-135m", cache)
     assert final.parent == cache and final.name.startswith("smollm2-135m-")
     assert sorted(p.name for p in final.iterdir()) == ["config.json", "model.safetensors"]
@@ -120,7 +119,7 @@ def test_build_atomically_race_loser_uses_winner(tmp_path):
         final.mkdir()
         (final / "config.json").write_text('{"winner": true}')
 
-    assert M._build_atomically(final, build) == final
+    assert sources.build_atomically(final, build) == final
     assert json.loads((final / "config.json").read_text()) == {"winner": True}
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
 
@@ -167,11 +166,11 @@ def test_layer_L_is_pre_final_norm(adapters, name):
     assert logits.shape == out.logits.shape
     assert torch.allclose(logits, out.logits, atol=1e-5, rtol=0)
     head = a.lens_head()
-    assert head["norm"] == ("layernorm" if name == "gpt2" else "rmsnorm")
-    assert head["position"] == "every" and head["type"] == "lm"
-    assert head["weight"].shape == (a.config.vocab_size, 16) and head["weight"].dtype == np.float32
-    assert (head["norm_bias"] is None) == (name == "llama")
-    assert head["bias"] is None
+    assert head.norm == ("layernorm" if name == "gpt2" else "rmsnorm")
+    assert head.position == "every" and head.task == "lm"
+    assert head.weight.shape == (a.config.vocab_size, 16) and head.weight.dtype == np.float32
+    assert (head.norm_bias is None) == (name == "llama")
+    assert head.bias is None
     # the lens at an inner layer is the same formula
     assert a.head_logits(hidden[1]).shape == out.logits.shape
 
@@ -185,22 +184,44 @@ def test_classifier_lens_head(adapters, name):
         logits = a.model(**batch.inputs).logits
     head = a.lens_head()
     position = "last" if name == "gpt2-cls" else "cls"  # decoders classify from the last token
-    assert head["position"] == position and head["type"] == "classifier"
+    assert head.position == position and head.task == "classifier"
     got = a.head_logits(a.pool(hidden, batch.mask, position)[-1])
     assert not torch.allclose(
         a.head_logits(a.pool(hidden, batch.mask, "mean")[-1]), logits, atol=1e-3
     )
     assert torch.allclose(got, logits, atol=1e-5, rtol=0)
     if name == "vit-cls":  # ViT: layernorm, then the classifier on CLS
-        assert head["norm"] == "layernorm" and head["pooler_weight"] is None
-        assert head["weight"].shape == (10, 16) and head["bias"].shape == (10,)
+        assert head.norm == "layernorm" and head.pooler_weight is None
+        assert head.weight.shape == (10, 16) and head.bias.shape == (10,)
     elif name == "gpt2-cls":  # GPT-2: ln_f, then the score layer (no bias) on the last token
         assert (
-            head["norm"] == "layernorm" and head["bias"] is None and head["weight"].shape == (3, 16)
+            head.norm == "layernorm" and head.bias is None and head.weight.shape == (3, 16)
         )
     else:  # BERT: no final norm; the pooler (dense + tanh) sits before the classifier
-        assert head["norm"] == "none" and head["pooler_activation"] == "tanh"
-        assert head["pooler_weight"].shape == (16, 16) and head["weight"].shape == (3, 16)
+        assert head.norm == "none" and head.pooler_activation == "tanh"
+        assert head.pooler_weight.shape == (16, 16) and head.weight.shape == (3, 16)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert-cls", "vit-cls", "gpt2-cls"])
+def test_torch_lens_matches_the_numpy_reference(adapters, name):
+    """TorchLensHead (float32, what lens tasks run) and LensHead.logits (float64) are one formula."""
+    a = adapters[name]
+    head = a.lens_head()
+    h = torch.randn(7, 16, generator=torch.Generator().manual_seed(1)) * 3
+    got = TorchLensHead(head, "cpu")(h)
+    np.testing.assert_allclose(got.numpy(), head.logits(h.numpy()), rtol=1e-4, atol=1e-4)
+    assert head.arch == a.arch and head.digest == a.digest
+
+
+def test_torch_lens_rmsnorm_bias_and_pooler():
+    rng = np.random.default_rng(3)
+    head = LensHead("rmsnorm", rng.standard_normal(8), rng.standard_normal(8), 1e-6,
+                    rng.standard_normal((5, 6)), rng.standard_normal(5),
+                    pooler_weight=rng.standard_normal((6, 8)), pooler_bias=rng.standard_normal(6),
+                    pooler_activation="gelu", position="cls", task="classifier")
+    h = rng.standard_normal((4, 8))
+    got = TorchLensHead(head, "cpu")(torch.from_numpy(h)).numpy()
+    np.testing.assert_allclose(got, head.logits(h), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["bert", "vit"])
@@ -257,10 +278,10 @@ def test_pooling_matches_hand_computation(adapters, name):
 def test_pool_last_any_padding_side():
     hidden = torch.arange(2 * 2 * 4 * 3, dtype=torch.float32).view(2, 2, 4, 3)
     mask = torch.tensor([[0, 1, 1, 0], [1, 0, 0, 0]])
-    last = M.pool(hidden, mask, "last")
+    last = pooling.pool(hidden, mask, "last")
     assert torch.equal(last[:, 0], hidden[:, 0, 2]) and torch.equal(last[:, 1], hidden[:, 1, 0])
     with pytest.raises(InvalidArgument, match="no tokens"):
-        M.pool(hidden, torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]]), "mean")
+        pooling.pool(hidden, torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]]), "mean")
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
@@ -341,18 +362,18 @@ def test_digest_hashes_tied_weights_once():
     sd = model.state_dict()
     assert sd["lm_head.weight"].data_ptr() == sd["transformer.wte.weight"].data_ptr()
     seen = []
-    real = M._canonical_json
+    real = introspection._canonical_json
 
     def spy(value):
         if isinstance(value, dict) and "nbytes" in value:
             seen.append(value["name"])
         return real(value)
 
-    M._canonical_json = spy
+    introspection._canonical_json = spy
     try:
         model_digest(model)
     finally:
-        M._canonical_json = real
+        introspection._canonical_json = real
     assert "lm_head.weight" in seen and "transformer.wte.weight" not in seen
     assert len(seen) == len(set(seen)) == len(sd) - 1
 
@@ -478,7 +499,7 @@ def test_real_smollm2_dequantise_cache_and_lens(big_tmp):
     source = json.loads((folder / "actstore_source.json").read_text())
     assert source["digest"] == a.digest  # GGUF-loaded and reloaded weights hash the same
     head = a.lens_head()
-    assert head["norm"] == "rmsnorm" and head["weight"].shape == (49152, 576)
+    assert head.norm == "rmsnorm" and head.weight.shape == (49152, 576)
     texts = ["The capital of France is", "Once upon a time, there was a little girl who"]
     batch = a.encode(texts, 32)
     hidden = a.hidden_states(batch)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import rdata
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store.datasets.core import DatasetData
@@ -117,6 +116,11 @@ def read_r_lazyload(base: str | os.PathLike) -> dict[str, Any]:
 
 def _unserialize(raw: bytes) -> Any:
     """One R serialization (``saveRDS`` bytes, gzip'd or not), decoded by ``rdata``."""
+    try:
+        import rdata  # imported on use: it brings pandas and xarray, ~0.6 s
+    except ImportError:
+        raise NotFound("reading R data needs the rdata package: run `pip install rdata`") from None
+
     return rdata.conversion.convert(rdata.parser.parse_data(raw, extension=".rds"))
 
 

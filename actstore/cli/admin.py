@@ -1,0 +1,104 @@
+"""Running and administering a store: serve, token, and the end-to-end demo and experiment."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+from actstore.cli.common import add_option
+from actstore.options import LENS, SERVE, TRAIN
+
+ROLES = ("reader", "writer", "admin")  # actstore.server.auth.ROLES, without importing the server
+
+
+def cmd_serve(args) -> int:
+    from actstore.config import Settings
+    from actstore.server.app import start_server
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "store": args.store,
+                                   "ray_address": args.ray_address, "metric_device": args.metric_device,
+                                   }.items() if v is not None}
+    if args.auth:
+        overrides["auth"] = True
+    server = start_server(Settings(**overrides))
+    print(f"actstore serving on {server.address} (store {server.service.settings.store_path}); Ctrl-C stops",
+          flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop()
+    return 0
+
+
+def cmd_token(args) -> int:
+    from actstore.config import Settings
+    from actstore.server.auth import create_token
+    from actstore.store.catalog import Catalog
+
+    settings = Settings(**({"store": args.store} if args.store else {}))
+    catalog = Catalog(settings.store_path / "catalog.duckdb")
+    try:
+        if args.action == "create":
+            token = create_token(catalog, args.name, args.role)
+            print(f"token for {args.name} ({args.role}), shown once:\n{token}")
+        else:
+            catalog.revoke_principal(args.name)
+            print(f"revoked {args.name}")
+    finally:
+        catalog.close()
+    return 0
+
+
+def cmd_experiment(args) -> int:
+    from actstore.experiment import run_experiment
+
+    run_experiment(args.recipe, Path(args.out or f"actstore-experiment-{args.recipe}"), smoke=args.smoke,
+                   seed=args.seed, steps=args.steps, store=args.store, address=args.address, epsilon=args.epsilon)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from actstore.demo import run_demo
+
+    run_demo(out=Path(args.out), store=args.store, n=args.n, address=args.address)
+    return 0
+
+
+def add_commands(command) -> None:
+    p = command("serve", cmd_serve, "run the gRPC server (Ray + store + catalog owner)",
+                "Serve the store on HOST:PORT. Joins RAY_ADDRESS / --ray-address, else starts a local Ray.\n"
+                "Every option is also an ACTSTORE_ environment variable (ACTSTORE_PORT, ...).")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 50151; 0 picks one)")
+    p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
+    p.add_argument("--auth", action="store_true", help="require tokens (make them with `actstore token create`)")
+    add_option(p, SERVE, "metric_device")
+
+    p = command("token", cmd_token, "create or revoke an access token (offline, on the store directly)",
+                "Works on the store's catalog directly, so run it while no server owns the store.")
+    p.add_argument("action", choices=["create", "revoke"])
+    p.add_argument("--name", required=True)
+    p.add_argument("--role", default="reader", choices=list(ROLES), help="what the token may do (default reader)")
+
+    p = command("demo", cmd_demo, "the main job: capture MiniLM-L6 and SmolLM2, compare layers, write a report",
+                "Embedded by default. Captures MiniLM-L6 and SmolLM2-135M on Rotten Tomatoes reviews, computes\n"
+                "within-model CKA and COS matrices and the cross-model CKA matrix, and writes heatmaps and a\n"
+                "Markdown report to --out.")
+    p.add_argument("--out", default="actstore-demo", help="output folder (default ./actstore-demo)")
+    p.add_argument("--n", type=int, default=300, help="number of reviews (default 300)")
+
+    p = command("experiment", cmd_experiment, "aligned vs standard training: train, capture, lens, report",
+                "Trains standard, aligned, multi-exit and ce-reg models with one recipe, seed and budget,\n"
+                "captures the held-out set, and writes accuracy / COS / saturation plots, effective depths,\n"
+                "the multi-exit table and a verdict on each of the paper's claims.")
+    p.add_argument("--recipe", default="vit-fmnist", choices=list(TRAIN.recipe.choices),
+                   help="the training recipe (default vit-fmnist)")
+    p.add_argument("--out", help="output folder (default ./actstore-experiment-RECIPE)")
+    add_option(p, TRAIN, "smoke", help="tiny sizes (seconds), for tests")
+    add_option(p, TRAIN, "seed")
+    add_option(p, TRAIN, "steps", extra_help="per method")
+    add_option(p, LENS, "epsilon")

@@ -1,0 +1,126 @@
+"""What the store holds: register models and datasets, list and describe runs, read, delete."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actstore.cli.common import add_option, connect, print_table
+from actstore.options import DATASETS
+
+
+def cmd_register_model(args) -> int:
+    with connect(args) as client:
+        model = client.register_model(args.path, builtin=args.builtin, name=args.name)
+    print(f"model {model.digest[:12]}  {model.kind} {model.arch}  layers 0..{model.num_layers}  "
+          f"width {model.hidden_size}  aliases {', '.join(model.aliases)}")
+    return 0
+
+
+def cmd_register_dataset(args) -> int:
+    texts = None
+    if args.text:
+        texts = args.text
+    with connect(args) as client:
+        dataset = client.register_dataset(
+            args.path, builtin=args.builtin, texts=texts, name=args.name, limit=args.limit, seed=args.seed,
+            split=args.split, text_column=args.text_column, label_column=args.label_column,
+            id_column=args.id_column, group_column=args.group_column, augment_views=args.augment_views,
+            augment_method=args.augment_method)
+    print(f"dataset {dataset.digest[:12]}  {dataset.kind}  n={dataset.n}  labels={dataset.num_labels}  "
+          f"aliases {', '.join(dataset.aliases)}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    with connect(args) as client:
+        rows = [{"digest": m.digest[:12], "aliases": ",".join(m.aliases), "kind": m.kind, "arch": m.arch,
+                 "layers": m.num_layers, "width": m.hidden_size, "head": m.has_head} for m in client.models()]
+    print_table(rows, ["digest", "aliases", "kind", "arch", "layers", "width", "head"])
+    return 0
+
+
+def cmd_datasets(args) -> int:
+    with connect(args) as client:
+        rows = [{"digest": d.digest[:12], "aliases": ",".join(d.aliases), "kind": d.kind, "n": d.n,
+                 "labels": d.num_labels, "groups": d.has_groups} for d in client.datasets()]
+    print_table(rows, ["digest", "aliases", "kind", "n", "labels", "groups"])
+    return 0
+
+
+def cmd_runs(args) -> int:
+    with connect(args) as client:
+        rows = [{"run": r.run_key[:16], "model": r.model_digest[:12], "dataset": r.dataset_digest[:12],
+                 "pooling": r.pooling, "dtype": r.dtype, "n": r.n, "layers": r.num_layers + 1, "width": r.width,
+                 "status": r.status} for r in client.runs(args.model, args.dataset, args.status)]
+    print_table(rows, ["run", "model", "dataset", "pooling", "dtype", "n", "layers", "width", "status"])
+    return 0
+
+
+def cmd_describe(args) -> int:
+    with connect(args) as client:
+        run = client.describe(args.run)
+    print(f"run      {run.run_key}\nstatus   {run.status} ({run.recorded_shards}/{run.num_shards} shards)")
+    print(f"model    {run.model_digest[:12]} ({', '.join(run.model_aliases)})")
+    print(f"dataset  {run.dataset_digest[:12]} ({', '.join(run.dataset_aliases)})")
+    print(f"shape    n={run.n} rows={run.rows} layers=0..{run.num_layers} width={run.width}")
+    print(f"storage  {run.dtype}, pooling {run.pooling}, max_len {run.max_len}, {run.stored_bytes / 2**20:.1f} MiB")
+    bad = [h for h in run.health if h.nan_count or h.inf_count]
+    print("health   " + ("all values finite" if not bad else
+                         "; ".join(f"layer {h.layer}: {h.nan_count} NaN, {h.inf_count} Inf" for h in bad)))
+    return 0
+
+
+def cmd_delete(args) -> int:
+    with connect(args) as client:
+        print(f"deleted run {client.delete_run(args.run)}")
+    return 0
+
+
+def cmd_read(args) -> int:
+    with connect(args) as client:
+        values, ids = client.read_activations(args.run, args.layer, args.start, args.stop)
+    np.save(args.out, values)
+    print(f"wrote {values.shape} {values.dtype} to {args.out}" + (f" ({len(ids)} sample ids)" if ids else ""))
+    return 0
+
+
+def add_commands(command) -> None:
+    p = command("register-model", cmd_register_model, "register a local Hugging Face folder or a builtin model")
+    p.add_argument("path", nargs="?", help="a HF model folder on the server's file system")
+    p.add_argument("--builtin", help="minilm-l6 | smollm2-135m (packaged, offline)")
+    p.add_argument("--name", help="alias (default: the builtin or folder name)")
+
+    p = command("register-dataset", cmd_register_dataset, "register a dataset (file, builtin, or texts)",
+                "Files: .csv/.jsonl/.json (texts, optional labels/ids/groups) or .npz (images/x, labels/y).\n"
+                "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
+    p.add_argument("path", nargs="?", help="a dataset file on the server's file system")
+    p.add_argument("--builtin", help="a builtin dataset name")
+    p.add_argument("--text", action="append", help="an inline text (repeat)")
+    p.add_argument("--name", help="alias (default: the builtin or file name)")
+    add_option(p, DATASETS, "limit")
+    add_option(p, DATASETS, "seed")
+    p.add_argument("--split", help="train | test where the builtin has splits")
+    add_option(p, DATASETS, "text_column")
+    p.add_argument("--label-column")
+    p.add_argument("--id-column")
+    p.add_argument("--group-column", help="augmentation group id per row")
+    add_option(p, DATASETS, "augment_views")
+    add_option(p, DATASETS, "augment_method")
+
+    command("models", cmd_models, "list registered models")
+    command("datasets", cmd_datasets, "list registered datasets")
+    p = command("runs", cmd_runs, "list stored runs")
+    p.add_argument("--model")
+    p.add_argument("--dataset")
+    p.add_argument("--status", help="running | committed | failed")
+    p = command("describe", cmd_describe, "show one run: shape, storage, NaN/Inf health")
+    p.add_argument("run")
+    p = command("delete", cmd_delete, "delete a run and its cached results (admin)")
+    p.add_argument("run")
+
+    p = command("read", cmd_read, "download one layer of a run as .npy (streamed)")
+    p.add_argument("run")
+    p.add_argument("--layer", type=int, required=True)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--stop", type=int)
+    p.add_argument("--out", required=True, help="output .npy path")

@@ -1,0 +1,117 @@
+"""What every command group shares: where to connect, tables, and flags built from the options tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from actstore.options import Option, Table
+
+DEFAULT_ADDRESS = "127.0.0.1:50151"
+
+DESCRIPTION = """\
+actstore: a shared store of transformer layer activations, with a query service that computes
+CKA, cosine similarity and friends next to the stored chunks.
+
+Where commands run:
+  --address HOST:PORT   talk to a running `actstore serve` (also ACTSTORE_ADDRESS)
+  --store DIR           open DIR in-process (embedded server + local Ray; ~5 s to start)
+  neither               use a server on 127.0.0.1:50151 if one answers, else embed ./actstore-data
+
+Typical session:
+  actstore register-model --builtin minilm-l6
+  actstore register-dataset --builtin rotten-tomatoes --limit 500
+  actstore capture --model minilm-l6 --dataset rotten-tomatoes --pooling mean
+  actstore cka RUN --plot cka.png           (RUN: a run key or its first 8+ characters)
+"""
+
+
+def connection_options(p: argparse.ArgumentParser, default) -> argparse.ArgumentParser:
+    p.add_argument("--address", default=default, help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
+    p.add_argument("--store", default=default, help="store directory (embedded mode, or what serve owns)")
+    p.add_argument("--token", default=default, help="access token if the server requires one (env ACTSTORE_TOKEN)")
+    p.add_argument("-v", "--verbose", action="store_true", default=default or False, help="log what happens")
+    return p
+
+
+def _list_of(kind: type):
+    def parse(text: str) -> list:
+        return [kind(part) for part in text.split(",") if part.strip()]
+
+    parse.__name__ = f"comma-separated {kind.__name__} list"  # argparse names it in its usage errors
+    return parse
+
+
+def add_option(p: argparse.ArgumentParser, table: Table, name: str, *flags: str, extra_help: str = "",
+               **kwargs) -> argparse.Action:
+    """A flag for `table[name]`: its default, choices, type and help (with the default) come from
+    the table. Flags default to --NAME-WITH-DASHES. A list option takes comma-separated values and
+    defaults to None: the server's default, which the help shows."""
+    option: Option = table[name]
+    flags = flags or (f"--{name.replace('_', '-')}",)
+    kwargs.setdefault("help", option.help_text(extra_help))
+    if option.type is bool:
+        return p.add_argument(*flags, action="store_true", default=option.default, **kwargs)
+    if option.many:
+        return p.add_argument(*flags, type=_list_of(option.type), default=None, **kwargs)
+    if option.choices is not None:
+        kwargs["choices"] = list(option.choices)
+    return p.add_argument(*flags, type=option.type, default=option.default, **kwargs)
+
+
+def parse_layers(text: str | None) -> list[int]:
+    """'0,3,5' or '2-6' (or a mix) -> layer numbers; nothing -> [] (all layers)."""
+    if not text:
+        return []
+    layers: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            layers.extend(range(int(lo), int(hi) + 1))
+        else:
+            layers.append(int(part))
+    return layers
+
+
+def _server_answers(address: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = health_pb2_grpc.HealthStub(channel)
+            return stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == 1
+        except grpc.RpcError:
+            return False
+
+
+def connect(args):
+    from actstore.client import Client
+
+    address = args.address or os.environ.get("ACTSTORE_ADDRESS")
+    if address:
+        return Client(address, token=args.token)
+    if args.store is None and _server_answers(DEFAULT_ADDRESS):
+        return Client(DEFAULT_ADDRESS, token=args.token)
+    store = args.store or os.environ.get("ACTSTORE_STORE", "./actstore-data")
+    print(f"(embedded server on store {store})", file=sys.stderr)
+    return Client.embedded(store)
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in columns))
+
+
+def output_options(p: argparse.ArgumentParser, plot: str | None = "write a PNG here") -> None:
+    """--plot (unless plot is None), --json and --refresh, as every query command has them."""
+    if plot is not None:
+        p.add_argument("--plot", help=plot)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--refresh", action="store_true", help="recompute even if cached")

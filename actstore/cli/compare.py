@@ -1,0 +1,149 @@
+"""Comparing layers (of one run or two): CKA, COS, minibatch CKA, mutual kNN, the CKA matrix, stitching."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from actstore.cli.common import add_option, connect, output_options, parse_layers
+from actstore.options import SIMILARITY, STITCH
+
+
+def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str) -> None:
+    from actstore.report import heatmap, markdown_matrix
+
+    if args.json:
+        print(json.dumps({"metric": name, "matrix": matrix.tolist(), "layers_a": layers_a, "layers_b": layers_b,
+                          "cached": provenance.cached, "seconds": provenance.seconds,
+                          "run_keys": provenance.run_keys, "notes": notes}))
+        return
+    print(markdown_matrix(matrix, layers_a, layers_b, digits=3))
+    print(f"\n{name}; runs {', '.join(k[:12] for k in provenance.run_keys)}; "
+          f"{'cached' if provenance.cached else 'computed'} ({provenance.seconds:.2f} s compute)")
+    for note in notes:
+        print(f"note: {note}")
+    if args.plot:
+        heatmap(matrix, Path(args.plot), title=title, xlabel="layer (B)", ylabel="layer (A)",
+                xticks=layers_b, yticks=layers_a, vmin=None if "debiased" in name else 0.0)
+        print(f"plot written to {args.plot}")
+
+
+def cmd_cka(args) -> int:
+    with connect(args) as client:
+        result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
+                            layers_b=parse_layers(args.layers_b), refresh=args.refresh)
+    matrix = result.debiased if args.debiased else result.biased
+    name = f"linear CKA ({'debiased' if args.debiased else 'biased'})"
+    show_matrix(name, matrix, result.layers_a, result.layers_b, result.provenance, result.notes, args,
+                f"{name}, n={result.n}")
+    return 0
+
+
+def cmd_cos(args) -> int:
+    with connect(args) as client:
+        result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
+                            layers_b=parse_layers(args.layers_b), center=args.center, refresh=args.refresh)
+    show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
+                result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
+    return 0
+
+
+def cmd_minibatch(args) -> int:
+    with connect(args) as client:
+        result = client.minibatch_cka(args.run_a, args.run_b, batch_size=args.batch_size,
+                                      layers_a=parse_layers(args.layers_a), layers_b=parse_layers(args.layers_b),
+                                      remainder=args.remainder, refresh=args.refresh)
+    show_matrix(f"minibatch CKA (batch {args.batch_size})", result.values, result.layers_a, result.layers_b,
+                result.provenance, result.notes, args, f"minibatch CKA, batch {args.batch_size}")
+    return 0
+
+
+def cmd_knn(args) -> int:
+    with connect(args) as client:
+        result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=parse_layers(args.layers_a),
+                                   layers_b=parse_layers(args.layers_b), refresh=args.refresh)
+    show_matrix(f"mutual kNN (k={args.k})", result.values, result.layers_a, result.layers_b, result.provenance,
+                result.notes, args, f"mutual kNN alignment, k={args.k}")
+    return 0
+
+
+def cmd_cka_matrix(args) -> int:
+    from actstore.report import heatmap
+
+    with connect(args) as client:
+        result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
+    matrix = result.debiased if args.debiased else result.biased
+    labels = [f"{r}:{layer}" for r, layer in zip(result.block_run, result.block_layer)]
+    if args.json:
+        print(json.dumps({"matrix": matrix.tolist(), "blocks": labels, "runs": result.runs,
+                          "cached": result.provenance.cached}))
+        return 0
+    print(f"{matrix.shape[0]} x {matrix.shape[1]} CKA matrix over runs "
+          + ", ".join(f"{i}={k[:12]}" for i, k in enumerate(result.runs))
+          + f" ({'cached' if result.provenance.cached else 'computed'}, {result.provenance.seconds:.1f} s)")
+    for note in result.notes:
+        print(f"note: {note}")
+    if args.plot:
+        heatmap(matrix, Path(args.plot), title="CKA over all layers of all runs", xlabel="run:layer",
+                ylabel="run:layer", xticks=labels, yticks=labels, vmin=None if args.debiased else 0.0)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_stitch(args) -> int:
+    with connect(args) as client:
+        answer = client.stitch(args.run_a, args.layer_a, args.run_b, args.layer_b, test_fraction=args.test_fraction,
+                               seed=args.seed, refresh=args.refresh)
+    if args.json:
+        print(json.dumps(answer.scalars))
+        return 0
+    s = answer.scalars
+    print(f"stitch A layer {args.layer_a} -> B layer {args.layer_b}: penalty {s['penalty']:.4f} "
+          f"(B's loss {s['own_loss']:.4f} -> {s['stitched_loss']:.4f} through the stitch); fit R^2 on held-out "
+          f"tokens {s['test_r2']:.3f}")
+    for note in answer.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _pair_args(p) -> None:
+    p.add_argument("run_a", help="run key or prefix (rows of the matrix)")
+    p.add_argument("run_b", nargs="?", help="second run (columns); default: run_a")
+    p.add_argument("--layers-a", help="e.g. 0,3,5 or 2-6 (default: all)")
+    p.add_argument("--layers-b", help="as --layers-a")
+    output_options(p, "write a heatmap PNG here")
+
+
+def add_commands(command) -> None:
+    p = command("cka", cmd_cka, "linear CKA between the layers of one or two runs")
+    _pair_args(p)
+    add_option(p, SIMILARITY, "debiased")
+    p = command("cos", cmd_cos, "sample-wise cosine similarity between layers")
+    _pair_args(p)
+    add_option(p, SIMILARITY, "center")
+
+    p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
+    _pair_args(p)
+    add_option(p, SIMILARITY, "batch_size", required=True,
+               help=f"rows per batch (>= {SIMILARITY.batch_size.minimum})")
+    add_option(p, SIMILARITY, "remainder")
+    p = command("knn", cmd_knn, "mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers")
+    _pair_args(p)
+    add_option(p, SIMILARITY, "k", "-k")
+
+    p = command("cka-matrix", cmd_cka_matrix, "the full CKA matrix over every layer of several runs, as one job",
+                "All runs must hold the same samples. The data is read once; the job shows progress and\n"
+                "resumes from stored partial results if cancelled or interrupted.")
+    p.add_argument("runs", nargs="+")
+    add_option(p, SIMILARITY, "debiased")
+    output_options(p, "write a heatmap PNG here")
+
+    p = command("stitch", cmd_stitch, "model stitching penalty: run A's layer into run B's model (Brown et al.)",
+                "Both runs token-level (--pooling tokens) on the same dataset with the same tokenisation.")
+    p.add_argument("run_a")
+    p.add_argument("layer_a", type=int)
+    p.add_argument("run_b")
+    p.add_argument("layer_b", type=int)
+    add_option(p, STITCH, "test_fraction")
+    add_option(p, STITCH, "seed")
+    output_options(p, plot=None)

@@ -1,0 +1,80 @@
+"""Work that runs as a job: capture, train, and following or cancelling jobs."""
+
+from __future__ import annotations
+
+from actstore.cli.common import add_option, connect, print_table
+from actstore.options import CAPTURE, TRAIN
+
+
+def cmd_capture(args) -> int:
+    with connect(args) as client:
+        result = client.capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
+                                max_len=args.max_len, progress=not args.quiet)
+    how = "cache hit: already stored" if result.cache_hit else ("joined a running job" if result.job.joined
+                                                              else "captured")
+    print(f"run {result.run_key}  ({how})")
+    return 0
+
+
+def cmd_train(args) -> int:
+    with connect(args) as client:
+        model = client.train(args.recipe, args.method, seed=args.seed, steps=args.steps, smoke=args.smoke,
+                             alternating=args.alternating, weights=args.weights, progress=not args.quiet)
+    print(f"trained: model {model.digest[:12]} ({', '.join(model.aliases)}); every checkpoint is registered")
+    return 0
+
+
+def cmd_jobs(args) -> int:
+    with connect(args) as client:
+        rows = [{"job": j.job_id, "kind": j.kind, "status": j.status, "progress": f"{j.done}/{j.total} {j.unit}",
+                 "target": j.target[:16], "error": j.error[:60]} for j in client.jobs(args.status)]
+    print_table(rows, ["job", "kind", "status", "progress", "target", "error"])
+    return 0
+
+
+def cmd_watch(args) -> int:
+    with connect(args) as client:
+        job = client.wait(args.job, progress=True)
+    print(f"job {job.job_id} {job.status}")
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    with connect(args) as client:
+        job = client.cancel(args.job)
+    print(f"job {job.job_id}: cancel requested ({job.status})")
+    return 0
+
+
+def add_commands(command) -> None:
+    p = command("capture", cmd_capture, "store every layer's hidden states of a model on a dataset",
+                "Runs as a Ray job with a progress bar. An identical earlier capture is a cache hit;\n"
+                "an identical running one is joined; an interrupted one resumes where it stopped.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--dataset", required=True)
+    add_option(p, CAPTURE, "pooling")
+    add_option(p, CAPTURE, "dtype")
+    add_option(p, CAPTURE, "max_len")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = command("train", cmd_train, "train a model (standard / aligned / multi-exit / ce-reg) as a job",
+                "Recipes: vit-fmnist (ViT from scratch on Fashion-MNIST), minilm-rt (MiniLM fine-tuned on\n"
+                "Rotten Tomatoes), gpt2-austen (small GPT-2 on Jane Austen). Methods: standard (last-layer CE),\n"
+                "aligned (one shared head on every layer, lambda_l = 2l/(L(L+1))), multi-exit (a classifier\n"
+                "per layer), ce-reg (CE + cosine regulariser). Checkpoints are registered as models;\n"
+                "resubmitting the same command resumes from the last checkpoint.")
+    add_option(p, TRAIN, "recipe", required=True)
+    add_option(p, TRAIN, "method", required=True)
+    add_option(p, TRAIN, "seed")
+    add_option(p, TRAIN, "steps")
+    add_option(p, TRAIN, "smoke")
+    add_option(p, TRAIN, "alternating")
+    add_option(p, TRAIN, "weights")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = command("jobs", cmd_jobs, "list jobs")
+    p.add_argument("--status")
+    p = command("watch", cmd_watch, "follow a job with a progress bar")
+    p.add_argument("job")
+    p = command("cancel", cmd_cancel, "cancel a job (a cancelled capture resumes when submitted again)")
+    p.add_argument("job")

@@ -1,0 +1,88 @@
+"""The allowed dependency directions between actstore's packages, checked on every import
+statement (module level and inside functions), so the layering cannot rot.
+
+Lowest first; a package may import only the packages listed for it (and itself):
+    errors, _proto, config             nothing of ours
+    wire, options                      _proto; errors
+    metrics                            nothing of ours
+    store                              errors, config, metrics
+    modeling                           + store
+    training                           + modeling
+    workers                            + training
+    server                             + workers
+    client                             _proto, errors, options, wire (importable without torch/Ray)
+    report                             nothing of ours (plots and tables for the CLI and demo)
+    cli, demo, experiment              anything
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "actstore"
+
+BASE = {"errors", "config"}
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "wire": {"_proto"},
+    "options": {"errors"},
+    "_proto": set(),
+    "config": set(),
+    "metrics": set(),
+    "report": set(),
+    "store": BASE | {"metrics"},
+    "modeling": BASE | {"metrics", "store"},
+    "training": BASE | {"metrics", "store", "modeling"},
+    "workers": BASE | {"metrics", "store", "modeling", "training"},
+    "server": BASE | {"metrics", "store", "modeling", "training", "workers", "wire", "options", "_proto"},
+    "client": {"_proto", "errors", "options", "wire"},
+}
+TOP = {"cli", "demo", "experiment", "__init__"}
+
+
+def _package(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return parts[0]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, first component below `actstore`) of every import of ours in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module + "." + alias.name for alias in node.names] if node.module == "actstore" \
+                else [node.module]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "actstore" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+def _files() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if "_proto" not in p.parts)
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    package = _package(path)
+    if package in TOP:
+        return
+    assert package in ALLOWED, f"{package} is a new package: give it a place in tests/test_layers.py"
+    wrong = [(line, target) for line, target in _imports(path)
+             if target != package and target not in ALLOWED[package]]
+    assert not wrong, f"{path.relative_to(ROOT)} imports upward or sideways: {wrong}"
+
+
+def test_the_checker_sees_function_level_imports(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from actstore.server import app\n    import actstore.workers.capture\n")
+    assert _imports(sample) == [(2, "server"), (3, "workers")]

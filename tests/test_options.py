@@ -1,0 +1,335 @@
+"""Drift tests: the options tables in actstore.options are the one place a default or a choice is
+written. The CLI's flags, the client's keyword defaults, the servicer's handling of a request that
+leaves an option out, and the server's own constants must all agree with them."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+from typing import get_args
+
+import pytest
+
+from actstore.errors import InvalidArgument
+from actstore.options import (
+    CAPTURE,
+    DATASETS,
+    ENTROPY,
+    LENS,
+    SERVE,
+    SIMILARITY,
+    STITCH,
+    TABLES,
+    TRAIN,
+    Option,
+    from_wire,
+    resolve,
+)
+
+ALL_OPTIONS = [(table, name) for table in TABLES.values() for name in table]
+
+
+# ---- the tables themselves ------------------------------------------------------------------------
+@pytest.mark.parametrize(("table", "name"), ALL_OPTIONS, ids=lambda x: getattr(x, "family", x))
+def test_every_option_is_well_formed(table, name):
+    option = table[name]
+    assert option.name == name and name.isidentifier()
+    assert option.type in (bool, int, float, str)
+    assert getattr(table, name) is option
+    if option.default is not None:
+        assert resolve(table, name, None) == (list(option.default) if option.many else option.default)
+        assert type(option.default if not option.many else option.default[0]) is option.type
+    if option.choices is not None:
+        assert option.type is str and len(set(option.choices)) == len(option.choices)
+    if option.type is bool:
+        assert option.default is False  # a CLI flag (store_true) can only turn it on
+
+
+def test_resolve_applies_the_default_and_validates():
+    assert resolve(ENTROPY, "alpha", None) == 1.0
+    assert resolve(ENTROPY, "alpha", 2) == 2.0 and isinstance(resolve(ENTROPY, "alpha", 2), float)
+    assert resolve(SIMILARITY, "center", "none") == "none"
+    assert resolve(LENS, "taus", None) == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+    assert resolve(LENS, "taus", (0.9, 0.5)) == [0.9, 0.5]
+    assert resolve(CAPTURE, "pooling", None) is None  # decided by the server from the model
+    assert ENTROPY.resolve("permutations", 3) == 3
+    cases = [
+        (SIMILARITY, "center", "middle", r"center 'middle' is not one of global-mean, none"),
+        (SIMILARITY, "batch_size", 2, r"batch_size 2 must be >= 4"),
+        (SIMILARITY, "remainder", "keep", r"remainder 'keep' is not one of drop, merge"),
+        (ENTROPY, "alpha", 0.0, r"alpha 0.0 must be > 0"),
+        (ENTROPY, "alpha", math.nan, r"alpha nan must be > 0"),
+        (ENTROPY, "seed", True, r"seed must be an int, got True"),
+        (ENTROPY, "permutations", 2.5, r"permutations must be an int"),
+        (LENS, "epsilon", 1, r"epsilon 1.0 must be in \(0, 1\)"),
+        (LENS, "taus", [0.5, 1.5], r"taus value 1.5 must be in \[0, 1\]"),
+        (LENS, "taus", "0.5", r"taus must be a list"),
+        (STITCH, "test_fraction", 0.0, r"test_fraction 0.0 must be in \(0, 1\)"),
+        (CAPTURE, "dtype", "int8", r"dtype 'int8' is not one of float16, float32, bfloat16"),
+        (CAPTURE, "max_len", 1, r"max_len 1 must be >= 2"),
+        (TRAIN, "steps", -1, r"steps -1 must be >= 0"),
+        (DATASETS, "augment_method", "shuffle", r"augment_method 'shuffle' is not one of"),
+    ]
+    for table, name, value, message in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            resolve(table, name, value)
+    with pytest.raises(KeyError, match="no option 'nope'"):
+        resolve(ENTROPY, "nope", 1)
+
+
+def test_a_proto3_zero_means_not_given():
+    assert from_wire(ENTROPY, "alpha", 0.0) == 1.0
+    assert from_wire(ENTROPY, "normalization", "") == "raw"
+    assert from_wire(SIMILARITY, "k", 0) == 10
+    assert from_wire(LENS, "taus", []) == list(LENS.taus.default)
+    assert from_wire(DATASETS, "limit", 0) is None
+    assert from_wire(ENTROPY, "clamp", False) is False and from_wire(ENTROPY, "clamp", True) is True
+    with pytest.raises(InvalidArgument):
+        from_wire(CAPTURE, "max_len", -5)
+
+
+def test_help_shows_the_default():
+    assert ENTROPY.alpha.help_text().endswith("(default 1.0)")
+    assert CAPTURE.pooling.help_text().endswith("(default: cls for encoders and vision, last for causal LMs)")
+    assert ENTROPY.clamp.help_text() == ENTROPY.clamp.help  # a flag: nothing to show
+    assert Option("x", int, 3, help="h").help_text("more") == "h more (default 3)"
+
+
+# ---- the server's own constants ---------------------------------------------------------------------
+def test_choices_match_what_the_server_knows():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.config import Settings
+    from actstore.metrics.similarity import MIN_HSIC_SAMPLES
+    from actstore.store.datasets import AUGMENT_METHODS
+    from actstore.store.keys import POOLINGS, STORAGE_DTYPES
+    from actstore.training import METHODS, WEIGHT_SCHEMES
+    from actstore.training.recipes import RECIPES
+
+    assert CAPTURE.pooling.choices == POOLINGS
+    assert CAPTURE.dtype.choices == STORAGE_DTYPES
+    assert TRAIN.method.choices == METHODS
+    assert TRAIN.weights.choices == WEIGHT_SCHEMES
+    assert TRAIN.recipe.choices == tuple(RECIPES)
+    assert DATASETS.augment_method.choices == AUGMENT_METHODS
+    assert SIMILARITY.batch_size.minimum == MIN_HSIC_SAMPLES
+    assert ENTROPY.metric.choices == tuple(k.lower() for k in pb.EntropyRequest.Metric.keys()[1:])
+    fields = Settings.model_fields
+    assert SERVE.metric_device.choices == get_args(fields["metric_device"].annotation)
+    assert SERVE.metric_device.default_text == fields["metric_device"].default
+    max_len = fields["default_max_len"]
+    assert str(max_len.default) in CAPTURE.max_len.default_text
+    assert [m.ge for m in max_len.metadata if hasattr(m, "ge")] == [CAPTURE.max_len.minimum]
+
+
+def test_cli_roles_are_the_servers():
+    from actstore.cli.admin import ROLES
+    from actstore.server.auth import ROLES as SERVER_ROLES
+
+    assert ROLES == SERVER_ROLES
+
+
+# ---- the CLI ----------------------------------------------------------------------------------------
+# command -> the tables its flags come from, and the option names it must have
+CLI = {
+    "serve": ([SERVE], {"metric_device"}),
+    "experiment": ([TRAIN, LENS], {"recipe", "seed", "steps", "smoke", "epsilon"}),
+    "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
+    "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
+    "train": ([TRAIN], set(TRAIN)),
+    "cka": ([SIMILARITY], {"debiased"}),
+    "cos": ([SIMILARITY], {"center"}),
+    "minibatch-cka": ([SIMILARITY], {"batch_size", "remainder"}),
+    "knn": ([SIMILARITY], {"k"}),
+    "cka-matrix": ([SIMILARITY], {"debiased"}),
+    "entropy": ([ENTROPY], set(ENTROPY)),
+    "lens": ([LENS], {"epsilon", "taus", "heads"}),
+    "nc1": ([LENS], set()),
+    "stitch": ([STITCH], {"test_fraction", "seed"}),
+}
+CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    from actstore.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_every_command_is_covered_or_has_no_table_options():
+    commands = _commands()
+    names = {name for table in TABLES.values() for name in table}
+    for command, parser in commands.items():
+        if command in CLI:
+            continue
+        dests = {a.dest for a in parser._actions} - {"address", "store", "token", "verbose", "help"}
+        # a command outside CLI may share a name with an option only by coincidence of meaning
+        assert not dests & names - {"run", "name", "seed"}, (command, dests & names)
+
+
+@pytest.mark.parametrize("command", list(CLI))
+def test_cli_flags_match_the_tables(command):
+    tables, expected = CLI[command]
+    parser = _commands()[command]
+    seen = set()
+    for action in parser._actions:
+        table = next((t for t in tables if action.dest in t), None)
+        if table is None:
+            continue
+        option = table[action.dest]
+        seen.add(action.dest)
+        if option.name == "metric":  # positional, with the dashed spelling of the names
+            assert action.choices == [m.replace("_", "-") for m in option.choices]
+            continue
+        if option.type is bool:
+            assert isinstance(action, argparse._StoreTrueAction), action
+            assert action.default is option.default
+            continue
+        if option.many:
+            assert action.default is None  # the server's default, shown in the help
+            assert action.type("0.5,0.9") == [0.5, 0.9]
+        else:
+            assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
+            assert action.type in (option.type, None if option.type is str else option.type), action
+        assert tuple(action.choices or ()) == tuple(option.choices or ()), action
+        shown = option.described_default
+        if shown is not None and (command, option.name) not in CLI_OWN_DEFAULTS:
+            assert f"default {shown}" in action.help or f"default: {shown}" in action.help, action.help
+    assert seen == expected, (command, seen ^ expected)
+
+
+def test_cli_help_shows_defaults_end_to_end(capsys):
+    from actstore.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["entropy", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default 1.0)" in out and "(default 0.1)" in out and "{raw,maxEntropy,logN,logD}" in out
+    args = build_parser().parse_args(["lens", "RUN", "--taus", "0.9,0.5"])
+    assert args.taus == [0.9, 0.5] and args.epsilon == LENS.epsilon.default
+
+
+# ---- the client ---------------------------------------------------------------------------------------
+CLIENT = {
+    "register_dataset": (DATASETS, {"limit", "seed", "text_column", "augment_views", "augment_method"}),
+    "submit_capture": (CAPTURE, set(CAPTURE)),
+    "capture": (CAPTURE, set(CAPTURE)),
+    "train": (TRAIN, set(TRAIN)),
+    "cos": (SIMILARITY, {"center"}),
+    "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),
+    "mutual_knn": (SIMILARITY, {"k"}),
+    "entropy": (ENTROPY, set(ENTROPY)),
+    "lens": (LENS, {"epsilon", "taus", "heads"}),
+    "neural_collapse": (LENS, {"rcond"}),
+    "stitch": (STITCH, set(STITCH)),
+}
+
+
+@pytest.mark.parametrize("method", list(CLIENT))
+def test_client_defaults_match_the_tables(method):
+    from actstore.client import Client
+
+    table, expected = CLIENT[method]
+    parameters = inspect.signature(getattr(Client, method)).parameters
+    assert expected <= set(parameters) and set(parameters) & set(table) == expected
+    for name in expected:
+        option, default = table[name], parameters[name].default
+        if default is inspect.Parameter.empty:
+            assert option.default is None, (method, name)  # required in the client, no default here
+        elif option.many:
+            assert default is None, (method, name)  # None: the server's default
+        else:
+            assert default == option.default and type(default) is type(option.default), (method, name, default)
+
+
+def test_client_checks_the_entropy_metric_locally():
+    from actstore.client import Client
+
+    client = Client("127.0.0.1:1")
+    try:
+        with pytest.raises(InvalidArgument, match="metric 'entropy' is not one of dataset_entropy"):
+            client.entropy("entropy", "run")
+    finally:
+        client.close()
+
+
+# ---- the servicer ---------------------------------------------------------------------------------------
+class _Called(Exception):
+    pass
+
+
+class _Recorder:
+    """Stands in for the service: records the call and stops there."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            raise _Called
+
+        return record
+
+
+def _call(servicer, method, request):
+    with pytest.raises(_Called):
+        result = getattr(servicer, method)(request, None)
+        if inspect.isgenerator(result):
+            next(result)
+    return servicer.service.calls[-1]
+
+
+def test_the_servicer_fills_in_the_tables_defaults():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
+
+    query = QueryServicer(_Recorder())
+    _, args, kwargs = _call(query, "Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"))
+    assert args[0] == "dime" and kwargs == {**{n: o.default for n, o in ENTROPY.items() if n != "metric"},
+                                            "refresh": False}
+    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.COS, run_a="r"))
+    assert args[5] == "global-mean"
+    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.MUTUAL_KNN,
+                                                                 run_a="r"))
+    assert args[9] == 10
+    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.MINIBATCH_CKA,
+                                                                 run_a="r", batch_size=8))
+    assert (args[7], args[8]) == (8, "drop")
+    _, args, _ = _call(query, "Lens", pb.LensRequest(run="r"))
+    assert args[1:4] == (0.1, list(LENS.taus.default), "shared")
+    _, args, _ = _call(query, "NeuralCollapse", pb.NeuralCollapseRequest(run="r"))
+    assert args[2] == 1e-10
+    _, args, _ = _call(query, "Stitch", pb.StitchRequest(run_a="a", run_b="b"))
+    assert args[4:6] == (0.25, 0)
+
+    _, args, _ = _call(CaptureServicer(_Recorder()), "SubmitCapture", pb.CaptureRequest(model="m", dataset="d"))
+    assert (args[0].pooling, args[0].dtype, args[0].max_len) == ("", "float16", 0)
+    _, args, _ = _call(CaptureServicer(_Recorder()), "SubmitTrain", pb.TrainRequest(recipe="x", method="aligned"))
+    assert (args[0].weights, args[0].steps, args[0].seed) == ("linear", 0, 0)
+    _, args, _ = _call(CatalogServicer(_Recorder()), "RegisterDataset", pb.RegisterDatasetRequest(builtin="b"))
+    source = args[0]
+    assert (source.limit, source.seed, source.text_column, source.augment_views, source.augment_method) == \
+        (None, 0, "text", 0, "word-dropout")
+
+
+def test_the_servicer_refuses_what_the_tables_refuse():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import CaptureServicer, QueryServicer
+
+    query = QueryServicer(_Recorder())
+    for method, request, message in [
+        ("Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r", permutations=-1), "permutations -1"),
+        ("Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.LIDAR, run="r", alpha=-2), "alpha -2.0"),
+        ("Lens", pb.LensRequest(run="r", heads="all"), "heads 'all'"),
+        ("Stitch", pb.StitchRequest(run_a="a", run_b="b", test_fraction=2), "test_fraction 2.0"),
+    ]:
+        with pytest.raises(InvalidArgument, match=message):
+            getattr(query, method)(request, None)
+    with pytest.raises(InvalidArgument, match="dtype 'int8'"):
+        CaptureServicer(_Recorder()).SubmitCapture(pb.CaptureRequest(model="m", dataset="d", dtype="int8"), None)
+    # an option the metric does not use passes through unread, as before
+    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r",
+                                                                 center="bogus"))
+    assert args[5] == "bogus"
