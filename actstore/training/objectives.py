@@ -54,8 +54,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from actstore.errors import InvalidArgument
-from actstore.training import METHODS, WEIGHT_SCHEMES
 from actstore.modeling.introspection import find_final_norm, find_head_module
+from actstore.training import METHODS, WEIGHT_SCHEMES
 
 __all__ = [
     "DEFAULT_BETA",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import ray
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import lens
@@ -81,7 +82,7 @@ class DepthPlanner:
             groups = self.executor.row_groups(record.rows)
             submit = self.executor.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
-            summary = merged([submit(plan, g, labels, empty) for g in groups]).finalize()
+            summary = merged(ray.get([submit(plan, g, labels, empty) for g in groups])).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
                      for variant in ("absolute", "relative")}
             arrays = {
