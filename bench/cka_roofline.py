@@ -147,7 +147,8 @@ def main() -> None:
         parts = client._server.service.queries.parts.executor.parts
         started = time.perf_counter()
         client.cka(runs[sizes[0]], refresh=True)
-        print(f"  warm-up: the full query on the smallest run, untimed ({time.perf_counter() - started:.1f} s; it starts "
+        print(f"  warm-up: the full query on the smallest run, untimed "
+              f"({time.perf_counter() - started:.1f} s; it starts "
               f"the Ray workers and their first-use allocations); the query runs {parts} map tasks", flush=True)
         for n in sizes:
             run = runs[n]
@@ -176,13 +177,15 @@ def main() -> None:
                 "roofline_seconds": roofline, "ratio": wall / roofline,
                 "ratio_vs_numpy_gemm_roofline": wall / (read_seconds + gemm["numpy_seconds"]),
                 "memory": memory, "memory_repeats": memories,
-                "biased_offdiagonal_range": [float(np.min(result.biased)), float(np.max(result.biased - np.eye(args.states)))],
+                "biased_offdiagonal_range": [float(np.min(result.biased)),
+                                             float(np.max(result.biased - np.eye(args.states)))],
             }
             rows.append(row)
             procs = ", ".join(f"{p['role'].split()[0]} {p['pid']} +{p['increase_mib']:.0f} (peak {p['peak_mib']:.0f})"
                               + (" new" if p["new"] else "") for p in memory["per_process"])
             print(f"n={n}: cka wall {wall:.2f} s (server {median(server_seconds):.2f} s; {'; '.join(result.notes)})\n"
-                  f"  roofline: read {nbytes / 1e6:.0f} MB in {read_seconds:.3f} s ({row['read_mb_per_s']:.0f} MB/s) + GEMM "
+                  f"  roofline: read {nbytes / 1e6:.0f} MB in {read_seconds:.3f} s "
+                  f"({row['read_mb_per_s']:.0f} MB/s) + GEMM "
                   f"{gemm_seconds:.2f} s [{row['gemm_kernel']}; {gemm['processes']} processes x 1 thread, "
                   f"{gemm['blocks']} blocks of ({args.shard_rows}, {width}); u.T @ u {gemm['numpy_seconds']:.2f} s "
                   f"= {gemm['numpy_gflops_nominal']:.1f} GFLOP/s, dsyrk {gemm['syrk_seconds']:.2f} s "
@@ -191,7 +194,8 @@ def main() -> None:
                   f"{verdict(row['ratio'], RATIO_TARGET, higher_is_better=False)}] "
                   f"(vs the u.T @ u roofline: {row['ratio_vs_numpy_gemm_roofline']:.2f}x)\n"
                   f"  peak memory increase: summed {memory['increase_of_sum_mib']:.0f} MiB (sum of per-process "
-                  f"increases {memory['sum_of_increases_mib']:.0f} MiB; peak of summed RSS {memory['peak_sum_mib']:.0f} MiB) "
+                  f"increases {memory['sum_of_increases_mib']:.0f} MiB; "
+                  f"peak of summed RSS {memory['peak_sum_mib']:.0f} MiB) "
                   f"[target < {MEMORY_TARGET_MIB:.0f} MiB: "
                   f"{verdict(memory['sum_of_increases_mib'], MEMORY_TARGET_MIB, higher_is_better=False)}]; "
                   f"MiB per process: {procs}", flush=True)
@@ -200,7 +204,8 @@ def main() -> None:
     worst_ratio = max(r["ratio"] for r in rows)
     print("summary: wall / roofline " + ", ".join(f"n={r['n']} {r['ratio']:.2f}x" for r in rows)
           + f" [target <= {RATIO_TARGET:g}x: {verdict(worst_ratio, RATIO_TARGET, higher_is_better=False)}]")
-    print("         peak memory increase (sum of per-process) " + ", ".join(f"n={r['n']} {p:.0f} MiB" for r, p in zip(rows, peaks))
+    print("         peak memory increase (sum of per-process) "
+          + ", ".join(f"n={r['n']} {p:.0f} MiB" for r, p in zip(rows, peaks))
           + f"; n={sizes[-1]} / n={sizes[0]} = {flatness:.2f} [< {MEMORY_TARGET_MIB:.0f} MiB: "
           f"{verdict(max(peaks), MEMORY_TARGET_MIB, higher_is_better=False)}; flat (<= {FLATNESS_TARGET:g}x): "
           f"{verdict(flatness, FLATNESS_TARGET, higher_is_better=False)}]")

@@ -74,7 +74,8 @@ def main() -> None:
     print(f"feature-space CKA accumulator, n={args.n}, {BLOCKS} blocks x {WIDTH} (float16), chunks of {CHUNK}")
     print(f"  numpy/BLAS (baseline): {median(host_seconds):.2f} s   torch on {device}: {median(device_seconds):.2f} s")
     print(f"  speed-up of the device path: {ratio:.2f}x"
-          + ("" if device.startswith("cuda") else "  (no GPU here: this is the torch-cpu path's cost, not a GPU number)"))
+          + ("" if device.startswith("cuda")
+             else "  (no GPU here: this is the torch-cpu path's cost, not a GPU number)"))
     print(f"  max |difference|: {diff:.1e} (target <= {DIFF_TARGET:.0e}): {verdict(diff, DIFF_TARGET, False)}")
     path = write_result("metric_device", {
         "n": args.n, "device": device, "host_seconds": host_seconds, "device_seconds": device_seconds,

@@ -22,7 +22,7 @@ def cmd_serve(args) -> int:
     if args.auth:
         overrides["auth"] = True
     server = start_server(Settings(**overrides))
-    print(f"actstore serving on {server.address} (store {server.service.settings.store_path}); Ctrl-C stops",
+    print(f"actstore serving on {server.address} (store {server.service.settings.store_root}); Ctrl-C stops",
           flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -40,7 +40,7 @@ def cmd_token(args) -> int:
     from actstore.store.catalog import Catalog
 
     settings = Settings(**({"store": args.store} if args.store else {}))
-    catalog = Catalog(settings.store_path / "catalog.duckdb")
+    catalog = Catalog(settings.local_dir / "catalog.duckdb")
     try:
         if args.action == "create":
             token = create_token(catalog, args.name, args.role)

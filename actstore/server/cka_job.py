@@ -15,6 +15,7 @@ import io
 import pickle
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -86,52 +87,21 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
     partials.mkdir(parents=True, exist_ok=True)
     size = len(blocks)
     biased, debiased = np.full((size, size), np.nan), np.full((size, size), np.nan)
-    total_steps = len(tiles) * len(groups)
-    done = 0
-    submit = executor.device_task(accumulate)
+    progress = _Progress(job, len(tiles) * len(groups))
     for t, tile in enumerate(tiles):
         finished_tile = partials / f"tile-{t}.npz"
         if finished_tile.exists():
             with np.load(finished_tile) as saved:
                 biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = saved["biased"], saved["debiased"]
-            done += len(groups)
+            progress.advance(len(groups))
             continue
-        checkpoint = partials / f"tile-{t}.pkl"
-        widths = [blocks[i][0].width for i in tile]
-        total, finished = sim.SimilarityAccumulator(widths, mode), set()
-        if checkpoint.exists():
-            total, finished = pickle.loads(checkpoint.read_bytes())
-        done += len(finished)
-        job.progress(done, total_steps, "tasks",
-                     f"resuming from {len(finished)} stored partial results" if finished else "")
-        sources = _sources(blocks, tile)
-        empty = sim.SimilarityAccumulator(widths, mode)
-        saved_at = [time.monotonic()]
-
-        def collect(g: int, ref) -> None:
-            nonlocal done
-            total.merge(ray.get(ref))
-            finished.add(g)
-            done += 1
-            job.progress(done, total_steps, "tasks")
-
-        def checkpoint_now_and_then() -> None:
-            if time.monotonic() - saved_at[0] > CHECKPOINT_SECONDS:
-                atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
-                saved_at[0] = time.monotonic()
-
-        complete = run_windowed([g for g in range(len(groups)) if g not in finished],
-                                lambda g: submit(executor.store, sources, groups[g], empty),
-                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
-        if not complete:
-            atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
-            raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of tile "
-                            f"{t + 1}; submit it again to resume from the stored partial results")
-        matrices = total.finalize(strip_map=executor.gram_strip_map)
+        accumulator = _run_tile(parts, job, progress, _sources(blocks, tile), [blocks[i][0].width for i in tile],
+                                mode, groups, partials / f"tile-{t}.pkl", f"tile {t + 1}")
+        matrices = accumulator.finalize(strip_map=executor.gram_strip_map)
         with io.BytesIO() as buffer:
             np.savez(buffer, biased=matrices.biased, debiased=matrices.debiased)
             atomic_write_bytes(finished_tile, buffer.getvalue())
-        checkpoint.unlink(missing_ok=True)
+        (partials / f"tile-{t}.pkl").unlink(missing_ok=True)
         biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = matrices.biased, matrices.debiased
     seconds = time.perf_counter() - started
     arrays = {
@@ -146,3 +116,47 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
     # the job runs only when no result is stored or the user asked to recompute (refresh)
     parts.results.store(result, replace=True)
     shutil.rmtree(partials, ignore_errors=True)
+
+
+class _Progress:
+    """Finished map tasks over the whole job, published to its watchers."""
+
+    def __init__(self, job: JobState, total: int) -> None:
+        self.job, self.total, self.done = job, total, 0
+
+    def advance(self, steps: int = 1, message: str = "") -> None:
+        self.done += steps
+        self.job.progress(self.done, self.total, "tasks", message)
+
+
+def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: list[tuple[str, list[int]]],
+              widths: list[int], mode: str, groups: list, checkpoint: Path, name: str) -> sim.SimilarityAccumulator:
+    """Map and merge one tile's accumulator, resuming from and checkpointing to `checkpoint`."""
+    executor = parts.executor
+    total, finished = sim.SimilarityAccumulator(widths, mode), set()
+    if checkpoint.exists():
+        total, finished = pickle.loads(checkpoint.read_bytes())
+    progress.advance(len(finished), f"resuming from {len(finished)} stored partial results" if finished else "")
+    submit = executor.device_task(accumulate)
+    empty = sim.SimilarityAccumulator(widths, mode)
+    saved_at = time.monotonic()
+
+    def collect(g: int, ref) -> None:
+        total.merge(ray.get(ref))
+        finished.add(g)
+        progress.advance()
+
+    def checkpoint_now_and_then() -> None:
+        nonlocal saved_at
+        if time.monotonic() - saved_at > CHECKPOINT_SECONDS:
+            atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
+            saved_at = time.monotonic()
+
+    complete = run_windowed([g for g in range(len(groups)) if g not in finished],
+                            lambda g: submit(executor.store, sources, groups[g], empty),
+                            2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+    if not complete:
+        atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
+        raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of {name}; submit "
+                        "it again to resume from the stored partial results")
+    return total

@@ -9,11 +9,11 @@ from pathlib import Path
 import ray
 
 from actstore.errors import InvalidArgument, NotFound
+from actstore.modeling.sources import BUILTIN_MODELS
 from actstore.server.dispatch import get_or_raise
 from actstore.store import datasets as ds
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
 from actstore.store.handle import StoreHandle
-from actstore.modeling.sources import BUILTIN_MODELS
 from actstore.workers.registry import register_model
 
 

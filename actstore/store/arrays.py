@@ -226,7 +226,8 @@ class ZarrArrayStore(ArrayStore):
         layout = self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
-            raise ValueError(f"shard {shard} expects {(stop - start, layout.num_states, layout.width)}, got {values.shape}")
+            expected = (stop - start, layout.num_states, layout.width)
+            raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
         group = self._group(run_key, mode="r+")

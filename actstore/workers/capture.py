@@ -21,8 +21,8 @@ import torch
 
 from actstore.modeling.adapter import ModelAdapter
 from actstore.store.arrays import RunLayout
-from actstore.store.handle import StoreHandle
 from actstore.store.datasets import DatasetData, load_dataset
+from actstore.store.handle import StoreHandle
 
 _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 

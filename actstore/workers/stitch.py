@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from actstore.errors import InvalidArgument
 from actstore.modeling.adapter import ModelAdapter
-from actstore.store.handle import StoreHandle
 from actstore.store.datasets import load_dataset
+from actstore.store.handle import StoreHandle
 from actstore.workers.metric_tasks import task_device
 
 

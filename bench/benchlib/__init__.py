@@ -204,7 +204,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
         layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype="float16", pooling="mean",
                            shard_rows=shard_rows)
         service.arrays.create_run(key, layout, sample_ids, None, None)
-        record, _ = service.catalog.open_run(RunRecord(run_key=key, model_digest=model_digest, dataset_digest=dataset_digest,
+        record, _ = service.catalog.open_run(RunRecord(run_key=key, model_digest=model_digest,
+                                                       dataset_digest=dataset_digest,
                                           pooling="mean", dtype="float16", max_len=128, n=n, rows=n,
                                           num_layers=states - 1, width=width, num_shards=layout.num_shards,
                                           status="running", spec=spec))

@@ -24,7 +24,8 @@ def _reference_pooled(model_dir, texts, pooling, max_len=128):
     model = AutoModel.from_pretrained(model_dir).eval()
     blocks = model.encoder.layer if hasattr(model, "encoder") else model.h
     captured = {}
-    hook = blocks[-1].register_forward_hook(lambda m, i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
+    hook = blocks[-1].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("last", o[0] if isinstance(o, tuple) else o))
     rows = []
     with torch.no_grad():
         for text in texts:

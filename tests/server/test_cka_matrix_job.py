@@ -8,8 +8,8 @@ import pytest
 
 from actstore.errors import InvalidArgument, NotFound
 from tests.conftest import make_settings
-from tests.formulas import cka_numpy, debiased_numpy
 from tests.factories import save_tiny_model, sentences
+from tests.formulas import cka_numpy, debiased_numpy
 
 
 def layers_of(client, run: str) -> list[np.ndarray]:
@@ -129,7 +129,8 @@ def test_runs_with_other_samples_are_refused(client, runs):
 @pytest.fixture
 def slow_server(tmp_path, ray_cluster):
     """Small shards (4 rows), one map-task slot, and a 30 kB accumulator limit that allows only one
-    pair of 16-wide blocks per tile (25.6 kB at the peak of its finalize; two pairs hold 36 kB): the matrix of two 4-layer runs is 36 tiles of 4 map tasks,
+    pair of 16-wide blocks per tile (25.6 kB at the peak of its finalize; two pairs hold 36 kB): the
+    matrix of two 4-layer runs is 36 tiles of 4 map tasks,
     each reading its shards one by one, so the job is slow enough to cancel halfway. Both runs
     are captures of one tiny model (mean and last-token pooling) with weights of its own, so this server
     starts one capture replica of its own."""

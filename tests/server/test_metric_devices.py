@@ -2,7 +2,8 @@
 
 A server restarted on the same store with `metric_device="torch-cpu"` runs the code a GPU runs
 (torch, float64) on this CPU, and with "cuda" on a GPU where the cluster has one; recomputed with
-refresh, its answers equal the ones a numpy/BLAS server (metric_device="cpu") gave. `metric_device="cuda"` on a cluster without GPUs is refused up front.
+refresh, its answers equal the ones a numpy/BLAS server (metric_device="cpu") gave.
+`metric_device="cuda"` on a cluster without GPUs is refused up front.
 """
 
 from __future__ import annotations

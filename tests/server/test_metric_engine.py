@@ -15,8 +15,8 @@ import pytest
 
 from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from tests.conftest import make_settings
-from tests.formulas import debiased_numpy, hsic_u_numpy
 from tests.factories import save_tiny_model, sentences
+from tests.formulas import debiased_numpy, hsic_u_numpy
 
 
 # ---- independent float64 formulas -------------------------------------------------------------

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from actstore.errors import FailedPrecondition, InvalidArgument, NotFound
-from tests.formulas import cka_numpy, debiased_numpy
 from tests.factories import sentences
+from tests.formulas import cka_numpy, debiased_numpy
 
 
 @pytest.fixture(scope="module")
