@@ -24,6 +24,8 @@ class Settings(BaseSettings):
                        "s3://bucket/prefix for an S3-compatible object store configured by the AWS_* variables")
     data_dir: str = Field("./actstore-data", description="with an s3:// store: the server's local directory for "
                           "the catalog, registered models and datasets (a local store keeps them beside its arrays)")
+    catalog: str | None = Field(None, description="the DuckDB catalog file (one writer: this server); default "
+                                "catalog.duckdb in the local store, or in data_dir for an s3:// store")
     host: str = Field("127.0.0.1", description="address the gRPC server binds")
     port: int = Field(50151, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     ray_address: str | None = Field(
@@ -70,6 +72,10 @@ class Settings(BaseSettings):
         if self.store.startswith("s3://"):
             return self.store
         return str(Path(self.store.removeprefix("file://")).expanduser().resolve())
+
+    @property
+    def catalog_path(self) -> Path:
+        return Path(self.catalog).expanduser().resolve() if self.catalog else self.local_dir / "catalog.duckdb"
 
     @property
     def local_dir(self) -> Path:

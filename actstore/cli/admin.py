@@ -40,7 +40,7 @@ def cmd_token(args) -> int:
     from actstore.store.catalog import Catalog
 
     settings = Settings(**({"store": args.store} if args.store else {}))
-    catalog = Catalog(settings.local_dir / "catalog.duckdb")
+    catalog = Catalog(settings.catalog_path)
     try:
         if args.action == "create":
             token = create_token(catalog, args.name, args.role)

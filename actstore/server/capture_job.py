@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pyarrow as pa
 import ray
@@ -142,12 +141,13 @@ class CaptureJobs:
         offsets = None
         rows = dataset.n
         if spec["pooling"] == "tokens":
-            task = ray.remote(num_cpus=1)(token_offsets).remote(model.path, dataset.path, spec["max_len"])
+            task = ray.remote(num_cpus=1)(token_offsets).remote(self.store, model.path, dataset.path,
+                                                                 spec["max_len"])
             offsets = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
             rows = int(offsets[-1])
         layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
-        data = ds.load_dataset(Path(dataset.path))
+        data = ds.load_dataset(self.store.local(dataset.path))
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets)
         return layout
 

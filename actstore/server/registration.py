@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.errors import InvalidArgument, NotFound
 from actstore.modeling.sources import BUILTIN_MODELS
@@ -56,7 +57,10 @@ class Registrar:
             except NotFound:
                 pass
         source = builtin or str(Path(path).expanduser().resolve())
-        task = ray.remote(num_cpus=1)(register_model).remote(source, str(self.store.path))
+        # a folder path names a folder on this (the head's) disk: load it here
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        task = ray.remote(num_cpus=1)(register_model).options(
+            scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
         registered = get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
         record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
         self.catalog.add_model(record)
@@ -84,14 +88,12 @@ class Registrar:
             data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
                                     seed=source.seed)
         digest = ds.dataset_digest(data)
-        target = self.store.path / "datasets" / digest
-        if not target.exists():
-            ds.save_dataset(data, target)
+        ref = self.store.files.write_folder(f"datasets/{digest}", lambda target: ds.save_dataset(data, target))
         record = DatasetRecord(
             digest=digest, kind=data.kind, n=data.n,
             num_labels=len(data.label_names) if data.label_names else
             (int(data.labels.max()) + 1 if data.labels is not None else 0),
-            has_groups=data.groups is not None, path=str(target), source=data.source,
+            has_groups=data.groups is not None, path=ref, source=data.source,
         )
         self.catalog.add_dataset(record)
         default_name = source.builtin or (Path(source.path).stem if source.path else f"texts-{digest[:8]}")

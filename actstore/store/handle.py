@@ -13,6 +13,7 @@ from pathlib import Path
 from actstore.config import Settings
 from actstore.store import objects
 from actstore.store.arrays import ArrayStore, ZarrArrayStore
+from actstore.store.files import LocalFiles, ObjectFiles, StoreFiles, default_cache_dir
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.
 _OPENED: dict[StoreHandle, ArrayStore] = {}
@@ -41,10 +42,24 @@ class StoreHandle:
         keeps them beside its arrays."""
         return Path(self.local_dir or self.root.removeprefix("file://")).expanduser()
 
+    @property
+    def cache_dir(self) -> Path:
+        """This node's cache: converted builtin models, and with a URL store the downloaded copies."""
+        return default_cache_dir(self.root) if self.is_url else self.path / "cache"
+
     def check(self) -> None:
         """Fail fast, saying what to fix, when an object store cannot be reached."""
         if self.is_url:
             objects.check_reachable(self.root)
+
+    @property
+    def files(self) -> StoreFiles:
+        """The store's folders of models and datasets (`store.files`)."""
+        return ObjectFiles(self.root) if self.is_url else LocalFiles(self.path)
+
+    def local(self, ref: str) -> Path:
+        """A local folder with the files of a model or dataset the catalog names ``ref``."""
+        return self.files.local(ref)
 
     def open(self) -> ArrayStore:
         store = _OPENED.get(self)

@@ -13,7 +13,6 @@ shard boundary are computed by both neighbours, and each writes only its own row
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import crc32c
 import numpy as np
@@ -76,7 +75,8 @@ class ShardCapturer:
     def __init__(self, model_path: str, store: StoreHandle, num_threads: int | None = None) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.adapter = ModelAdapter.load(Path(model_path))
+        self.adapter = ModelAdapter.load(store.local(model_path))
+        self.store = store
         self.arrays = store.open()
         self._datasets: dict[str, DatasetData] = {}
         self._offsets: dict[str, np.ndarray] = {}
@@ -86,7 +86,7 @@ class ShardCapturer:
 
     def _data(self, plan: CapturePlan) -> DatasetData:
         if plan.dataset_path not in self._datasets:
-            self._datasets[plan.dataset_path] = load_dataset(Path(plan.dataset_path))
+            self._datasets[plan.dataset_path] = load_dataset(self.store.local(plan.dataset_path))
         return self._datasets[plan.dataset_path]
 
     def _pooled(self, plan: CapturePlan, start: int, stop: int) -> torch.Tensor:
@@ -137,9 +137,9 @@ class ShardCapturer:
         return chunk_metadata(plan.run_key, shard, stored, numbers)
 
 
-def token_offsets(model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
+def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
     """Prompt i owns token rows offsets[i]:offsets[i+1] of a token-level run."""
-    adapter = ModelAdapter.load(Path(model_path))
-    data = load_dataset(Path(dataset_path))
+    adapter = ModelAdapter.load(store.local(model_path))
+    data = load_dataset(store.local(dataset_path))
     counts = adapter.token_counts(model_inputs(data, 0, data.n), max_len)
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)

@@ -36,10 +36,11 @@ class LensPlan:
 def layer_heads(plan: LensPlan) -> list[LensHead]:
     """The head applied at each layer 0..L: the shared one, or (exit_heads) the model's per-layer
     classifiers on the shared final norm / pooler (layer 0 has no exit and keeps the shared head)."""
-    head = load_lens_head(plan.model_path)
+    model_path = plan.store.local(plan.model_path)
+    head = load_lens_head(model_path)
     heads = [head] * plan.num_states
     if plan.exit_heads:
-        for layer, (weight, bias) in (checkpoints.exit_heads(plan.model_path) or {}).items():
+        for layer, (weight, bias) in (checkpoints.exit_heads(model_path) or {}).items():
             heads[layer] = head.with_classifier(weight, bias, digest=f"{head.digest}:exit{layer}")
     return heads
 

@@ -17,6 +17,7 @@ from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.sources import resolve_model_source
 from actstore.store.atomic import atomic_directory
 from actstore.store.catalog import ModelRecord
+from actstore.store.handle import StoreHandle
 
 HEAD_FILE = "lens_head.npz"
 CARRIED_FILES = ("exit_heads.safetensors", "exit_heads.json", "lineage.json")
@@ -27,10 +28,6 @@ CARRIED_FILES = ("exit_heads.safetensors", "exit_heads.json", "lineage.json")
 _HEAD_ARRAYS = ("norm_weight", "norm_bias", "weight", "bias", "pooler_weight", "pooler_bias")
 _HEAD_META = {"norm": "norm", "eps": "eps", "pooler_activation": "pooler_activation",
               "position": "position", "task": "type", "arch": "arch", "digest": "digest"}
-
-
-def model_dir(store_root: Path, digest: str) -> Path:
-    return store_root / "models" / digest
 
 
 def save_lens_head(head: LensHead, path: Path) -> None:
@@ -64,15 +61,14 @@ def load_lens_head(model_path: str | Path) -> LensHead | None:
     return LensHead(**fields)
 
 
-def register_model(source: str, store_root: str) -> ModelRecord:
+def register_model(source: str, store: StoreHandle) -> ModelRecord:
     """Load the model at `source` (a folder or a builtin name), store it under its digest with its
     lens head, and return its catalog record (lineage: the source) for the caller to add."""
-    root = Path(store_root)
-    path = resolve_model_source(source, root / "cache" / "builtin-models")
+    path = resolve_model_source(source, store.cache_dir / "builtin-models")
     adapter = ModelAdapter.load(path, device="cpu")
-    target = model_dir(root, adapter.digest)
     head = adapter.lens_head()
-    if not (target / "config.json").exists():
+
+    def build(target: Path) -> None:
         try:
             with atomic_directory(target) as staging:
                 adapter.save(staging)
@@ -83,6 +79,8 @@ def register_model(source: str, store_root: str) -> ModelRecord:
                         shutil.copy2(path / extra, staging / extra)
         except FileExistsError:
             pass  # a concurrent registration of the same digest won the race: same content
+
+    ref = store.files.write_folder(f"models/{adapter.digest}", build)
     return ModelRecord(
         digest=adapter.digest,
         kind=adapter.kind,
@@ -90,7 +88,7 @@ def register_model(source: str, store_root: str) -> ModelRecord:
         num_layers=adapter.num_layers,
         hidden_size=adapter.hidden_size,
         max_positions=adapter.max_positions,
-        path=str(target),
+        path=ref,
         has_head=head is not None,
         lineage={"source": source},
     )

@@ -10,7 +10,6 @@ the classifier's cross-entropy (with the dataset labels) for sequence classifier
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -86,8 +85,8 @@ def stitch_penalty(plan: StitchPlan, device_policy: str = "cpu") -> dict:
     centred = target[test_rows] - target[test_rows].mean(0)
     r2 = 1.0 - float((residual**2).sum() / (centred.astype(np.float64) ** 2).sum())
 
-    adapter = ModelAdapter.load(Path(plan.model_b_path), device=task_device(device_policy) or "cpu")
-    data = load_dataset(Path(plan.dataset_path))
+    adapter = ModelAdapter.load(plan.store.local(plan.model_b_path), device=task_device(device_policy) or "cpu")
+    data = load_dataset(plan.store.local(plan.dataset_path))
     if adapter.kind != "causal-lm" and data.labels is None:
         raise InvalidArgument("stitching into a classifier needs a labelled dataset")
     own = stitched = 0.0

@@ -7,7 +7,7 @@ import pytest
 
 from actstore.metrics.lens import LensHead
 from actstore.modeling.adapter import ModelAdapter
-from actstore.workers import registry
+from actstore.store.handle import StoreHandle
 from actstore.workers.registry import HEAD_FILE, load_lens_head, register_model, save_lens_head
 from tests.factories import save_tiny_model
 
@@ -25,20 +25,20 @@ def _same_head(a: LensHead, b: LensHead) -> None:
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert-cls"])
 def test_register_stores_model_and_lens_head(tmp_path, name):
     folder = save_tiny_model(name, tmp_path / "src")
-    record = register_model(str(folder), str(tmp_path / "store"))
-    target = registry.model_dir(tmp_path / "store", record.digest)
+    record = register_model(str(folder), StoreHandle(str(tmp_path / "store")))
+    target = tmp_path / "store" / "models" / record.digest
     assert record.path == str(target) and record.has_head
     assert not list(target.parent.glob(".*"))  # no staging folder left behind
     stored = load_lens_head(target)
     _same_head(stored, ModelAdapter.load(folder, device="cpu").lens_head())
     assert ModelAdapter.load(target, device="cpu").digest == record.digest
-    again = register_model(str(folder), str(tmp_path / "store"))  # already there: reused
+    again = register_model(str(folder), StoreHandle(str(tmp_path / "store")))  # already there: reused
     assert again == record
 
 
 def test_bare_backbone_has_no_head_file(tmp_path):
     folder = save_tiny_model("bert", tmp_path / "src")
-    record = register_model(str(folder), str(tmp_path / "store"))
+    record = register_model(str(folder), StoreHandle(str(tmp_path / "store")))
     assert not record.has_head and load_lens_head(record.path) is None
 
 
@@ -49,13 +49,13 @@ def test_concurrent_registration_loser_keeps_the_winner(tmp_path, monkeypatch):
 
     def save_then_lose(self, directory):
         real_save(self, directory)
-        winner = registry.model_dir(store, self.digest)
+        winner = store / "models" / self.digest
         winner.mkdir(parents=True)
         (winner / "winner").write_text("")  # another process finished first
 
     monkeypatch.setattr(ModelAdapter, "save", save_then_lose)
-    record = register_model(str(folder), str(store))
-    target = registry.model_dir(store, record.digest)
+    record = register_model(str(folder), StoreHandle(str(store)))
+    target = store / "models" / record.digest
     assert sorted(p.name for p in target.iterdir()) == ["winner"]
     assert [p.name for p in target.parent.iterdir()] == [target.name]
 

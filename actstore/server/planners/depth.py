@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -57,7 +56,7 @@ class DepthPlanner:
         heads = heads or "shared"
         if heads not in ("shared", "exits"):
             raise InvalidArgument(f"heads {heads!r} is not one of shared, exits")
-        if heads == "exits" and not (Path(model.path) / "exit_heads.safetensors").exists():
+        if heads == "exits" and not (self.executor.store.local(model.path) / "exit_heads.safetensors").exists():
             raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
                                      "trained with --method multi-exit")
         self.checks.check_finite(record, list(range(record.num_layers + 1)))

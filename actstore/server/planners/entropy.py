@@ -5,7 +5,6 @@ curvature, and the augmentation-invariance family (InfoNCE, DiME, LiDAR); formul
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,7 +101,7 @@ class EntropyPlanner:
                 {"prompts": float(first.count)}, notes)
 
     def _invariance(self, metric: str, run: RunRecord, layers: list[int], options: dict):
-        data = load_dataset(Path(self.catalog.dataset(run.dataset_digest).path))
+        data = load_dataset(self.executor.store.local(self.catalog.dataset(run.dataset_digest).path))
         if data.groups is None:
             raise FailedPrecondition(
                 f"{metric} needs augmentation groups: register the dataset with --augment-views 2 (or a "

@@ -1,0 +1,138 @@
+"""Folders of files that live in the store beside the arrays: registered models
+(``models/<digest>``) and datasets (``datasets/<digest>``), which every worker node reads.
+
+A folder is written whole or not at all: on local disk through ``atomic_directory``; on an object
+store by uploading every file and then a ``.complete`` marker, which readers require. A worker
+reads a folder through ``local(ref)``: the folder itself on local disk, or a copy downloaded once
+per node into a cache directory (models are loaded from files by torch and HF).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+from actstore.errors import DataLoss, NotFound
+from actstore.store import objects
+from actstore.store.atomic import atomic_directory
+
+COMPLETE_MARKER = ".complete"
+Build = Callable[[Path], None]  # creates the (absent) folder it is given, with its files
+
+
+class StoreFiles(ABC):
+    """What registration and workers need of the store's non-array files."""
+
+    @abstractmethod
+    def ref(self, key: str) -> str:
+        """How the catalog names folder ``key`` (what ``local`` takes back)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether folder ``key`` is complete."""
+
+    @abstractmethod
+    def write_folder(self, key: str, build: Build) -> str:
+        """Make folder ``key`` with ``build`` unless it is complete already; returns its ref."""
+
+    @abstractmethod
+    def local(self, ref: str) -> Path:
+        """A local folder holding the files of ``ref``."""
+
+
+class LocalFiles(StoreFiles):
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def ref(self, key: str) -> str:
+        return str(self.root / key)
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).is_dir()
+
+    def write_folder(self, key: str, build: Build) -> str:
+        if not self.exists(key):
+            (self.root / key).parent.mkdir(parents=True, exist_ok=True)
+            build(self.root / key)
+        return self.ref(key)
+
+    def local(self, ref: str) -> Path:
+        return Path(ref)
+
+
+class ObjectFiles(StoreFiles):
+    """Folders as objects under ``<url>/<key>/``; refs are keys, copies cached in ``cache_dir``."""
+
+    def __init__(self, url: str, cache_dir: Path | None = None) -> None:
+        self.url = url
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(url)
+
+    def _store(self):
+        return objects.s3_store(self.url)
+
+    def ref(self, key: str) -> str:
+        return key
+
+    def exists(self, key: str) -> bool:
+        import obstore
+
+        try:
+            obstore.head(self._store(), f"{key}/{COMPLETE_MARKER}")
+            return True
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
+
+    def write_folder(self, key: str, build: Build) -> str:
+        import obstore
+
+        if self.exists(key):
+            return key
+        store = self._store()
+        with tempfile.TemporaryDirectory(prefix="actstore-upload-") as tmp:
+            folder = Path(tmp) / "folder"
+            build(folder)
+            try:
+                for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                    obstore.put(store, f"{key}/{path.relative_to(folder).as_posix()}", path)
+                obstore.put(store, f"{key}/{COMPLETE_MARKER}", b"")  # last: the folder is whole
+            except Exception as exc:
+                raise objects.failure(exc, self.url) from None
+        return key
+
+    def local(self, ref: str) -> Path:
+        import obstore
+
+        target = self.cache_dir / ref
+        if target.is_dir():
+            return target
+        store = self._store()
+        try:
+            names = [meta["path"] for batch in obstore.list(store, prefix=f"{ref}/") for meta in batch]
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
+        if f"{ref}/{COMPLETE_MARKER}" not in names:
+            if names:
+                raise DataLoss(f"the folder {ref} in {self.url} is incomplete (no {COMPLETE_MARKER} marker): "
+                               "register it again")
+            raise NotFound(f"no folder {ref} in {self.url}: was it registered against another store?")
+        try:
+            with atomic_directory(target) as staging:
+                for name in names:
+                    path = staging / name[len(ref) + 1:]
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(obstore.get(store, name).bytes())
+        except FileExistsError:
+            pass  # another task on this node downloaded it meanwhile
+        except (FileNotFoundError, OSError) as exc:
+            raise objects.failure(exc, self.url) from None
+        return target
+
+
+def default_cache_dir(url: str) -> Path:
+    """One cache per store URL and node, under the system temp directory."""
+    return Path(tempfile.gettempdir()) / "actstore-cache" / hashlib.sha256(url.encode()).hexdigest()[:12]
