@@ -148,7 +148,7 @@ class CaptureJobs:
         layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
         data = ds.load_dataset(self.store.local(dataset.path))
-        self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets)
+        self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
         return layout
 
     def _capture(self, job: JobState, opened: OpenRun) -> None:
@@ -182,3 +182,4 @@ class CaptureJobs:
                             f"{layout.num_shards} shards; submit it again to resume")
         self.arrays.write_means(record.run_key)
         self.catalog.commit_run(record)
+        self.arrays.mark_committed(record.run_key)  # after the catalog: the store never claims more

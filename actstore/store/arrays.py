@@ -14,6 +14,7 @@ Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never 
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,12 +25,14 @@ import numpy as np
 import zarr
 from obstore.exceptions import BaseError as ObjectStoreError
 from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
 
+COMMIT_MARKER = "committed.json"
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
@@ -83,8 +86,11 @@ class ArrayStore(ABC):
         sample_ids: list[str],
         labels: np.ndarray | None,
         offsets: np.ndarray | None,
+        spec: dict | None = None,
     ) -> None:
-        """Create the arrays (idempotent for the same layout: a resumed capture calls it again)."""
+        """Create the arrays (idempotent for the same layout: a resumed capture calls it again).
+        `spec` (the run's identity, `keys.run_spec`) is kept with them, so the store describes
+        its runs without the catalog."""
 
     @abstractmethod
     def layout(self, run_key: str) -> RunLayout: ...
@@ -122,6 +128,30 @@ class ArrayStore(ABC):
 
     @abstractmethod
     def delete_run(self, run_key: str) -> None: ...
+
+    # ---- the store's description of its runs (what `catalog rebuild` reads) --------------------
+    @abstractmethod
+    def run_keys(self) -> list[str]:
+        """Every run with arrays in the store."""
+
+    @abstractmethod
+    def spec(self, run_key: str) -> dict | None:
+        """The spec given to `create_run`, if any."""
+
+    @abstractmethod
+    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
+        """Keep a written shard's catalog rows (checksums, min/max, NaN/Inf counts) beside it."""
+
+    @abstractmethod
+    def chunk_rows(self, run_key: str) -> dict[str, list]:
+        """Every shard's rows kept by `write_chunk_rows`, concatenated column by column."""
+
+    @abstractmethod
+    def mark_committed(self, run_key: str) -> None:
+        """Write the run's commit marker (after the catalog committed it)."""
+
+    @abstractmethod
+    def is_committed(self, run_key: str) -> bool: ...
 
     @abstractmethod
     def nbytes_stored(self, run_key: str) -> int: ...
@@ -167,7 +197,7 @@ class ZarrArrayStore(ArrayStore):
             Crc32cCodec(),
         ]
 
-    def create_run(self, run_key, layout, sample_ids, labels, offsets) -> None:
+    def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
         self._layouts.pop(run_key, None)
         if self._exists(f"runs/{run_key}/zarr.json"):
             try:
@@ -177,9 +207,9 @@ class ZarrArrayStore(ArrayStore):
                 pass
             self.delete_run(run_key)
         with self._reported():
-            self._create(run_key, layout, sample_ids, labels, offsets)
+            self._create(run_key, layout, sample_ids, labels, offsets, spec)
 
-    def _create(self, run_key, layout, sample_ids, labels, offsets) -> None:
+    def _create(self, run_key, layout, sample_ids, labels, offsets, spec) -> None:
         group = zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode="w")
         dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
         group.create_array(
@@ -210,7 +240,7 @@ class ZarrArrayStore(ArrayStore):
             group.create_array("token_ids", shape=(layout.rows,), chunks=(layout.shard_rows,), dtype="int64",
                                compressors=self._codecs(8), fill_value=-1)
         # The layout is written last: its presence marks a completely created group.
-        group.attrs["layout"] = layout.to_dict()
+        group.attrs.update({"spec": spec, "layout": layout.to_dict()})
 
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
@@ -299,3 +329,54 @@ class ZarrArrayStore(ArrayStore):
         layout = self.layout(run_key)
         with self._reported():
             return sync(self._zarr.getsize_prefix(f"runs/{run_key}/{layout.array_name}"))
+
+    # ---- description ------------------------------------------------------------------------------
+    def _put(self, key: str, data: bytes) -> None:
+        with self._reported():
+            sync(self._zarr.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+
+    def _get(self, key: str) -> bytes | None:
+        with self._reported():
+            found = sync(self._zarr.get(key, prototype=default_buffer_prototype()))
+        return None if found is None else found.to_bytes()
+
+    def _listed(self, method: str, prefix: str) -> list[str]:
+        """`list_dir` or `list_prefix` of the zarr store (made inside the event loop: the
+        object store's listing needs a running loop)."""
+
+        async def collect() -> list[str]:
+            return [name async for name in getattr(self._zarr, method)(prefix)]
+
+        with self._reported():
+            return sync(collect())
+
+    def run_keys(self) -> list[str]:
+        return sorted(key for key in self._listed("list_dir", "runs")
+                      if self._exists(f"runs/{key}/zarr.json"))
+
+    def spec(self, run_key: str) -> dict | None:
+        return self._group(run_key).attrs.asdict().get("spec")
+
+    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
+        # one object per shard: shards are written concurrently, and a shared attribute would lose updates
+        self._put(f"runs/{run_key}/chunk_rows/{shard}.json", json.dumps(rows).encode())
+
+    def chunk_rows(self, run_key: str) -> dict[str, list]:
+        combined: dict[str, list] = {}
+        for name in sorted(self._listed("list_prefix", f"runs/{run_key}/chunk_rows/")):
+            payload = self._get(name)
+            if payload is None:
+                continue
+            try:
+                rows = json.loads(payload)
+            except ValueError as exc:
+                raise DataLoss(f"run {run_key[:12]}: the chunk rows {name} are unreadable ({exc})") from None
+            for column, cells in rows.items():
+                combined.setdefault(column, []).extend(cells)
+        return combined
+
+    def mark_committed(self, run_key: str) -> None:
+        self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())
+
+    def is_committed(self, run_key: str) -> bool:
+        return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")

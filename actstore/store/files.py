@@ -20,6 +20,7 @@ from actstore.store import objects
 from actstore.store.atomic import atomic_directory
 
 COMPLETE_MARKER = ".complete"
+RECORD_FILE = "record.json"  # a registered model's catalog record, kept in its folder
 Build = Callable[[Path], None]  # creates the (absent) folder it is given, with its files
 
 
@@ -42,6 +43,14 @@ class StoreFiles(ABC):
     def local(self, ref: str) -> Path:
         """A local folder holding the files of ``ref``."""
 
+    @abstractmethod
+    def folders(self, prefix: str) -> list[str]:
+        """Keys of the complete folders directly under ``prefix`` (e.g. ``models``)."""
+
+    @abstractmethod
+    def read(self, key: str, name: str) -> bytes | None:
+        """One file of folder ``key``, or None if it has none by that name."""
+
 
 class LocalFiles(StoreFiles):
     def __init__(self, root: Path) -> None:
@@ -61,6 +70,16 @@ class LocalFiles(StoreFiles):
 
     def local(self, ref: str) -> Path:
         return Path(ref)
+
+    def folders(self, prefix: str) -> list[str]:
+        parent = self.root / prefix
+        if not parent.is_dir():
+            return []
+        return sorted(f"{prefix}/{p.name}" for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def read(self, key: str, name: str) -> bytes | None:
+        path = self.root / key / name
+        return path.read_bytes() if path.is_file() else None
 
 
 class ObjectFiles(StoreFiles):
@@ -125,12 +144,34 @@ class ObjectFiles(StoreFiles):
                 for name in names:
                     path = staging / name[len(ref) + 1:]
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(obstore.get(store, name).bytes())
+                    path.write_bytes(bytes(obstore.get(store, name).bytes()))
         except FileExistsError:
             pass  # another task on this node downloaded it meanwhile
         except (FileNotFoundError, OSError) as exc:
             raise objects.failure(exc, self.url) from None
         return target
+
+
+    def folders(self, prefix: str) -> list[str]:
+        import obstore
+
+        try:
+            names = [meta["path"] for batch in obstore.list(self._store(), prefix=f"{prefix}/") for meta in batch]
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
+        marker = "/" + COMPLETE_MARKER
+        return sorted(name.removesuffix(marker) for name in names
+                      if name.endswith(marker) and name.count("/") == prefix.count("/") + 2)
+
+    def read(self, key: str, name: str) -> bytes | None:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self._store(), f"{key}/{name}").bytes())
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
 
 
 def default_cache_dir(url: str) -> Path:

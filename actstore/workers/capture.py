@@ -134,7 +134,9 @@ class ShardCapturer:
         numbers = numbers.astype(np.float32, copy=False)
         sums = numbers.sum(axis=0, dtype=np.float64)
         self.arrays.write_shard(plan.run_key, shard, stored, sums, token_ids)
-        return chunk_metadata(plan.run_key, shard, stored, numbers)
+        rows = chunk_metadata(plan.run_key, shard, stored, numbers)
+        self.arrays.write_chunk_rows(plan.run_key, shard, rows)
+        return rows
 
 
 def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:

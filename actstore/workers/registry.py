@@ -7,6 +7,7 @@ capture worker loads, so a multi-node cluster needs only the shared store. It is
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.sources import resolve_model_source
 from actstore.store.atomic import atomic_directory
 from actstore.store.catalog import ModelRecord
+from actstore.store.files import RECORD_FILE
 from actstore.store.handle import StoreHandle
 
 HEAD_FILE = "lens_head.npz"
@@ -67,11 +69,17 @@ def register_model(source: str, store: StoreHandle) -> ModelRecord:
     path = resolve_model_source(source, store.cache_dir / "builtin-models")
     adapter = ModelAdapter.load(path, device="cpu")
     head = adapter.lens_head()
+    description = {"digest": adapter.digest, "kind": adapter.kind, "arch": adapter.arch,
+                   "num_layers": adapter.num_layers, "hidden_size": adapter.hidden_size,
+                   "max_positions": adapter.max_positions, "has_head": head is not None,
+                   "lineage": {"source": source}}
 
     def build(target: Path) -> None:
         try:
             with atomic_directory(target) as staging:
                 adapter.save(staging)
+                # the catalog record, so the store describes its models (`catalog rebuild`)
+                (staging / RECORD_FILE).write_text(json.dumps(description, sort_keys=True))
                 if head is not None:
                     save_lens_head(head, staging / HEAD_FILE)
                 for extra in CARRIED_FILES:  # a multi-exit checkpoint's own classifiers, its lineage
@@ -81,14 +89,4 @@ def register_model(source: str, store: StoreHandle) -> ModelRecord:
             pass  # a concurrent registration of the same digest won the race: same content
 
     ref = store.files.write_folder(f"models/{adapter.digest}", build)
-    return ModelRecord(
-        digest=adapter.digest,
-        kind=adapter.kind,
-        arch=adapter.arch,
-        num_layers=adapter.num_layers,
-        hidden_size=adapter.hidden_size,
-        max_positions=adapter.max_positions,
-        path=ref,
-        has_head=head is not None,
-        lineage={"source": source},
-    )
+    return ModelRecord(**description, path=ref)

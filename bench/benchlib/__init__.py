@@ -236,6 +236,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
                 pending = {}
         service.arrays.write_means(key)
         service.catalog.commit_run(record)
+        service.arrays.mark_committed(key)
         keys.append(key)
         if log:
             print(f"  wrote synthetic run {key[:12]} ({n} x {states} x {width} float16, {layout.num_shards} shards) "

@@ -368,3 +368,24 @@ class ArrayStoreContract:
             with pytest.raises(NotFound) as info:
                 call()
             assert unknown[:12] in str(info.value)
+
+    # ---- the store describes its runs ---------------------------------------------------------
+    def test_runs_carry_their_spec_chunk_rows_and_commit_marker(self, store, tmp_path):
+        spec = {"model": "m" * 64, "dataset": "d" * 64, "pooling": "mean", "dtype": "float32"}
+        run_key, layout = key("described"), pooled_layout()
+        store.create_run(run_key, layout, [f"s{i}" for i in range(N)], None, None, spec)
+        other, _, _ = self.filled_run(store, name="no spec")
+        assert store.run_keys() == sorted([run_key, other])
+        assert store.spec(run_key) == spec and store.spec(other) is None
+        assert store.chunk_rows(run_key) == {} and not store.is_committed(run_key)
+        for shard in (2, 0, 1):  # any order, as shards finish
+            store.write_chunk_rows(run_key, shard, {"shard": [shard, shard], "layer": [0, 1],
+                                                    "min": [float("nan"), -1.5]})
+        rows = store.chunk_rows(run_key)
+        assert sorted(zip(rows["shard"], rows["layer"])) == [(s, layer) for s in range(3) for layer in (0, 1)]
+        assert sum(np.isnan(rows["min"])) == 3
+        store.mark_committed(run_key)
+        assert store.is_committed(run_key) and not store.is_committed(other)
+        assert self.make_store(tmp_path).is_committed(run_key)  # another handle sees it
+        store.delete_run(run_key)
+        assert store.run_keys() == [other] and not store.is_committed(run_key)
