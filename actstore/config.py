@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from actstore.options import CAPTURE
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -34,7 +36,8 @@ class Settings(BaseSettings):
 
     shard_rows: int = Field(256, ge=4, description="samples per Zarr shard (one capture task)")
     capture_batch_size: int = Field(32, ge=1, description="samples per forward pass")
-    default_max_len: int = Field(128, ge=2, description="token limit for text captures")
+    # the CAPTURE table leaves max_len's default to this setting; its minimum is the table's
+    default_max_len: int = Field(128, ge=CAPTURE.max_len.minimum, description="token limit for text captures")
     compressor: Literal["lz4", "zstd"] = "lz4"
     capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.client import Client, LensResult
+from actstore.options import LENS
 from actstore.report import bars, curves
 from actstore.training import METHODS
 
@@ -55,7 +56,7 @@ def _verdict(ok: bool) -> str:
 
 
 def run_experiment(recipe: str, out: Path, *, smoke: bool = False, seed: int = 0, steps: int | None = None,
-                   store: str | None = None, address: str | None = None, epsilon: float = 0.1) -> Path:
+                   store: str | None = None, address: str | None = None, epsilon: float = LENS.epsilon.default) -> Path:
     from actstore.training import get_recipe
 
     started = time.perf_counter()

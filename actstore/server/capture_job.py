@@ -17,6 +17,7 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.options import CAPTURE, from_wire
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
@@ -30,7 +31,7 @@ from actstore.store.catalog import (
     RunRecord,
 )
 from actstore.store.handle import StoreHandle
-from actstore.store.keys import POOLINGS, STORAGE_DTYPES, run_key, run_spec
+from actstore.store.keys import run_key, run_spec
 from actstore.workers.capture import CapturePlan, token_offsets
 
 log = logging.getLogger(__name__)
@@ -102,24 +103,23 @@ class CaptureJobs:
         return True
 
     def _spec(self, request: CaptureRequest, model: ModelRecord, dataset: DatasetRecord) -> dict:
-        pooling = request.pooling or ("last" if model.kind == "causal-lm" else "cls")
-        if pooling not in POOLINGS:
-            raise InvalidArgument(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+        # the table checks the choice and leaves the default to the model kind
+        pooling = from_wire(CAPTURE, "pooling", request.pooling) or ("last" if model.kind == "causal-lm" else "cls")
         if pooling == "cls" and model.kind == "causal-lm":
             raise InvalidArgument("pooling 'cls' takes the first token, which in a causal LM sees only "
                                   "itself: use 'last', 'mean' or 'tokens'")
-        dtype = request.dtype or "float16"
-        if dtype not in STORAGE_DTYPES:
-            raise InvalidArgument(f"dtype {dtype!r} is not one of {', '.join(STORAGE_DTYPES)}")
+        dtype = from_wire(CAPTURE, "dtype", request.dtype)
         if dataset.kind == "image" and model.kind != "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds images but model {request.model!r} "
                                   f"is a {model.kind}: capture it with a vision model")
         if dataset.kind == "text" and model.kind == "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds texts but model {request.model!r} is "
                                   "a vision model")
-        if request.max_len < 0 or request.max_len == 1:
-            raise InvalidArgument(f"max_len {request.max_len} must be >= 2 tokens (0 picks the default)")
-        max_len = request.max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
+        try:  # the table's minimum (2 tokens)
+            max_len = from_wire(CAPTURE, "max_len", request.max_len)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{e} tokens (0 picks the default)") from None
+        max_len = max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
         return run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
                         pooling=pooling, max_len=max_len, dtype=dtype)
 

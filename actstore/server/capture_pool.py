@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
@@ -49,15 +50,29 @@ class CapturePool:
                 gpus = cluster.cluster_gpus()
                 if gpus:
                     self._release_idle(keep=digest, older_than=0.0)
-                count = gpus or self.replicas_per_model
-                threads = None if gpus else max(1, cluster.cluster_cpus() // count)
-                resources = {"num_gpus": 1} if gpus else {"num_cpus": 0}
+                placements = [({"num_gpus": 1}, None)] * gpus if gpus else self._cpu_placements()
+                # soft placement: a replica whose node dies restarts on another (max_restarts), and
+                # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
                 actors = [ray.remote(ShardCapturer).options(
                     name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2, **resources,
-                ).remote(model_path, self.store, threads) for i in range(count)]
+                ).remote(model_path, self.store, threads) for i, (resources, threads) in enumerate(placements)]
                 entry = self._pool[digest] = _Replicas(actors)
             entry.busy += 1
             return list(entry.actors)
+
+    def _cpu_placements(self) -> list[tuple[dict, int]]:
+        """Replicas on a CPU cluster: at least one on every node with CPUs (more when
+        `capture_actors` asks, dealt round-robin), each using its share of its node's CPUs. CPU
+        replicas reserve no logical CPU, so metric tasks always find room beside them."""
+        nodes = cluster.cpu_nodes()
+        count = max(self.replicas_per_model, len(nodes))
+        on_node = [nodes[i % len(nodes)] for i in range(count)]
+        placements = []
+        for node_id, cpus in on_node:
+            sharing = sum(1 for other, _ in on_node if other == node_id)
+            strategy = NodeAffinitySchedulingStrategy(node_id, soft=True)
+            placements.append(({"num_cpus": 0, "scheduling_strategy": strategy}, max(1, cpus // sharing)))
+        return placements
 
     def actor_name(self, digest: str, replica: int) -> str:
         return f"{self._prefix}-{digest[:12]}-{replica}"

@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.errors import InvalidArgument, NotFound
 from actstore.modeling.sources import BUILTIN_MODELS
+from actstore.options import DATASETS
 from actstore.server.dispatch import get_or_raise
 from actstore.store import datasets as ds
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
@@ -31,12 +32,12 @@ class DatasetSource:
     limit: int | None = None
     seed: int = 0
     split: str | None = None
-    text_column: str = "text"
+    text_column: str = DATASETS.text_column.default
     label_column: str | None = None
     id_column: str | None = None
     group_column: str | None = None
     augment_views: int = 0
-    augment_method: str = "word-dropout"
+    augment_method: str = DATASETS.augment_method.default
 
 
 class Registrar:

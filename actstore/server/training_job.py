@@ -10,13 +10,14 @@ from pathlib import Path
 import ray
 
 from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.options import TRAIN, from_wire, resolve
 from actstore.server.dispatch import WAIT_SECONDS, get_or_raise
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.registration import Registrar
 from actstore.store.catalog import ModelRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import sha256_hex
-from actstore.training import METHODS, RECIPES, list_checkpoints
+from actstore.training import RECIPES, list_checkpoints
 from actstore.workers import cluster
 from actstore.workers.train_task import read_progress, run_training
 
@@ -41,13 +42,15 @@ class TrainingJobs:
     def submit(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
         if request.recipe not in RECIPES:
             raise NotFound(f"no recipe {request.recipe!r}; the recipes are {', '.join(RECIPES)}")
-        if request.method not in METHODS:
-            raise InvalidArgument(f"method {request.method!r} is not one of {', '.join(METHODS)}")
-        if request.steps < 0 or request.seed < 0:
-            raise InvalidArgument("steps and seed must be >= 0 (steps 0: the recipe's budget)")
-        spec = {"recipe": request.recipe, "method": request.method, "seed": request.seed,
-                "steps": request.steps or None, "smoke": request.smoke, "alternating": request.alternating,
-                "weights": request.weights or "linear"}
+        if not request.method:  # required: the table has no default
+            raise InvalidArgument(f"method is required: one of {', '.join(TRAIN.method.choices)}")
+        try:
+            steps = from_wire(TRAIN, "steps", request.steps)  # 0 (not given): the recipe's budget
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{e} (steps 0: the recipe's budget)") from None
+        spec = {"recipe": request.recipe, "method": resolve(TRAIN, "method", request.method),
+                "seed": resolve(TRAIN, "seed", request.seed), "steps": steps, "smoke": request.smoke,
+                "alternating": request.alternating, "weights": from_wire(TRAIN, "weights", request.weights)}
         key = sha256_hex({"training": spec})
         state, joined = self.jobs.start("train", key, spec, lambda job: self._train(job, spec, key),
                                         principal=principal)

@@ -26,7 +26,9 @@ def ensure_ray(address: str | None = None) -> None:
         return
     os.environ.update(WORKER_ENV)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
+    # the object store's configuration travels with the job, so every node reaches the same bucket
+    aws = {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
+    runtime_env = {"env_vars": {**WORKER_ENV, **aws}}
     try:
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
@@ -48,6 +50,14 @@ def ensure_ray(address: str | None = None) -> None:
 
 def cluster_cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def cpu_nodes() -> list[tuple[str, int]]:
+    """(node id, CPUs) of every alive node that has CPUs, the head's first."""
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [(node["NodeID"], int(node["Resources"].get("CPU", 0))) for node in ray.nodes()
+             if node["Alive"] and node["Resources"].get("CPU", 0) >= 1]
+    return sorted(nodes, key=lambda node: node[0] != here)
 
 
 def cluster_gpus() -> int:

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import ray
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import lens
 from actstore.metrics import similarity as sim
+from actstore.options import LENS, from_wire
 from actstore.server.executor import merged
 from actstore.server.planners import QueryParts
 from actstore.server.results import MetricResult
@@ -35,7 +35,8 @@ class DepthPlanner:
 
         def compute():
             read = [x for layer in chosen for x in (layer, layer + 1)]
-            total = self.executor.map_reduce(record.rows, [(record.run_key, read)], lens.ResidualNormAccumulator(len(chosen)))
+            total = self.executor.map_reduce(record.rows, [(record.run_key, read)],
+                                             lens.ResidualNormAccumulator(len(chosen)))
             mean, quantiles = total.finalize()
             notes = ([f"{int(total.unchanged.sum())} samples had h_(l+1) == h_l (infinite ratio, excluded)"]
                      if total.unchanged.any() else [])
@@ -53,9 +54,7 @@ class DepthPlanner:
             raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
                                      "needs a final norm + classifier or unembedding (a *ForCausalLM or "
                                      "*ForSequence/ImageClassification model)")
-        heads = heads or "shared"
-        if heads not in ("shared", "exits"):
-            raise InvalidArgument(f"heads {heads!r} is not one of shared, exits")
+        heads = from_wire(LENS, "heads", heads)
         if heads == "exits" and not (self.executor.store.local(model.path) / "exit_heads.safetensors").exists():
             raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
                                      "trained with --method multi-exit")
@@ -67,10 +66,8 @@ class DepthPlanner:
             raise InvalidArgument(f"the classifier reads one position, but run {record.run_key[:12]} is pooled "
                                   f"'{record.pooling}': capture with the model's own pooling (cls for BERT/ViT)")
         labels = None if next_token else self.checks.labels(record)
-        epsilon = epsilon or 0.1
-        taus = sorted(taus) if taus else [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
-        if not 0 < epsilon < 1 or any(not 0 <= t <= 1 for t in taus):
-            raise InvalidArgument("epsilon must be in (0, 1) and every tau in [0, 1]")
+        epsilon = from_wire(LENS, "epsilon", epsilon)  # in (0, 1)
+        taus = sorted(from_wire(LENS, "taus", taus))  # each in [0, 1]
         options = {"epsilon": epsilon, "taus": taus, "heads": heads}
 
         def compute():
@@ -108,7 +105,7 @@ class DepthPlanner:
         chosen = self.checks.check_layers(record, layers, "layer")
         self.checks.check_finite(record, chosen)
         labels = self.checks.labels(record)
-        rcond = rcond or 1e-10
+        rcond = from_wire(LENS, "rcond", rcond)
         options = {"layers": chosen, "rcond": rcond}
 
         def compute():
@@ -117,4 +114,5 @@ class DepthPlanner:
             values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
             return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
 
-        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh, compute)
+        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                              compute)

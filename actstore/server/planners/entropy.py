@@ -11,6 +11,7 @@ import numpy as np
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import entropy as ent
+from actstore.options import ENTROPY, from_wire
 from actstore.server.planners import QueryParts
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
@@ -32,10 +33,8 @@ class EntropyPlanner:
         record = self.checks.committed_run(run)
         chosen = self.checks.check_layers(record, layers, "layer")
         self.checks.check_finite(record, chosen)
-        alpha = alpha or 1.0
-        normalization = normalization or "raw"
-        if normalization not in ("raw", "maxEntropy", "logN", "logD"):
-            raise InvalidArgument(f"normalization {normalization!r} is not one of raw, maxEntropy, logN, logD")
+        alpha = from_wire(ENTROPY, "alpha", alpha)
+        normalization = from_wire(ENTROPY, "normalization", normalization)
         token_level = metric in ("prompt_entropy", "curvature")
         if token_level != (record.pooling == "tokens"):
             raise InvalidArgument(
@@ -48,17 +47,16 @@ class EntropyPlanner:
         if metric in ("dataset_entropy", "prompt_entropy"):
             options.update(normalization=normalization, clamp=clamp)
         if metric == "effective_rank":
-            options["convention"] = convention or "diff-erank"
-            if options["convention"] not in ("diff-erank", "roy-vetterli"):
-                raise InvalidArgument(f"convention {convention!r} is not one of diff-erank, roy-vetterli")
+            options["convention"] = from_wire(ENTROPY, "convention", convention)
         if metric == "curvature":
             options["abs_cos"] = abs_cos
         if metric == "dime":
-            options.update(permutations=permutations or 10, seed=seed)
+            options.update(permutations=from_wire(ENTROPY, "permutations", permutations),
+                           seed=from_wire(ENTROPY, "seed", seed))
         if metric == "lidar":
             options["exp"] = exp
         if metric == "infonce":
-            options["temperature"] = temperature or 0.1
+            options["temperature"] = from_wire(ENTROPY, "temperature", temperature)
         compute = {
             "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
             "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,
@@ -75,7 +73,8 @@ class EntropyPlanner:
         if clamp_small:
             self.checks.check_in_memory(run, 1, square=True)
         else:
-            self.checks.check_memory(8 * run.width**2 * len(layers), f"{len(layers)} d x d scatter matrices (d={run.width})")
+            self.checks.check_memory(8 * run.width**2 * len(layers),
+                                     f"{len(layers)} d x d scatter matrices (d={run.width})")
         if clamp_small:  # the clamped n x n Gram cannot be streamed: n <= d keeps it small
             fn = partial(ent.dataset_entropy, alpha=options["alpha"], normalization=options["normalization"],
                          clamp=True)

@@ -9,6 +9,7 @@ import numpy as np
 
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.options import SIMILARITY, from_wire, resolve
 from actstore.server.planners import QueryParts
 from actstore.server.results import MetricResult
 from actstore.server.tiling import chunks, row_itemsize
@@ -40,9 +41,7 @@ class SimilarityPlanner:
             return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
                                            lambda: self._cka(a, b, la, lb))
         if metric == "cos":
-            center = center or "global-mean"
-            if center not in ("global-mean", "none"):
-                raise InvalidArgument(f"center {center!r} is not one of global-mean, none")
+            center = from_wire(SIMILARITY, "center", center)
             if a.width != b.width:
                 raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
                                       f"({a.width} != {b.width}): COS is for layers of one model or of models "
@@ -51,19 +50,22 @@ class SimilarityPlanner:
             return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
                                            refresh, lambda: self._cos(a, b, la, lb, center))
         if metric == "minibatch_cka":
-            remainder = remainder or "drop"
-            if batch_size < sim.MIN_HSIC_SAMPLES or batch_size > a.rows:
-                raise InvalidArgument(f"batch_size {batch_size} must be between {sim.MIN_HSIC_SAMPLES} and "
-                                      f"n={a.rows}")
-            if remainder not in ("drop", "merge"):
-                raise InvalidArgument(f"remainder {remainder!r} is not one of drop, merge")
+            try:  # the table's type and minimum (required: 0, not given, is below it), and at most n
+                batch_size = resolve(SIMILARITY, "batch_size", batch_size or 0)
+                in_range = batch_size <= a.rows
+            except InvalidArgument:
+                in_range = False
+            if not in_range:
+                raise InvalidArgument(f"batch_size {batch_size!r} must be an int between "
+                                      f"{SIMILARITY.batch_size.minimum} and n={a.rows}")
+            remainder = from_wire(SIMILARITY, "remainder", remainder)
             options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
             return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
                                            lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
         if metric == "mutual_knn":
-            k = k or 10
-            if not 1 <= k < a.rows:
-                raise InvalidArgument(f"k={k} must be between 1 and n-1={a.rows - 1}")
+            k = from_wire(SIMILARITY, "k", k)
+            if not SIMILARITY.k.minimum <= k < a.rows:
+                raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
             self.checks.check_in_memory(a, 2, square=True)
             options = {"layers_a": la, "layers_b": lb, "k": k}
 

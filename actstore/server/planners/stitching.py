@@ -4,6 +4,7 @@ model B on token-level runs, run the rest of B, and report the loss penalty on h
 from __future__ import annotations
 
 from actstore.errors import InvalidArgument, Unavailable
+from actstore.options import STITCH, from_wire
 from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import QueryParts
 from actstore.server.results import MetricResult
@@ -30,9 +31,8 @@ class StitchPlanner:
         checks.check_same_samples(a, b)
         checks.check_finite(a, [layer_a])
         checks.check_finite(b, [layer_b])
-        test_fraction = test_fraction or 0.25
-        if not 0 < test_fraction < 1:
-            raise InvalidArgument(f"test_fraction {test_fraction} must be between 0 and 1")
+        test_fraction = from_wire(STITCH, "test_fraction", test_fraction)  # in (0, 1)
+        seed = from_wire(STITCH, "seed", seed)
         checks.check_memory(8 * a.rows * (a.width + 2 * b.width + 1), "the stitch fit")
         model_b = self.catalog.model(b.model_digest)
         options = {"layer_a": layer_a, "layer_b": layer_b, "test_fraction": test_fraction, "seed": seed}

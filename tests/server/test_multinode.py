@@ -1,0 +1,72 @@
+"""Several Ray nodes on this machine (ray.cluster_utils.Cluster, in a process of its own: see
+multinode_scenario.py) over an s3:// store: capture replicas and metric tasks run on more than
+one node (Ray's own placement data), the run equals a single-node capture byte for byte, and a
+worker node lost mid-capture and mid-matrix-job costs nothing but time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.factories import sentences
+from tests.formulas import cka_numpy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> tuple[dict, Path]:
+    out, data_dir = tmp_path / "out", tmp_path / "data-dir"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.server.multinode_scenario", "--store", s3_bucket, "--data-dir", str(data_dir),
+         "--model", str(tiny_models["bert"]), "--out", str(out), *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-4000:]
+    local = sorted(p.name for p in data_dir.rglob("*") if p.is_file())
+    assert local and all(name.startswith("catalog.duckdb") for name in local), local  # only the catalog
+    return json.loads((out / "facts.json").read_text()), out
+
+
+def _single_node_capture(client, tiny_models) -> list[np.ndarray]:
+    client.register_model(tiny_models["bert"], name="bert")
+    client.register_dataset(texts=sentences(96), labels=[i % 3 for i in range(96)], name="toy")
+    run = client.capture("bert", "toy", pooling="mean").run_key
+    return [client.read_activations(run, layer)[0] for layer in range(4)]
+
+
+def _check_run(facts: dict, out: Path, reference: list[np.ndarray]) -> None:
+    run = facts["run"]
+    assert facts["capture_status"] == "done", facts["capture_error"]
+    assert (run["status"], run["recorded_shards"], run["num_shards"]) == ("committed", 12, 12)
+    assert facts["rows_recorded"] == run["rows"] == 96  # every row exactly once
+    for layer, expected in enumerate(reference):
+        stored = np.load(out / f"layer{layer}.npy")
+        assert stored.dtype == expected.dtype and stored.tobytes() == expected.tobytes(), f"layer {layer}"
+
+
+def test_capture_and_metric_tasks_spread_over_nodes(s3_bucket, tiny_models, tmp_path, client):
+    facts, out = _scenario(s3_bucket, tiny_models, tmp_path)
+    assert facts["nodes"] == 3
+    assert len(facts["capture_nodes"]) >= 2, facts  # replicas on more than one node
+    assert len(facts["metric_nodes"]) >= 2, facts  # and metric tasks too
+    _check_run(facts, out, _single_node_capture(client, tiny_models))
+    np.testing.assert_allclose(np.load(out / "matrix.npy")[:4, 4:], np.load(out / "pairwise.npy"), atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_capture_and_mid_matrix_job_costs_only_time(s3_bucket, tiny_models, tmp_path, client):
+    facts, out = _scenario(s3_bucket, tiny_models, tmp_path, "--remove-nodes")
+    assert facts["capture_done_before_removal"], "the node was not removed while the capture ran"
+    reference = _single_node_capture(client, tiny_models)
+    _check_run(facts, out, reference)
+    assert facts["matrix_status"] == "done", facts["matrix_error"]
+    layers = [layer.astype(np.float64) for layer in reference]
+    np.testing.assert_allclose(np.load(out / "matrix.npy")[:4, :4],
+                               [[cka_numpy(x, y) for y in layers] for x in layers], rtol=1e-6, atol=1e-9)
