@@ -24,10 +24,11 @@ class Settings(BaseSettings):
 
     store: str = Field("./actstore-data", description="store root: a local path (or file:// URL), or "
                        "s3://bucket/prefix for an S3-compatible object store configured by the AWS_* variables")
-    data_dir: str = Field("./actstore-data", description="with an s3:// store: the server's local directory for "
-                          "the catalog, registered models and datasets (a local store keeps them beside its arrays)")
+    server_dir: str = Field("./actstore-data", description="with an s3:// store: the server's own local directory, "
+                            "for the catalog, training checkpoints and matrix-job partials (a local store keeps "
+                            "them beside its arrays); models, datasets and activations live in the object store")
     catalog: str | None = Field(None, description="the DuckDB catalog file (one writer: this server); default "
-                                "catalog.duckdb in the local store, or in data_dir for an s3:// store")
+                                "catalog.duckdb in the local store, or in server_dir for an s3:// store")
     host: str = Field("127.0.0.1", description="address the gRPC server binds")
     port: int = Field(50151, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     ray_address: str | None = Field(
@@ -78,10 +79,10 @@ class Settings(BaseSettings):
 
     @property
     def catalog_path(self) -> Path:
-        return Path(self.catalog).expanduser().resolve() if self.catalog else self.local_dir / "catalog.duckdb"
+        return Path(self.catalog).expanduser().resolve() if self.catalog else self.server_path / "catalog.duckdb"
 
     @property
-    def local_dir(self) -> Path:
-        """The server's own directory: the store itself when local, else `data_dir`."""
-        local = self.data_dir if self.store.startswith("s3://") else self.store_root
+    def server_path(self) -> Path:
+        """The server's own directory: the store itself when local, else `server_dir`."""
+        local = self.server_dir if self.store.startswith("s3://") else self.store_root
         return Path(local.removeprefix("file://")).expanduser().resolve()

@@ -75,7 +75,7 @@ def cmd_catalog(args) -> int:
     from actstore.store.handle import StoreHandle
     from actstore.store.rebuild import rebuild_catalog
 
-    overrides = {k: v for k, v in {"store": args.store, "catalog": args.catalog, "data_dir": args.data_dir}.items()
+    overrides = {k: v for k, v in {"store": args.store, "catalog": args.catalog, "server_dir": args.server_dir}.items()
                  if v is not None}
     settings = Settings(**overrides)
     path = settings.catalog_path
@@ -119,7 +119,7 @@ def add_commands(command) -> None:
                 "Run it while no server owns the store; it refuses to overwrite an existing catalog.")
     p.add_argument("action", choices=["rebuild"])
     p.add_argument("--catalog", help="the catalog file to write (default: the server's, see ACTSTORE_CATALOG)")
-    p.add_argument("--data-dir", help="with an s3:// store: the server's local directory (ACTSTORE_DATA_DIR)")
+    p.add_argument("--server-dir", help="with an s3:// store: the server's own directory (ACTSTORE_SERVER_DIR)")
 
     p = command("demo", cmd_demo, "the main job: capture MiniLM-L6 and SmolLM2, compare layers, write a report",
                 "Embedded by default. Captures MiniLM-L6 and SmolLM2-135M on Rotten Tomatoes reviews, computes\n"

@@ -29,7 +29,7 @@ class StoreHandle:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreHandle:
-        return cls(settings.store_root, settings.compressor, str(settings.local_dir))
+        return cls(settings.store_root, settings.compressor, str(settings.server_path))
 
     @property
     def is_url(self) -> bool:

@@ -9,7 +9,7 @@ writes what happened to --out (JSON facts, and the captured activations as .npy 
 Ray placed the capture replicas and the metric tasks (Ray's own state API), the run's shard and
 row counts, the matrix.
 
-    python -m tests.server.multinode_scenario --store s3://b/p --data-dir D --model M --out O
+    python -m tests.server.multinode_scenario --store s3://b/p --server-dir D --model M --out O
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _remove_when(cluster, node, ready) -> threading.Thread:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--server-dir", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--remove-nodes", action="store_true")
@@ -74,7 +74,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     facts: dict = {}
-    server = start_server(Settings(store=args.store, data_dir=args.data_dir, ray_address=cluster.address, port=0,
+    server = start_server(Settings(store=args.store, server_dir=args.server_dir, ray_address=cluster.address, port=0,
                                    shard_rows=8, capture_batch_size=8, resume_on_start=False))
     try:
         with Client(f"127.0.0.1:{server.port}") as client:

@@ -25,7 +25,7 @@ def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> tuple[dict, Path]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.server.multinode_scenario", "--store", s3_bucket, "--data-dir", str(data_dir),
+        [sys.executable, "-m", "tests.server.multinode_scenario", "--store", s3_bucket, "--server-dir", str(data_dir),
          "--model", str(tiny_models["bert"]), "--out", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-4000:]

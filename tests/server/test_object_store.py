@@ -31,7 +31,7 @@ def s3_service(s3_module_bucket, tmp_path_factory, ray_cluster):
     from tests.conftest import make_settings
 
     data_dir = tmp_path_factory.mktemp("data-dir")
-    running = start_server(make_settings(s3_module_bucket, data_dir=str(data_dir)))
+    running = start_server(make_settings(s3_module_bucket, server_dir=str(data_dir)))
     yield running, data_dir
     running.stop()
 
