@@ -82,14 +82,22 @@ def published_ports(service: dict) -> list[tuple[str, str, str]]:
 
 
 # --- docker-compose.yml ------------------------------------------------------------------------
-def test_compose_has_head_and_worker_sharing_the_store(compose):
+def test_compose_points_head_and_workers_at_one_object_store(compose):
     services = compose["services"]
-    assert {"head", "worker"} <= set(services)
-    assert "store" in (compose.get("volumes") or {}), "the store must be a named volume"
-    head, worker = volume_mounts(services["head"]), volume_mounts(services["worker"])
-    assert "store" in head and "store" in worker
-    assert head["store"] == worker["store"], "head and workers must see the store at one path"
-    assert environment(services["head"])["ACTSTORE_STORE"] == head["store"]
+    assert {"head", "worker", "minio", "bucket"} <= set(services)
+    head, worker = environment(services["head"]), environment(services["worker"])
+    for name in ("ACTSTORE_STORE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        assert head[name] and head[name] == worker[name], name
+    assert head["ACTSTORE_STORE"].startswith("s3://")
+    assert head["AWS_ENDPOINT_URL"].startswith("http://minio:")
+    bucket = head["ACTSTORE_STORE"].removeprefix("s3://").split("/")[0]
+    assert f"store/{bucket}" in " ".join(services["bucket"]["entrypoint"]), "the bucket service must create it"
+    assert services["head"]["depends_on"]["bucket"]["condition"] == "service_completed_successfully"
+    # the head's own directory (the catalog) is a named volume; workers need no volume at all
+    volumes = compose.get("volumes") or {}
+    mounts = volume_mounts(services["head"])
+    assert any(source in volumes and target == head["ACTSTORE_SERVER_DIR"] for source, target in mounts.items())
+    assert not volume_mounts(services["worker"])
 
 
 def test_compose_publishes_only_the_server_port_on_loopback(compose):
@@ -129,7 +137,8 @@ def test_compose_actstore_variables_are_settings_fields(compose, monkeypatch):
             if key.startswith("ACTSTORE_"):
                 monkeypatch.setenv(key, value)
     settings = Settings()
-    assert (settings.host, settings.port, settings.store) == ("0.0.0.0", 50151, "/data")
+    assert (settings.host, settings.port, settings.store) == ("0.0.0.0", 50151, "s3://actstore/team")
+    assert settings.catalog_path == Path("/server/catalog.duckdb")
 
 
 def test_dockerfile_actstore_variables_exist():
