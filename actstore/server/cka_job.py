@@ -93,7 +93,7 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
         if finished_tile.exists():
             with np.load(finished_tile) as saved:
                 biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = saved["biased"], saved["debiased"]
-            progress.advance(len(groups))
+            progress.advance(len(groups), publish=False)  # published with the next tile's first step
             continue
         accumulator = _run_tile(parts, job, progress, _sources(blocks, tile), [blocks[i][0].width for i in tile],
                                 mode, groups, partials / f"tile-{t}.pkl", f"tile {t + 1}")
@@ -124,9 +124,10 @@ class _Progress:
     def __init__(self, job: JobState, total: int) -> None:
         self.job, self.total, self.done = job, total, 0
 
-    def advance(self, steps: int = 1, message: str = "") -> None:
+    def advance(self, steps: int = 1, message: str = "", publish: bool = True) -> None:
         self.done += steps
-        self.job.progress(self.done, self.total, "tasks", message)
+        if publish:
+            self.job.progress(self.done, self.total, "tasks", message)
 
 
 def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: list[tuple[str, list[int]]],
