@@ -135,6 +135,12 @@ if "project" in sys.argv[2:]:
         here = direct.get("url") == root.resolve().as_uri() and direct.get("dir_info", {}).get("editable")
         if dist.version != project["version"] or not here:
             missing.append(f"{project['name']} (installed {dist.version} from {direct.get('url')})")
+        # entry points are installed metadata: a checkout that adds one needs a reinstall
+        declared = {(group, name) for group, points in project.get("entry-points", {}).items() for name in points}
+        declared |= {("console_scripts", name) for name in project.get("scripts", {})}
+        installed = {(point.group, point.name) for point in dist.entry_points}
+        if declared - installed:
+            missing.append(f"{project['name']} (entry points {sorted(declared - installed)} not installed)")
     except md.PackageNotFoundError:
         missing.append(project["name"])
 

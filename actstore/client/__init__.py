@@ -100,11 +100,9 @@ def _server_starter(name: str = "embedded"):
                                  f"{SERVER_ENTRY_POINTS!r}): {install} to run one in-process, or connect to "
                                  "a running `actstore serve` with Client(address)")
     try:
-        start = found[0].load()
-        from actstore.config import Settings
+        return found[0].load()
     except ImportError as exc:
         raise FailedPrecondition(f"the embedded server cannot be imported ({exc}): {install}") from None
-    return start, Settings
 
 
 class Client:
@@ -129,10 +127,10 @@ class Client:
         """Start an in-process server on a free loopback port (and a local Ray unless RAY_ADDRESS
         is set) owning the store at `path`; closing the client stops it. Needs the server extra:
         FailedPrecondition says how to install it if it is missing."""
-        start_server, Settings = _server_starter()
+        start_embedded = _server_starter()
         if path is not None:
             settings["store"] = str(path)
-        server = start_server(Settings(**{"port": 0, **settings}))
+        server = start_embedded(**{"port": 0, **settings})
         client = cls(f"127.0.0.1:{server.port}")
         client._server = server
         return client

@@ -44,6 +44,12 @@ class RunningServer:
         self.server.wait_for_termination()
 
 
+def start_embedded(**settings) -> RunningServer:
+    """`start_server` from plain keyword settings: the entry point `Client.embedded()` finds, so
+    the client needs nothing of the server's to start one."""
+    return start_server(Settings(**settings))
+
+
 def start_server(settings: Settings | None = None) -> RunningServer:
     settings = settings or Settings()
     service = ActStoreService(settings)

@@ -164,11 +164,11 @@ class ZarrArrayStore(ArrayStore):
     store (`store.objects`); the arrays, their layout and every check go through the zarr store
     interface, so both behave alike. Object-store failures raise our errors (`objects.failure`)."""
 
-    def __init__(self, root: Path | str, compressor: str = "lz4") -> None:
+    def __init__(self, root: Path | str, compressor: str = "lz4", s3_config: objects.S3Config | None = None) -> None:
         self.root = root
         self.compressor = compressor
         self._url = objects.is_url(str(root))
-        self._zarr = objects.zarr_store(str(root)) if self._url else LocalStore(Path(root))
+        self._zarr = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
 
     @contextmanager

@@ -85,12 +85,13 @@ class LocalFiles(StoreFiles):
 class ObjectFiles(StoreFiles):
     """Folders as objects under ``<url>/<key>/``; refs are keys, copies cached in ``cache_dir``."""
 
-    def __init__(self, url: str, cache_dir: Path | None = None) -> None:
+    def __init__(self, url: str, cache_dir: Path | None = None, config: objects.S3Config | None = None) -> None:
         self.url = url
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(url)
+        self.config = config
 
     def _store(self):
-        return objects.s3_store(self.url)
+        return objects.s3_store(self.url, self.config)
 
     def ref(self, key: str) -> str:
         return key

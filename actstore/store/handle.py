@@ -7,7 +7,7 @@ string) and call ``open()``. The root is a local path (or ``file://`` URL), whic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from actstore.config import Settings
@@ -21,15 +21,19 @@ _OPENED: dict[StoreHandle, ArrayStore] = {}
 
 @dataclass(frozen=True)
 class StoreHandle:
-    """Where the store lives (``root``: a local path or ``file://`` URL) and how chunks are coded."""
+    """Where the store lives (``root``: a local path, ``file://`` or ``s3://`` URL), how chunks
+    are coded, and for an object store its S3 configuration (read from the AWS variables where
+    the handle is made, so a worker on any node opens the same bucket)."""
 
     root: str
     compressor: str = "lz4"
-    local_dir: str = ""  # with a URL root: where the catalog, models and datasets live
+    local_dir: str = ""  # with a URL root: the server's own directory (the catalog)
+    s3_config: objects.S3Config | None = field(default=None, repr=False)  # credentials: never printed
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreHandle:
-        return cls(settings.store_root, settings.compressor, str(settings.server_path))
+        config = objects.config_from_env() if objects.is_url(settings.store_root) else None
+        return cls(settings.store_root, settings.compressor, str(settings.server_path), config)
 
     @property
     def is_url(self) -> bool:
@@ -50,12 +54,12 @@ class StoreHandle:
     def check(self) -> None:
         """Fail fast, saying what to fix, when an object store cannot be reached."""
         if self.is_url:
-            objects.check_reachable(self.root)
+            objects.check_reachable(self.root, self.s3_config)
 
     @property
     def files(self) -> StoreFiles:
         """The store's folders of models and datasets (`store.files`)."""
-        return ObjectFiles(self.root) if self.is_url else LocalFiles(self.path)
+        return ObjectFiles(self.root, config=self.s3_config) if self.is_url else LocalFiles(self.path)
 
     def local(self, ref: str) -> Path:
         """A local folder with the files of a model or dataset the catalog names ``ref``."""
@@ -64,5 +68,6 @@ class StoreHandle:
     def open(self) -> ArrayStore:
         store = _OPENED.get(self)
         if store is None:
-            store = _OPENED[self] = ZarrArrayStore(self.root if self.is_url else self.path, self.compressor)
+            root = self.root if self.is_url else self.path
+            store = _OPENED[self] = ZarrArrayStore(root, self.compressor, self.s3_config)
         return store

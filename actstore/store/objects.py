@@ -32,24 +32,46 @@ _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenie
                      "ExpiredToken")
 
 
+# The standard AWS variables and the obstore settings they become (first variable that is set).
+_AWS_VARIABLES = {
+    "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "access_key_id": ("AWS_ACCESS_KEY_ID",),
+    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
+    "token": ("AWS_SESSION_TOKEN",),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+}
+S3Config = tuple[tuple[str, str], ...]
+
+
 def is_url(root: str) -> bool:
     return urlparse(root).scheme in SCHEMES
 
 
-def s3_store(url: str) -> S3Store:
-    """obstore's S3Store for ``s3://bucket/prefix``; plain-HTTP endpoints (MinIO on a LAN, a test
-    server on loopback) are allowed when ``AWS_ENDPOINT_URL`` says http."""
+def config_from_env() -> S3Config:
+    """The S3 configuration the AWS variables of this process give, as a hashable value that a
+    store handle carries to every worker (so workers need no variables of their own)."""
+    found = {}
+    for key, names in _AWS_VARIABLES.items():
+        value = next((os.environ[name] for name in names if os.environ.get(name)), None)
+        if value is not None:
+            found[key] = value
+    return tuple(sorted(found.items()))
+
+
+def s3_store(url: str, config: S3Config | None = None) -> S3Store:
+    """obstore's S3Store for ``s3://bucket/prefix`` with ``config`` (default: this process's AWS
+    variables); plain-HTTP endpoints (MinIO on a LAN, a test server on loopback) are allowed."""
     parsed = urlparse(url)
     if parsed.scheme != "s3" or not parsed.netloc:
         raise InvalidArgument(f"store URL {url!r} is not s3://bucket/prefix")
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    options = {**CLIENT_OPTIONS, "allow_http": endpoint.startswith("http://")}
-    return S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, client_options=options,
+    settings = dict(config_from_env() if config is None else config)
+    options = {**CLIENT_OPTIONS, "allow_http": settings.get("endpoint", "").startswith("http://")}
+    return S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=settings, client_options=options,
                    retry_config=RETRY)
 
 
-def zarr_store(url: str) -> ObjectStore:
-    return ObjectStore(s3_store(url))
+def zarr_store(url: str, config: S3Config | None = None) -> ObjectStore:
+    return ObjectStore(s3_store(url, config))
 
 
 def failure(exc: BaseException, url: str) -> ActStoreError:
@@ -71,9 +93,9 @@ def failure(exc: BaseException, url: str) -> ActStoreError:
                        "AWS_ENDPOINT_URL and that the server is up, then retry")
 
 
-def check_reachable(url: str) -> None:
+def check_reachable(url: str, config: S3Config | None = None) -> None:
     """Fail fast, with the variable to fix, when the bucket cannot be listed."""
-    store = s3_store(url)
+    store = s3_store(url, config)
     try:
         next(iter(store.list(chunk_size=1)), None)
     except Exception as exc:

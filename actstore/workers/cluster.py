@@ -26,9 +26,7 @@ def ensure_ray(address: str | None = None) -> None:
         return
     os.environ.update(WORKER_ENV)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    # the object store's configuration travels with the job, so every node reaches the same bucket
-    aws = {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
-    runtime_env = {"env_vars": {**WORKER_ENV, **aws}}
+    runtime_env = {"env_vars": dict(WORKER_ENV)}
     try:
         if address:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)

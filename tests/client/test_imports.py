@@ -34,10 +34,10 @@ def test_importing_the_client_loads_no_server_and_no_heavy_package():
 
 def test_the_embedded_server_is_an_entry_point():
     (point,) = importlib.metadata.entry_points(group="actstore.servers", name="embedded")
-    assert point.value == "actstore.server.app:start_server"
-    from actstore.server.app import start_server
+    assert point.value == "actstore.server.app:start_embedded"
+    from actstore.server.app import start_embedded
 
-    assert point.load() is start_server
+    assert point.load() is start_embedded
 
 
 def test_embedded_without_a_server_says_how_to_install_one(monkeypatch):
