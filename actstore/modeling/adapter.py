@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from actstore.errors import InvalidArgument
-from actstore.metrics.lens import LensHead
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling import introspection
 from actstore.modeling.introspection import decide_kind, find_blocks, model_digest
 from actstore.modeling.lens_head import TorchLensHead, describe_lens_head

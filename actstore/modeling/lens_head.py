@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from actstore.errors import InvalidArgument
-from actstore.metrics.lens import LensHead
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling.introspection import find_final_norm, find_head_module
 
 __all__ = ["TorchLensHead", "describe_lens_head"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from actstore.metrics.lens import LensAccumulator, LensHead
+from actstore.metrics.lens import LensAccumulator
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling.lens_head import TorchLensHead
 from actstore.store.handle import StoreHandle
 from actstore.training import checkpoints

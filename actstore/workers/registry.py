@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actstore.metrics.lens import LensHead
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.sources import resolve_model_source
 from actstore.store.atomic import atomic_directory

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from actstore.metrics.lens import (
     DEFINITION_VERSION,
     LensAccumulator,
-    LensHead,
     NC1Accumulator,
     argmax_and_confidence,
     effective_depth,
@@ -23,6 +22,7 @@ from actstore.metrics.lens import (
     saturation_distribution,
     saturation_layers,
 )
+from actstore.metrics.lens_head import LensHead
 
 
 @pytest.fixture

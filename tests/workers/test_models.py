@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from actstore.errors import InvalidArgument, NotFound
-from actstore.metrics.lens import LensHead
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling import introspection, pooling, sources
 from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.introspection import model_digest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actstore.metrics.lens import LensHead
+from actstore.metrics.lens_head import LensHead
 from actstore.modeling.adapter import ModelAdapter
 from actstore.store.handle import StoreHandle
 from actstore.workers.registry import HEAD_FILE, load_lens_head, register_model, save_lens_head

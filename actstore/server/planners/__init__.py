@@ -24,3 +24,16 @@ class QueryParts:
     results: ResultCache
     executor: Executor
     sizing: CkaSizing
+
+
+class Planner:
+    """A family's planner: the shared parts as attributes, nothing of its own state."""
+
+    def __init__(self, parts: QueryParts) -> None:
+        self.parts = parts
+        self.catalog = parts.catalog
+        self.arrays = parts.arrays
+        self.checks = parts.checks
+        self.results = parts.results
+        self.executor = parts.executor
+        self.sizing = parts.sizing

@@ -11,17 +11,12 @@ from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.options import LENS, from_wire
 from actstore.server.executor import merged
-from actstore.server.planners import QueryParts
+from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
 from actstore.workers.metric_tasks import PerLayer
 
 
-class DepthPlanner:
-    def __init__(self, parts: QueryParts) -> None:
-        self.catalog = parts.catalog
-        self.checks = parts.checks
-        self.results = parts.results
-        self.executor = parts.executor
+class DepthPlanner(Planner):
 
     def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)

@@ -12,20 +12,14 @@ import numpy as np
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import entropy as ent
 from actstore.options import ENTROPY, from_wire
-from actstore.server.planners import QueryParts
+from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 from actstore.store.datasets import load_dataset
 from actstore.workers.metric_tasks import PerLayer
 
 
-class EntropyPlanner:
-    def __init__(self, parts: QueryParts) -> None:
-        self.catalog = parts.catalog
-        self.checks = parts.checks
-        self.results = parts.results
-        self.executor = parts.executor
-        self.arrays = parts.arrays
+class EntropyPlanner(Planner):
 
     def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
                 clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,

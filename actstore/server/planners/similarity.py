@@ -10,19 +10,13 @@ import numpy as np
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
 from actstore.options import SIMILARITY, from_wire, resolve
-from actstore.server.planners import QueryParts
+from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 
-class SimilarityPlanner:
-    def __init__(self, parts: QueryParts) -> None:
-        self.checks = parts.checks
-        self.results = parts.results
-        self.executor = parts.executor
-        self.sizing = parts.sizing
-        self.arrays = parts.arrays
+class SimilarityPlanner(Planner):
 
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",

@@ -6,19 +6,14 @@ from __future__ import annotations
 from actstore.errors import InvalidArgument, Unavailable
 from actstore.options import STITCH, from_wire
 from actstore.server.dispatch import get_or_raise
-from actstore.server.planners import QueryParts
+from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
 from actstore.workers.stitch import StitchPlan, stitch_penalty
 
 STITCH_VERSION = 1
 
 
-class StitchPlanner:
-    def __init__(self, parts: QueryParts) -> None:
-        self.catalog = parts.catalog
-        self.checks = parts.checks
-        self.results = parts.results
-        self.executor = parts.executor
+class StitchPlanner(Planner):
 
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, test_fraction: float = 0.0,
                seed: int = 0, refresh: bool = False) -> MetricResult:
