@@ -56,6 +56,9 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     options = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
+        # gRPC Python turns SO_REUSEPORT on: a second server on a taken port would bind and take a
+        # share of the connections (clients would see another store at random). Refuse instead.
+        ("grpc.so_reuseport", 0),
     ]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options,
                          interceptors=[ServiceInterceptor(service.catalog, settings.auth)])

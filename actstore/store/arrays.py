@@ -188,14 +188,32 @@ class ZarrArrayStore(ArrayStore):
     def _group(self, run_key: str, mode: str = "r") -> zarr.Group:
         if mode == "r" and not self._exists(f"runs/{run_key}/zarr.json"):
             raise NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
-        with self._reported():
-            return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode)
+        try:
+            with self._reported():
+                return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode)
+        except (ValueError, KeyError, TypeError) as exc:  # a truncated or garbled zarr.json
+            raise DataLoss(f"run {run_key[:12]}: its group metadata is damaged ({type(exc).__name__}); delete "
+                           "the run and capture it again") from None
 
     def _codecs(self, itemsize: int) -> list:
         return [
             BloscCodec(cname=self.compressor, clevel=5, shuffle="bitshuffle", typesize=itemsize),
             Crc32cCodec(),
         ]
+
+    def _side_array(self, group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
+        group.create_array(name, data=data, compressors=self._codecs(data.dtype.itemsize), overwrite=overwrite)
+
+    def _whole(self, run_key: str, group: zarr.Group, name: str, selection=slice(None)) -> np.ndarray:
+        """A side array (or a slice of one), a failed checksum or decode as DataLoss naming it."""
+        try:
+            with self._reported():
+                return group[name][selection]
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+                raise
+            raise DataLoss(f"run {run_key[:12]}: its array {name!r} is damaged ({type(exc).__name__}: "
+                           f"{str(exc)[:200]}); delete the run and capture it again") from None
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
         self._layouts.pop(run_key, None)
@@ -231,12 +249,13 @@ class ZarrArrayStore(ArrayStore):
         )
         # ids as UTF-8 bytes plus offsets: Zarr v3 has no stable string dtype
         encoded = [i.encode() for i in sample_ids]
-        group.create_array("sample_ids", data=np.frombuffer(b"".join(encoded), dtype=np.uint8))
-        group.create_array("sample_id_offsets", data=np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64))
+        # every side array carries a crc32c too: a flipped byte in ids, labels or offsets is DataLoss
+        self._side_array(group, "sample_ids", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        self._side_array(group, "sample_id_offsets", np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64))
         if labels is not None:
-            group.create_array("labels", data=np.asarray(labels, dtype=np.int64))
+            self._side_array(group, "labels", np.asarray(labels, dtype=np.int64))
         if offsets is not None:
-            group.create_array("offsets", data=np.asarray(offsets, dtype=np.int64))
+            self._side_array(group, "offsets", np.asarray(offsets, dtype=np.int64))
             group.create_array("token_ids", shape=(layout.rows,), chunks=(layout.shard_rows,), dtype="int64",
                                compressors=self._codecs(8), fill_value=-1)
         # The layout is written last: its presence marks a completely created group.
@@ -292,33 +311,37 @@ class ZarrArrayStore(ArrayStore):
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
-        means = group["layer_sums"][:].sum(axis=0) / layout.rows
-        group.create_array("means", data=means, overwrite=True)
+        means = self._whole(run_key, group, "layer_sums").sum(axis=0) / layout.rows
+        self._side_array(group, "means", means, overwrite=True)
         return means
 
     def means(self, run_key: str) -> np.ndarray:
         group = self._group(run_key)
         if "means" not in group:
             raise NotFound(f"run {run_key[:12]} has no layer means yet: it is not committed")
-        return group["means"][:]
+        return self._whole(run_key, group, "means")
 
     def sample_ids(self, run_key: str) -> list[str]:
         group = self._group(run_key)
-        blob = group["sample_ids"][:].tobytes()
-        bounds = group["sample_id_offsets"][:]
-        return [blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])]
+        blob = self._whole(run_key, group, "sample_ids").tobytes()
+        bounds = self._whole(run_key, group, "sample_id_offsets")
+        try:
+            return [blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])]
+        except UnicodeDecodeError as exc:
+            raise DataLoss(f"run {run_key[:12]}: its sample ids are damaged ({exc}); delete the run and "
+                           "capture it again") from None
 
     def labels(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
-        return group["labels"][:] if "labels" in group else None
+        return self._whole(run_key, group, "labels") if "labels" in group else None
 
     def offsets(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
-        return group["offsets"][:] if "offsets" in group else None
+        return self._whole(run_key, group, "offsets") if "offsets" in group else None
 
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
         group = self._group(run_key)
-        return group["token_ids"][start:stop] if "token_ids" in group else None
+        return self._whole(run_key, group, "token_ids", slice(start, stop)) if "token_ids" in group else None
 
     def delete_run(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)

@@ -178,6 +178,30 @@ class TestZarrArrayStore(ArrayStoreContract):
         with pytest.raises(DataLoss, match="shard 0 is missing"):  # the old shards are gone, never read as zeros
             store.read_layers(run_key, [0], 0, 6)
 
+    @pytest.mark.parametrize(("array", "read"), [
+        ("means", lambda store, run: store.means(run)),
+        ("labels", lambda store, run: store.labels(run)),
+        ("sample_ids", lambda store, run: store.sample_ids(run)),
+        ("sample_id_offsets", lambda store, run: store.sample_ids(run)),
+        ("layer_sums", lambda store, run: store.write_means(run)),
+    ])
+    def test_a_flipped_byte_in_any_side_array_is_data_loss_naming_it(self, store, tmp_path, array, read):
+        run_key, layout = key("side"), pooled_layout()
+        self.create(store, run_key, layout, labels=np.arange(N) % 3)
+        self.write_all(store, run_key, layout)
+        store.write_means(run_key)
+        chunk = next(p for p in (tmp_path / "store" / "runs" / run_key / array / "c").rglob("*") if p.is_file())
+        self.flip_byte(chunk, chunk.stat().st_size // 2)
+        with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: "):
+            read(self.make_store(tmp_path), run_key)
+
+    def test_a_truncated_group_metadata_file_is_data_loss(self, store, tmp_path):
+        run_key, _, _ = self.filled_run(store)
+        metadata = tmp_path / "store" / "runs" / run_key / "zarr.json"
+        metadata.write_bytes(metadata.read_bytes()[:40])
+        with pytest.raises(DataLoss, match="metadata is damaged"):
+            self.make_store(tmp_path).layout(run_key)
+
 
 # ---- bfloat16 helpers -----------------------------------------------------------------------
 def test_bf16_bits_to_float32_matches_torch():
@@ -193,3 +217,4 @@ def test_decode_stored():
     np.testing.assert_array_equal(decode_stored(bits, "bfloat16"), np.array([[1.0, -2.0]], np.float32))
     half = np.array([1.5, -2.0], np.float16)
     assert decode_stored(half, "float16") is half
+

@@ -1,0 +1,142 @@
+"""Object store: actstore's write and read paths against plain PUT/GET on the same S3 server.
+
+A real S3-protocol server process on loopback (moto's server mode; on a cluster this is MinIO or
+S3) holds one bucket. Both sides use the same client library (obstore) and the same concurrency,
+so the ratio measures actstore's own overhead (Zarr sharding, Blosc + crc32c, the shard index,
+the existence checks), not the server's speed.
+
+  * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
+    capture writes them), `--concurrency` shards in flight (a capture keeps 2 per replica);
+    baseline: `obstore.put` of random objects of exactly the sizes the shard objects have, same
+    concurrency. Rate = stored bytes / s.
+  * read: `read_layers(run, all layers, shard)` per shard, as a CKA map task reads (decoded to
+    numbers); baseline: `obstore.get` of the same shard objects. Rate = stored bytes / s.
+  * rounds alternate actstore and baseline; medians. Target >= 0.8 of the raw rate each way.
+
+    python bench/object_store.py [--quick] [--shards 32] [--concurrency 4] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import benchlib  # noqa: F401  (sets the Ray environment first)
+import numpy as np
+from benchlib import cores, machine, median, verdict, write_result
+
+TARGET = 0.8
+
+
+def start_s3_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            return process, endpoint
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise SystemExit("moto's S3 server did not start") from None
+            time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, default=32)
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--states", type=int, default=7)
+    parser.add_argument("--width", type=int, default=384)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="8 shards, 1 round")
+    args = parser.parse_args()
+    if args.quick:
+        args.shards, args.repeats = 8, 1
+
+    process, endpoint = start_s3_server()
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_REGION": "us-east-1"})
+    import boto3
+    import obstore
+
+    from actstore.store.arrays import RunLayout, ZarrArrayStore
+    from actstore.store.objects import s3_store
+
+    info = machine()
+    print(f"object store: {args.shards} shards of {args.rows} x {args.states} x {args.width} float16, "
+          f"{args.concurrency} in flight, S3 server moto on loopback; {cores()} cores, load {info['loadavg_start']}",
+          flush=True)
+    rng = np.random.default_rng(0)
+    shards = [(rng.standard_normal((args.rows, args.states, args.width)) * 3).astype(np.float16)
+              for _ in range(args.shards)]
+    layout = RunLayout(n=args.rows * args.shards, rows=args.rows * args.shards, num_states=args.states,
+                       width=args.width, dtype="float16", pooling="mean", shard_rows=args.rows)
+    rounds: dict[str, list[float]] = {"write": [], "put": [], "read": [], "get": []}
+    try:
+        for r in range(args.repeats):
+            bucket = f"bench-{uuid.uuid4().hex[:10]}"
+            boto3.client("s3").create_bucket(Bucket=bucket)
+            url = f"s3://{bucket}/store"
+            arrays = ZarrArrayStore(url, "lz4")
+            run = f"{r:064d}"
+            arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
+            prefix = f"runs/{run}/acts/c/"
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda s: arrays.write_shard(run, s, shards[s], shards[s].astype(np.float64).sum(0)),
+                              range(args.shards)))
+                write_seconds = time.perf_counter() - started
+            raw = s3_store(f"s3://{bucket}/raw")
+            store = s3_store(url)
+            objects = [(m["path"], m["size"]) for batch in obstore.list(store, prefix=prefix) for m in batch]
+            stored = sum(size for _, size in objects)
+            payloads = [rng.bytes(size) for _, size in objects]
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda i: obstore.put(raw, f"obj-{i}", payloads[i]), range(len(payloads))))
+                put_seconds = time.perf_counter() - started
+            reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
+            everything = list(range(args.states))
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda s: reader.read_layers(run, everything, *layout.shard_range(s)),
+                              range(args.shards)))
+                read_seconds = time.perf_counter() - started
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                started = time.perf_counter()
+                list(pool.map(lambda o: bytes(obstore.get(store, o[0]).bytes()), objects))
+                get_seconds = time.perf_counter() - started
+            for name, seconds in (("write", write_seconds), ("put", put_seconds), ("read", read_seconds),
+                                  ("get", get_seconds)):
+                rounds[name].append(stored / seconds / 1e6)
+            print(f"  round {r + 1}: {stored / 1e6:.1f} MB stored ({len(objects)} objects); MB/s write "
+                  f"{rounds['write'][-1]:.1f} vs put {rounds['put'][-1]:.1f}, read {rounds['read'][-1]:.1f} vs "
+                  f"get {rounds['get'][-1]:.1f}", flush=True)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    write_ratio = median(rounds["write"]) / median(rounds["put"])
+    read_ratio = median(rounds["read"]) / median(rounds["get"])
+    print(f"write path / raw PUT: {write_ratio:.2f} (target >= {TARGET}: {verdict(write_ratio, TARGET)})")
+    print(f"read path / raw GET:  {read_ratio:.2f} (target >= {TARGET}: {verdict(read_ratio, TARGET)})")
+    path = write_result("object_store", {"machine": info, "rounds_mb_per_s": rounds, "write_ratio": write_ratio,
+                                         "read_ratio": read_ratio, "target": TARGET, "args": vars(args)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
