@@ -54,6 +54,44 @@ def start_s3_server() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+def timed(pool: ThreadPoolExecutor, work, items) -> float:
+    started = time.perf_counter()
+    list(pool.map(work, items))
+    return time.perf_counter() - started
+
+
+def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng) -> tuple[int, int, dict[str, float]]:
+    """One fresh bucket: actstore's writes, raw PUTs of the same sizes, actstore's reads, raw GETs."""
+    import boto3
+    import obstore
+
+    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.objects import s3_store
+
+    bucket = f"bench-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    url = f"s3://{bucket}/store"
+    arrays = ZarrArrayStore(url, "lz4")
+    run = f"{r:064d}"
+    arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
+    store, raw = s3_store(url), s3_store(f"s3://{bucket}/raw")
+    seconds = {}
+    with ThreadPoolExecutor(concurrency) as pool:
+        seconds["write"] = timed(pool, lambda s: arrays.write_shard(run, s, shards[s],
+                                                                    shards[s].astype(np.float64).sum(0)),
+                                 range(len(shards)))
+        objects = [(m["path"], m["size"]) for batch in obstore.list(store, prefix=f"runs/{run}/acts/c/")
+                   for m in batch]
+        payloads = [rng.bytes(size) for _, size in objects]
+        seconds["put"] = timed(pool, lambda i: obstore.put(raw, f"obj-{i}", payloads[i]), range(len(payloads)))
+        reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
+        everything = list(range(layout.num_states))
+        seconds["read"] = timed(pool, lambda s: reader.read_layers(run, everything, *layout.shard_range(s)),
+                                range(len(shards)))
+        seconds["get"] = timed(pool, lambda o: bytes(obstore.get(store, o[0]).bytes()), objects)
+    return sum(size for _, size in objects), len(objects), seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shards", type=int, default=32)
@@ -70,11 +108,7 @@ def main() -> None:
     process, endpoint = start_s3_server()
     os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                        "AWS_REGION": "us-east-1"})
-    import boto3
-    import obstore
-
-    from actstore.store.arrays import RunLayout, ZarrArrayStore
-    from actstore.store.objects import s3_store
+    from actstore.store.arrays import RunLayout
 
     info = machine()
     print(f"object store: {args.shards} shards of {args.rows} x {args.states} x {args.width} float16, "
@@ -88,42 +122,10 @@ def main() -> None:
     rounds: dict[str, list[float]] = {"write": [], "put": [], "read": [], "get": []}
     try:
         for r in range(args.repeats):
-            bucket = f"bench-{uuid.uuid4().hex[:10]}"
-            boto3.client("s3").create_bucket(Bucket=bucket)
-            url = f"s3://{bucket}/store"
-            arrays = ZarrArrayStore(url, "lz4")
-            run = f"{r:064d}"
-            arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
-            prefix = f"runs/{run}/acts/c/"
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                started = time.perf_counter()
-                list(pool.map(lambda s: arrays.write_shard(run, s, shards[s], shards[s].astype(np.float64).sum(0)),
-                              range(args.shards)))
-                write_seconds = time.perf_counter() - started
-            raw = s3_store(f"s3://{bucket}/raw")
-            store = s3_store(url)
-            objects = [(m["path"], m["size"]) for batch in obstore.list(store, prefix=prefix) for m in batch]
-            stored = sum(size for _, size in objects)
-            payloads = [rng.bytes(size) for _, size in objects]
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                started = time.perf_counter()
-                list(pool.map(lambda i: obstore.put(raw, f"obj-{i}", payloads[i]), range(len(payloads))))
-                put_seconds = time.perf_counter() - started
-            reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
-            everything = list(range(args.states))
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                started = time.perf_counter()
-                list(pool.map(lambda s: reader.read_layers(run, everything, *layout.shard_range(s)),
-                              range(args.shards)))
-                read_seconds = time.perf_counter() - started
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                started = time.perf_counter()
-                list(pool.map(lambda o: bytes(obstore.get(store, o[0]).bytes()), objects))
-                get_seconds = time.perf_counter() - started
-            for name, seconds in (("write", write_seconds), ("put", put_seconds), ("read", read_seconds),
-                                  ("get", get_seconds)):
-                rounds[name].append(stored / seconds / 1e6)
-            print(f"  round {r + 1}: {stored / 1e6:.1f} MB stored ({len(objects)} objects); MB/s write "
+            stored, objects, seconds = one_round(r, shards, layout, args.concurrency, rng)
+            for name, value in seconds.items():
+                rounds[name].append(stored / value / 1e6)
+            print(f"  round {r + 1}: {stored / 1e6:.1f} MB stored ({objects} objects); MB/s write "
                   f"{rounds['write'][-1]:.1f} vs put {rounds['put'][-1]:.1f}, read {rounds['read'][-1]:.1f} vs "
                   f"get {rounds['get'][-1]:.1f}", flush=True)
     finally:

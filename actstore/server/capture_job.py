@@ -16,7 +16,7 @@ import pyarrow as pa
 import ray
 
 from actstore.config import Settings
-from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.errors import ActStoreError, Cancelled, InvalidArgument, NotFound, Unavailable
 from actstore.options import CAPTURE, from_wire
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
@@ -119,6 +119,9 @@ class CaptureJobs:
             max_len = from_wire(CAPTURE, "max_len", request.max_len)
         except InvalidArgument as e:
             raise InvalidArgument(f"{e} tokens (0 picks the default)") from None
+        if max_len and model.max_positions and max_len > model.max_positions:
+            raise InvalidArgument(f"max_len {max_len} is more than model {request.model!r} can take "
+                                  f"({model.max_positions} positions): ask for at most {model.max_positions}")
         max_len = max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
         return run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
                         pooling=pooling, max_len=max_len, dtype=dtype)
@@ -175,6 +178,11 @@ class CaptureJobs:
             complete = run_windowed(missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
                                     IN_FLIGHT_PER_REPLICA * len(actors), collect, job.cancel_requested)
             broken = False
+        except ActStoreError:
+            # the run says so (not `running` forever); its stored shards stay, and submitting the
+            # capture again resumes it
+            self.catalog.set_run_status(record.run_key, "failed")
+            raise
         finally:
             self.pool.release(opened.model.digest, broken=broken)
         if not complete:

@@ -7,6 +7,7 @@ and the results of the tasks already running are still collected before the call
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -27,7 +28,16 @@ def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActSto
         return ray.get(ref)
     except Exception as exc:
         cause = cluster.unwrap(exc)
-        raise (cause if isinstance(cause, ActStoreError) else otherwise(cause)) from None
+        raise (cause if isinstance(cause, ActStoreError) else otherwise(brief(cause))) from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def brief(exc: BaseException) -> RuntimeError:
+    """An error's last line without Ray's traceback and colours: what a status message may say."""
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    return RuntimeError(lines[-1][:500] if lines else type(exc).__name__)
 
 
 def run_windowed(

@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from actstore.errors import ActStoreError
+from actstore.errors import ActStoreError, InvalidArgument
 from actstore.server.auth import METHOD_ROLES, authenticate, check_role
 from actstore.store.catalog import Catalog
 
@@ -20,12 +20,32 @@ log = logging.getLogger(__name__)
 current_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("principal", default=None)
 
 _OURS = "/actstore.v1."
+MAX_MESSAGE_CHARS = 2000
 _AUDITED = {m for m, role in METHOD_ROLES.items() if role != "reader"}
+
+
+def _parsing(deserialize, method: str):
+    """The request as bytes on the wire, parsed inside the handler: gRPC itself answers a request
+    it cannot deserialize with INTERNAL, which would say "bug" about the caller's bytes."""
+
+    def parse(payload: bytes):
+        try:
+            return deserialize(payload)
+        except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, and more for odd bytes
+            raise InvalidArgument(f"the {method} request could not be parsed ({type(exc).__name__}): send a "
+                                  "serialized actstore.v1 request message (is the client's actstore version "
+                                  "the server's?)") from None
+
+    return parse
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
     if isinstance(exc, ActStoreError):
-        context.abort(grpc.StatusCode[exc.code], str(exc))
+        # a message that quotes a huge input must still fit gRPC's metadata limit (8 kB by default)
+        message = str(exc)
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+        context.abort(grpc.StatusCode[exc.code], message)
     log.exception("internal error in %s", method)
     context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {exc!r} (this is a bug)")
 
@@ -48,17 +68,20 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         if handler is None or not details.method.startswith(_OURS):
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        parse = _parsing(handler.request_deserializer, method)
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            def unary(request, context):
+            def unary(payload, context):
                 principal = None
+                request = payload
                 try:
                     caller = self._caller(details)
                     if caller is not None:
                         principal = caller[0]
                         check_role(*caller, method)
+                    request = parse(payload)  # after the caller is known: strangers learn nothing
                     current_principal.set(principal)
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
@@ -67,22 +90,19 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                 self._audit(principal, method, request, "OK")
                 return response
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary, response_serializer=handler.response_serializer)
 
         inner_stream = handler.unary_stream
 
-        def stream(request, context):
+        def stream(payload, context):
             try:
                 caller = self._caller(details)
                 if caller is not None:
                     check_role(*caller, method)
+                request = parse(payload)
                 current_principal.set(caller[0] if caller else None)
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
                 _abort(context, exc, method)
 
-        return grpc.unary_stream_rpc_method_handler(
-            stream, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)

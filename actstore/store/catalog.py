@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from actstore.errors import AlreadyExists, DataLoss, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from actstore.errors import (
+    ActStoreError,
+    AlreadyExists,
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -139,6 +147,16 @@ class JobRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _open_failure(path: Path, exc: duckdb.Error) -> ActStoreError:
+    """Why the catalog file cannot be opened, and what to do (no DuckDB traceback)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "lock" in text.lower():
+        return Unavailable(f"cannot open the catalog {path}: another process holds it ({text}). Another "
+                           "actstore server owns this store: connect to it with --address instead")
+    return DataLoss(f"the catalog {path} is damaged ({text}). Move it aside and recreate it from the store "
+                    "with `actstore catalog rebuild --store STORE --catalog " + str(path) + "`")
+
+
 class Catalog:
     """Thread-safe access to the catalog file. All statements go through one connection."""
 
@@ -146,13 +164,11 @@ class Catalog:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._con = duckdb.connect(str(path))
-        except duckdb.IOException as exc:
-            raise Unavailable(
-                f"cannot open the catalog {path}: {exc}. Another actstore server owns this store; "
-                "connect to it with --address instead of opening the store directly"
-            ) from exc
+            self._con.execute(SCHEMA)
+            self._con.execute("SELECT count(*) FROM runs").fetchall()  # reads the file's blocks
+        except duckdb.Error as exc:
+            raise _open_failure(path, exc) from None
         self._lock = threading.RLock()
-        self._con.execute(SCHEMA)
 
     def close(self) -> None:
         with self._lock:
@@ -296,6 +312,9 @@ class Catalog:
         self.add_run(record)
         stored = self.find_run(record.run_key)
         assert stored is not None
+        if stored.status == "failed":  # a capture that failed before is being resumed
+            self.set_run_status(record.run_key, "running")
+            stored = replace(stored, status="running")
         return stored, self.recorded_shards(record.run_key, record.num_layers)
 
     def record_shard(self, chunk_rows: pa.Table) -> None:

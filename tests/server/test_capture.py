@@ -173,3 +173,29 @@ def test_bad_capture_requests(client, registered, tiny_models):
     with pytest.raises(InvalidArgument, match="empty"):
         client.register_dataset(texts=[], name="empty")
     assert client.runs() == []
+
+
+def test_max_len_beyond_the_model_is_refused_up_front(client, registered):
+    positions = next(m for m in client.models() if "gpt2" in m.aliases).max_positions
+    with pytest.raises(InvalidArgument, match=f"at most {positions}"):
+        client.capture("gpt2", "toy", max_len=positions + 1)
+    assert client.runs() == []
+
+
+def test_a_failed_capture_marks_its_run_failed_and_resumes_when_submitted_again(server, client, registered):
+    import shutil
+
+    dataset = next(d for d in client.datasets() if "toy" in d.aliases)
+    folder = server.service.store.path / "datasets" / dataset.digest
+    hidden = folder.with_name("hidden")
+    folder.rename(hidden)  # the workers cannot load the dataset: every shard fails
+    job = client.submit_capture("bert", "toy", pooling="mean")
+    finished = client.wait(job.job_id)
+    assert finished.status == "failed" and finished.error_code == "UNAVAILABLE", finished
+    assert "Traceback" not in finished.error
+    assert client.describe(finished.target).status == "failed"
+    shutil.move(hidden, folder)
+    resumed = client.capture("bert", "toy", pooling="mean")
+    assert resumed.run_key == finished.target
+    run = client.describe(finished.target)
+    assert (run.status, run.recorded_shards) == ("committed", run.num_shards)

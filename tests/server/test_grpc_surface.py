@@ -171,6 +171,30 @@ def test_malformed_request_gets_a_specific_status(surface, case):
     assert len(details) > 10, f"{case}: the status carries no explanation"
 
 
+UNDECODABLE = {
+    "random bytes": bytes(range(256)) * 4,
+    "truncated field": b"\x0a\x40abc",  # field 1, length 64, 3 bytes follow
+    "invalid utf-8": b"\x0a\x02\xff\xfe",  # field 1 (a string) holding invalid UTF-8
+    "overlong varint": b"\x10" + b"\xff" * 11,
+}
+
+
+# field 1 of DescribeRun and ReadActivations is the run (a string); of Similarity the metric (a varint)
+UNDECODABLE_CALLS = [(path, payload) for path in ("/actstore.v1.Catalog/DescribeRun",
+                                                  "/actstore.v1.Query/ReadActivations")
+                     for payload in UNDECODABLE] + [("/actstore.v1.Query/Similarity", payload)
+                                                    for payload in UNDECODABLE if payload != "invalid utf-8"]
+
+
+@pytest.mark.parametrize(("path", "payload"), UNDECODABLE_CALLS)
+def test_undecodable_request_bytes_are_invalid_argument(surface, path, payload):
+    call = (surface.channel.unary_stream if path.endswith("ReadActivations") else surface.channel.unary_unary)(
+        path, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw)
+    code, details = status_of(lambda: call(UNDECODABLE[payload], timeout=30))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    assert "could not be parsed" in details and "Traceback" not in details
+
+
 def test_server_still_answers_after_the_errors(surface):
     stub = health_pb2_grpc.HealthStub(surface.channel)
     assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == \

@@ -15,6 +15,7 @@ import pytest
 
 from actstore.errors import (
     AlreadyExists,
+    DataLoss,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -517,3 +518,24 @@ def test_audit_insert(catalog, catalog_path):
         ("alice", "/actstore.v1.Catalog/DeleteRun", digest("r"), "OK", True),
         (None, "/actstore.v1.Query/Similarity", "", "UNAUTHENTICATED", True),
     ]
+
+
+def test_a_file_that_is_not_a_catalog_is_data_loss_saying_how_to_rebuild(tmp_path):
+    path = tmp_path / "catalog.duckdb"
+    path.write_bytes(b"not a database at all" * 500)
+    with pytest.raises(DataLoss, match="catalog rebuild") as info:
+        Catalog(path)
+    assert "Traceback" not in str(info.value) and "owns" not in str(info.value)
+
+
+def test_a_truncated_catalog_is_data_loss(tmp_path):
+    path = tmp_path / "catalog.duckdb"
+    catalog = Catalog(path)
+    for i in range(2000):
+        catalog.add_model(ModelRecord(digest=f"{i:064d}", kind="encoder", arch="x", num_layers=1, hidden_size=2,
+                                      max_positions=None, path="/m", has_head=False, lineage={"i": i}))
+    catalog.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataLoss, match="damaged"):
+        Catalog(path)
