@@ -1,0 +1,85 @@
+"""Cross-model growth: the CKA matrix job over M = 4, 8, ... synthetic runs (n = 10,000, L+1 = 7,
+d = 384, float16), each M timed against its roofline.
+
+  * job: `client.cka_matrix(first M runs, refresh=True)` (submit, follow, fetch); its notes say the
+    mode and the number of tiles the memory limit forced.
+  * roofline (the baseline, measured in the same run): the FLOPs of the cheapest plan that keeps
+    one Gram (or covariance) product per block plus the pairwise products (`cka_mode_costs` of the
+    whole job, as if it fitted in one tile), at this machine's float64 GEMM rate over the map
+    tasks' processes (`cka_roofline.gemm_roofline`), plus one read of the runs' stored bytes.
+  * peak memory increase of the server and the Ray workers during the job, against
+    `max_accumulator_bytes`.
+
+    python bench/cross_model_growth.py [--runs 4,8] [--n 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib  # noqa: F401  (sets the Ray environment first)
+from benchlib import (
+    RssSampler,
+    cores,
+    embedded,
+    machine,
+    read_files,
+    run_files,
+    write_result,
+    write_synthetic_runs,
+)
+from cka_roofline import gemm_roofline
+
+from actstore.metrics.similarity import cka_mode_costs
+
+TARGET = 2.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", default="4,8", help="the M values (default 4,8)")
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--states", type=int, default=7)
+    parser.add_argument("--width", type=int, default=384)
+    args = parser.parse_args()
+    counts = [int(m) for m in args.runs.split(",")]
+    info = machine()
+    print(f"cross-model growth: M in {counts}, n={args.n}, L+1={args.states}, d={args.width}, float16; "
+          f"{cores()} cores, load {info['loadavg_start']}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp, embedded(Path(tmp) / "store") as client:
+        runs = write_synthetic_runs(client, args.n, runs=max(counts), states=args.states, width=args.width)
+        executor = client._server.service.queries.parts.executor
+        limit = client._server.service.settings.max_accumulator_bytes
+        width = args.states * args.width  # one run's blocks side by side, as a tile holds them
+        gemm = gemm_roofline(args.n, 256, width, executor.parts)
+        rate = args.n * width**2 / 2 / gemm["syrk_seconds"]  # a syrk's multiply-adds per second
+        for m in counts:
+            chosen = runs[:m]
+            costs = cka_mode_costs([args.width] * (m * args.states), args.n)
+            best = min(costs.values())
+            nbytes, read_seconds = read_files([p for run in chosen for p in run_files(client, run)])
+            roofline = best / rate + read_seconds
+            sampler = RssSampler().start()
+            started = time.perf_counter()
+            result = client.cka_matrix(chosen, refresh=True)
+            wall = time.perf_counter() - started
+            memory = sampler.stop()
+            row = {"m": m, "wall_s": wall, "roofline_s": roofline, "ratio": wall / roofline,
+                   "job_macs": costs, "read_bytes": nbytes, "notes": result.notes,
+                   "peak_increase_mib": memory["sum_of_increases_mib"], "limit_mib": limit / 2**20}
+            rows.append(row)
+            print(f"  M={m}: wall {wall:.1f} s, roofline {roofline:.1f} s (best plan {best:.2e} multiply-adds at "
+                  f"{rate / 1e9:.1f} G/s + read {nbytes / 1e6:.0f} MB in {read_seconds:.2f} s): "
+                  f"{wall / roofline:.2f}x; "
+                  f"{'; '.join(result.notes)}; peak memory +{memory['sum_of_increases_mib']:.0f} MiB "
+                  f"(limit {limit / 2**20:.0f} MiB per accumulator)", flush=True)
+    path = write_result("cross_model_growth", {"machine": info, "gemm": gemm, "rows": rows, "target": TARGET})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
