@@ -178,10 +178,11 @@ class CaptureJobs:
             complete = run_windowed(missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
                                     IN_FLIGHT_PER_REPLICA * len(actors), collect, job.cancel_requested)
             broken = False
-        except ActStoreError:
+        except ActStoreError as exc:
             # the run says so (not `running` forever); its stored shards stay, and submitting the
             # capture again resumes it
-            self.catalog.set_run_status(record.run_key, "failed")
+            if not isinstance(exc, Cancelled):
+                self.catalog.set_run_status(record.run_key, "failed")
             raise
         finally:
             self.pool.release(opened.model.digest, broken=broken)

@@ -9,6 +9,7 @@ durable, and a run is `committed` only once every chunk is recorded.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -147,10 +148,10 @@ class JobRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _open_failure(path: Path, exc: duckdb.Error) -> ActStoreError:
+def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
     """Why the catalog file cannot be opened, and what to do (no DuckDB traceback)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if "lock" in text.lower():
+    if re.search(r"\block\b", text, re.IGNORECASE):  # "Could not set lock on file ..."
         return Unavailable(f"cannot open the catalog {path}: another process holds it ({text}). Another "
                            "actstore server owns this store: connect to it with --address instead")
     return DataLoss(f"the catalog {path} is damaged ({text}). Move it aside and recreate it from the store "
@@ -165,9 +166,18 @@ class Catalog:
         try:
             self._con = duckdb.connect(str(path))
             self._con.execute(SCHEMA)
-            self._con.execute("SELECT count(*) FROM runs").fetchall()  # reads the file's blocks
+            self._con.execute("SELECT count(*) FROM runs").fetchall()
+            # DuckDB reads a data block only when a query needs it, so a truncated file opens and
+            # counts rows; its header says how many blocks it has, which a cut-off file cannot hold
+            block_size, blocks = self._con.execute(
+                "SELECT block_size, total_blocks FROM pragma_database_size() "
+                "WHERE database_name = current_database()").fetchall()[0]
         except duckdb.Error as exc:
             raise _open_failure(path, exc) from None
+        if path.stat().st_size < block_size * blocks:
+            self._con.close()
+            raise _open_failure(path, f"the file has {path.stat().st_size} bytes; its header names "
+                                      f"{blocks} blocks of {block_size} bytes")
         self._lock = threading.RLock()
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from actstore.errors import InvalidArgument, NotFound
+from actstore.errors import InvalidArgument, NotFound, Unavailable
 from tests.factories import sentences
 
 
@@ -175,8 +175,8 @@ def test_bad_capture_requests(client, registered, tiny_models):
     assert client.runs() == []
 
 
-def test_max_len_beyond_the_model_is_refused_up_front(client, registered):
-    positions = next(m for m in client.models() if "gpt2" in m.aliases).max_positions
+def test_max_len_beyond_the_model_is_refused_up_front(server, client, registered):
+    positions = server.service.catalog.model("gpt2").max_positions
     with pytest.raises(InvalidArgument, match=f"at most {positions}"):
         client.capture("gpt2", "toy", max_len=positions + 1)
     assert client.runs() == []
@@ -185,12 +185,14 @@ def test_max_len_beyond_the_model_is_refused_up_front(client, registered):
 def test_a_failed_capture_marks_its_run_failed_and_resumes_when_submitted_again(server, client, registered):
     import shutil
 
-    dataset = next(d for d in client.datasets() if "toy" in d.aliases)
-    folder = server.service.store.path / "datasets" / dataset.digest
+    model = server.service.catalog.model("bert")
+    folder = server.service.store.path / "models" / model.digest
     hidden = folder.with_name("hidden")
-    folder.rename(hidden)  # the workers cannot load the dataset: every shard fails
+    folder.rename(hidden)  # the capture replicas cannot load the model: the job fails
     job = client.submit_capture("bert", "toy", pooling="mean")
-    finished = client.wait(job.job_id)
+    with pytest.raises(Unavailable, match="submit the capture again"):
+        client.wait(job.job_id)
+    finished = client.job(job.job_id)
     assert finished.status == "failed" and finished.error_code == "UNAVAILABLE", finished
     assert "Traceback" not in finished.error
     assert client.describe(finished.target).status == "failed"
