@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
     read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")
 
+    result_cache_bytes: int = Field(256 * MiB, ge=0, description="memory the server's cache of recent results may "
+                                    "hold (every result also stays in the catalog)")
+    run_cache_entries: int = Field(4096, ge=1, description="runs whose records, chunk health and sample checks "
+                                   "the server remembers")
+    finished_jobs_kept: int = Field(1000, ge=1, description="finished jobs kept in memory with their full status "
+                                    "(older ones are read back from the catalog)")
+
     auth: bool = Field(False, description="require a token (see `actstore token create`)")
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from cachetools import LRUCache
+
 from actstore.errors import ActStoreError, Cancelled, ResourceExhausted
 from actstore.store.catalog import Catalog, JobRecord
 
@@ -87,13 +89,16 @@ Work = Callable[[JobState], None]
 
 
 class JobManager:
-    def __init__(self, catalog: Catalog, max_running: int) -> None:
+    def __init__(self, catalog: Catalog, max_running: int, finished_kept: int) -> None:
         self.catalog = catalog
         self.max_running = max_running
         self._lock = threading.Lock()
-        self._live: dict[str, JobState] = {}
+        self._live: dict[str, JobState] = {}  # queued or running
+        # finished jobs keep their full status (error code, cache hit) for a while; older ones are
+        # read back from the catalog
+        self._finished: LRUCache[str, JobState] = LRUCache(finished_kept)
         self._by_target: dict[str, str] = {}
-        self._threads: list[threading.Thread] = []
+        self._threads: set[threading.Thread] = set()
         self._stopping = False
 
     def live_for(self, target: str) -> JobState | None:
@@ -108,7 +113,7 @@ class JobManager:
             existing = self._by_target.get(target)
             if existing:
                 return self._live[existing], True
-            running = sum(1 for s in self._live.values() if not s.snapshot.finished)
+            running = len(self._live)
             if running >= self.max_running:
                 raise ResourceExhausted(
                     f"{running} jobs are running, the limit is {self.max_running} "
@@ -124,7 +129,8 @@ class JobManager:
         else:
             self.catalog.add_job(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
         thread = threading.Thread(target=self._run, args=(state, work), name=f"job-{job_id}", daemon=True)
-        self._threads.append(thread)
+        with self._lock:
+            self._threads.add(thread)
         thread.start()
         return state, False
 
@@ -160,19 +166,23 @@ class JobManager:
                                 total=snap.total, error=changes.get("error") or None)
         with self._lock:
             self._by_target.pop(snap.target, None)
+            self._finished[snap.job_id] = self._live.pop(snap.job_id)
+            self._threads.discard(threading.current_thread())
         state.publish(**changes)
 
-    def cancel(self, job_id: str) -> JobSnapshot:
+    def _state(self, job_id: str) -> JobState | None:
         with self._lock:
-            state = self._live.get(job_id)
+            return self._live.get(job_id) or self._finished.get(job_id)
+
+    def cancel(self, job_id: str) -> JobSnapshot:
+        state = self._state(job_id)
         if state is None:
             return self.snapshot(job_id)
         state.cancel_requested.set()
         return state.snapshot
 
     def snapshot(self, job_id: str) -> JobSnapshot:
-        with self._lock:
-            state = self._live.get(job_id)
+        state = self._state(job_id)
         if state is not None:
             return state.snapshot
         record = self.catalog.job(job_id)
@@ -181,8 +191,7 @@ class JobManager:
                            done=record.done, total=record.total, error=record.error or "")
 
     def follow(self, job_id: str) -> Iterator[JobSnapshot]:
-        with self._lock:
-            state = self._live.get(job_id)
+        state = self._state(job_id)
         if state is None:
             yield self.snapshot(job_id)
             return
@@ -194,8 +203,9 @@ class JobManager:
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._lock:
             states = list(self._live.values())
+            threads = list(self._threads)
         self._stopping = True
         for state in states:
             state.cancel_requested.set()
-        for thread in self._threads:
+        for thread in threads:
             thread.join(timeout)

@@ -28,7 +28,7 @@ class QueryEngine:
             catalog=catalog,
             arrays=arrays,
             checks=RunChecks(catalog, arrays, settings),
-            results=ResultCache(catalog),
+            results=ResultCache(catalog, settings.result_cache_bytes),
             executor=executor,
             sizing=CkaSizing(settings, executor),
         )

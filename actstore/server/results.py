@@ -10,12 +10,12 @@ import io
 import json
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from actstore.errors import NotFound
 from actstore.store.catalog import Catalog
@@ -57,14 +57,14 @@ class MetricResult:
 
 
 class ResultCache:
-    """Recent results in memory (LRU), all of them in the catalog."""
+    """Recent results in memory (LRU within `memory_bytes`), all of them in the catalog."""
 
-    ENTRIES = 512
-
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, memory_bytes: int) -> None:
         self.catalog = catalog
         self._lock = threading.Lock()
-        self._results: OrderedDict[str, MetricResult] = OrderedDict()
+        # bounded by the bytes of the arrays it holds (one 2,000 x 2,000 matrix is 32 MB): a result
+        # larger than the whole budget is served from the catalog instead of being kept
+        self._results: LRUCache[str, MetricResult] = LRUCache(maxsize=memory_bytes, getsizeof=_result_bytes)
 
     def forget(self) -> None:
         with self._lock:
@@ -75,9 +75,9 @@ class ResultCache:
         key = result_key(metric, version, options, run_keys)
         if not refresh:
             with self._lock:
-                if key in self._results:
-                    self._results.move_to_end(key)
-                    return self._results[key]
+                hit = self._results.get(key)
+            if hit is not None:
+                return hit
             stored = self.catalog.result(key)
             if stored is not None:
                 payload, seconds = stored
@@ -109,10 +109,15 @@ class ResultCache:
         return MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True, seconds, key))
 
     def _remember(self, key: str, result: MetricResult) -> None:
+        if _result_bytes(result) > self._results.maxsize:
+            return
         with self._lock:
             self._results[key] = result
-            while len(self._results) > self.ENTRIES:
-                self._results.popitem(last=False)
+
+
+def _result_bytes(result: MetricResult) -> int:
+    # the arrays dominate; a fixed allowance covers the provenance, scalars and notes
+    return sum(a.nbytes for a in result.arrays.values()) + 4096
 
 
 def _as_cached(result: MetricResult) -> MetricResult:

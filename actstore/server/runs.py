@@ -1,7 +1,8 @@
 """Checks every query makes of its input runs, with what committed runs let us remember.
 
 Committed runs are immutable, so their records, chunk health and the pairs already checked for
-matching samples are kept in memory until a run is deleted (``forget``).
+matching samples are kept in memory (each in an LRU of `run_cache_entries`) until a run is deleted
+(``forget``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+from cachetools import LRUCache
 
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -31,9 +33,10 @@ class RunChecks:
         self.arrays = arrays
         self.settings = settings
         self._lock = threading.Lock()
-        self._runs: dict[str, RunRecord] = {}
-        self._health: dict[str, ChunkHealth] = {}
-        self._same_samples: set[tuple[str, str]] = set()
+        entries = settings.run_cache_entries
+        self._runs: LRUCache[str, RunRecord] = LRUCache(entries)  # by the name a query gave
+        self._health: LRUCache[str, ChunkHealth] = LRUCache(entries)
+        self._same_samples: LRUCache[tuple[str, str], bool] = LRUCache(entries)
 
     def forget(self) -> None:
         """Drop what is remembered (a run was deleted)."""
@@ -61,8 +64,11 @@ class RunChecks:
         return chosen
 
     def check_same_samples(self, a: RunRecord, b: RunRecord) -> None:
-        if a.run_key == b.run_key or (a.run_key, b.run_key) in self._same_samples:
+        if a.run_key == b.run_key:
             return
+        with self._lock:
+            if self._same_samples.get((a.run_key, b.run_key)):
+                return
         try:
             sim.check_same_samples(self.arrays.sample_ids(a.run_key), self.arrays.sample_ids(b.run_key))
         except ValueError as exc:
@@ -74,12 +80,15 @@ class RunChecks:
                 raise InvalidArgument("token-level comparison needs both runs tokenised identically "
                                       "(same offsets): compare pooled runs instead")
         with self._lock:
-            self._same_samples.update({(a.run_key, b.run_key), (b.run_key, a.run_key)})
+            self._same_samples[a.run_key, b.run_key] = self._same_samples[b.run_key, a.run_key] = True
 
     def check_finite(self, run: RunRecord, layers: list[int]) -> None:
-        health = self._health.get(run.run_key)
+        with self._lock:
+            health = self._health.get(run.run_key)
         if health is None:
-            health = self._health[run.run_key] = self.catalog.chunk_health(run.run_key, run.num_layers)
+            health = self.catalog.chunk_health(run.run_key, run.num_layers)
+            with self._lock:
+                self._health[run.run_key] = health
         for layer in layers:
             if health.nan_count[layer] or health.inf_count[layer]:
                 raise FailedPrecondition(

@@ -50,7 +50,8 @@ class ActStoreService:
         self.store.check()
         self.catalog = Catalog(self.settings.catalog_path)
         self.arrays = self.store.open()
-        self.jobs = JobManager(self.catalog, self.settings.max_running_jobs)
+        self.jobs = JobManager(self.catalog, self.settings.max_running_jobs,
+                               self.settings.finished_jobs_kept)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds)
         self.registrar = Registrar(self.catalog, self.store)

@@ -1,0 +1,200 @@
+"""Soak: 16 cached-query clients and 4 recomputing ones against one server until N requests.
+
+Reports errors, the server's RSS growth after warm-up, and cached p50/p99. Baseline, measured in
+the same run: a bare gRPC echo servicer (in a process of its own, like the server) that answers a
+payload of the cached answer's size; the same 16 client processes drive it, so the ratio counts
+only what the server does beyond gRPC itself.
+
+Clients send pre-serialised request bytes and do not parse the answers (both sides alike), and run
+in their own processes so that client work does not share the server's interpreter.
+
+    python bench/soak.py [--requests 100000] [--n 512] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import tempfile
+import threading
+import time
+from concurrent import futures
+
+import benchlib
+import grpc
+import numpy as np
+import psutil
+
+SIMILARITY = "/actstore.v1.Query/Similarity"
+ECHO = "/bench.Echo/Call"
+CACHED_CLIENTS, UNCACHED_CLIENTS = 16, 4
+
+
+def _client(address: str, method: str, payload: bytes, count: int, stop, out) -> None:
+    """One client process: `count` calls (or until `stop` is set), latencies and errors to `out`."""
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 1 << 26)]) as channel:
+        call = channel.unary_unary(method)  # bytes in, bytes out
+        latencies, errors = [], []
+        for _ in range(count):
+            if stop.is_set():
+                break
+            started = time.perf_counter()
+            try:
+                call(payload, timeout=120)
+            except grpc.RpcError as exc:
+                errors.append(f"{exc.code().name}: {exc.details()}"[:200])
+            latencies.append(time.perf_counter() - started)
+    out.put((latencies, errors))
+
+
+CTX = mp.get_context("spawn")
+
+
+def drive(address: str, method: str, payload: bytes, clients: int, per_client: int,
+          stop=None) -> tuple[list[float], list[str], float]:
+    """`clients` processes of `per_client` calls each (or until `stop`); (latencies, errors, wall)."""
+    out = CTX.Queue()
+    stop = stop or CTX.Event()
+    procs = [CTX.Process(target=_client, args=(address, method, payload, per_client, stop, out))
+             for _ in range(clients)]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    wall = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    return [x for r in results for x in r[0]], [e for r in results for e in r[1]], wall
+
+
+def _echo_server(port_out, size: int) -> None:
+    answer = os.urandom(size)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    handler = grpc.method_handlers_generic_handler("bench.Echo", {
+        "Call": grpc.unary_unary_rpc_method_handler(lambda request, context: answer)})
+    server.add_generic_rpc_handlers((handler,))
+    port_out.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    server.wait_for_termination()
+
+
+def echo_rate(payload: bytes, answer_size: int, per_client: int) -> float:
+    port = CTX.Queue()
+    server = CTX.Process(target=_echo_server, args=(port, answer_size), daemon=True)
+    server.start()
+    try:
+        address = f"127.0.0.1:{port.get()}"
+        drive(address, ECHO, payload, CACHED_CLIENTS, 20)  # warm-up
+        latencies, errors, wall = drive(address, ECHO, payload, CACHED_CLIENTS, per_client)
+        assert not errors, errors[:3]
+        return len(latencies) / wall
+    finally:
+        server.kill()
+
+
+def ms(values, q) -> float:
+    return float(np.percentile(np.asarray(values) * 1000.0, q)) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100_000, help="cached requests in the soak (default 100k)")
+    parser.add_argument("--n", type=int, default=512, help="reviews captured (default 512)")
+    parser.add_argument("--quick", action="store_true", help="5,000 requests, n=128")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.n = 5000, 128
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = CTX.Process(target=_serve, args=(tmp, args.n), daemon=True)
+        server.start()
+        ready = os.path.join(tmp, "address")
+        while not os.path.exists(ready):
+            if not server.is_alive():
+                raise SystemExit("the server process died while starting")
+            time.sleep(0.5)
+        address, run = open(ready).read().split()
+        proc = psutil.Process(server.pid)
+        cached = pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a=run).SerializeToString()
+        uncached = pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a=run, layers_a=[1], layers_b=[2],
+                                        refresh=True).SerializeToString()
+        with grpc.insecure_channel(address) as channel:
+            answer_size = len(channel.unary_unary(SIMILARITY)(cached))
+
+        # throughput, server vs echo, 16 clients each, back to back
+        per_client = max(50, min(2000, args.requests // 40 // CACHED_CLIENTS))
+        drive(address, SIMILARITY, cached, CACHED_CLIENTS, 20)  # warm-up
+        lat, errors, wall = drive(address, SIMILARITY, cached, CACHED_CLIENTS, per_client)
+        assert not errors, errors[:3]
+        server_rate = len(lat) / wall
+        echo = echo_rate(cached, answer_size, per_client)
+
+        # the soak: warm-up tenth, then the rest with RSS sampled
+        warm = max(CACHED_CLIENTS, args.requests // 10)
+        drive(address, SIMILARITY, cached, CACHED_CLIENTS, warm // CACHED_CLIENTS)
+        rss_after_warmup = proc.memory_info().rss
+        samples = [rss_after_warmup]
+        stop = CTX.Event()
+
+        def sample() -> None:
+            while not stop.wait(1.0):
+                samples.append(proc.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        background: dict = {}
+        heavy = threading.Thread(target=lambda: background.update(zip(
+            ("latencies", "errors", "wall"),
+            drive(address, SIMILARITY, uncached, UNCACHED_CLIENTS, 10**9, stop))), daemon=True)
+        heavy.start()
+        soak_lat, soak_errors, soak_wall = drive(address, SIMILARITY, cached, CACHED_CLIENTS,
+                                                 (args.requests - warm) // CACHED_CLIENTS)
+        stop.set()
+        sampler.join()
+        heavy.join()  # the recomputing clients stop with the cached soak
+        rss_end = proc.memory_info().rss
+        server.kill()
+
+    growth = (max(samples[len(samples) // 2:] + [rss_end]) - rss_after_warmup) / rss_after_warmup
+    record = {
+        "params": vars(args), "machine": benchlib.machine(),
+        "baseline": "a bare gRPC echo servicer answering the same number of bytes, same 16 client processes",
+        "answer_bytes": answer_size,
+        "throughput_16_clients": {"server_qps": server_rate, "echo_qps": echo, "ratio": server_rate / echo},
+        "soak": {"cached_requests": len(soak_lat) + warm, "cached_errors": len(soak_errors),
+                 "uncached_requests": len(background.get("latencies", [])),
+                 "uncached_errors": len(background.get("errors", [])),
+                 "cached_p50_ms": ms(soak_lat, 50), "cached_p99_ms": ms(soak_lat, 99),
+                 "uncached_p50_ms": ms(background.get("latencies", []), 50),
+                 "cached_qps": len(soak_lat) / soak_wall,
+                 "rss_after_warmup_mib": rss_after_warmup / 2**20, "rss_end_mib": rss_end / 2**20,
+                 "rss_growth": growth, "errors_sample": (soak_errors + background.get("errors", []))[:3]},
+    }
+    benchlib.write_result("soak", record)
+    s = record["soak"]
+    print(f"throughput at 16 clients: server {server_rate:.0f} q/s, echo {echo:.0f} q/s, "
+          f"ratio {server_rate / echo:.2f} (target >= 0.8: {benchlib.verdict(server_rate / echo, 0.8)})")
+    print(f"soak: {s['cached_requests']} cached ({s['cached_errors']} errors), {s['uncached_requests']} "
+          f"recomputed ({s['uncached_errors']} errors); cached p50 {s['cached_p50_ms']:.2f} ms, "
+          f"p99 {s['cached_p99_ms']:.2f} ms, {s['cached_qps']:.0f} q/s")
+    print(f"server RSS {s['rss_after_warmup_mib']:.0f} MiB after warm-up -> {s['rss_end_mib']:.0f} MiB at the end: "
+          f"growth {growth * 100:+.1f}% (target < 5%: {benchlib.verdict(growth, 0.05, higher_is_better=False)})")
+
+
+def _serve(tmp: str, n: int) -> None:
+    """The server process: an embedded server with one captured run; writes 'address run'."""
+    with benchlib.embedded(os.path.join(tmp, "store"), shard_rows=128) as client:
+        client.register_model(builtin="minilm-l6")
+        benchlib.register_reviews(client, n, name="reviews")
+        run = client.capture("minilm-l6", "reviews", pooling="mean").run_key
+        client.cka(run)
+        with open(os.path.join(tmp, "address.tmp"), "w") as f:
+            f.write(f"{client.address} {run}")
+        os.rename(os.path.join(tmp, "address.tmp"), os.path.join(tmp, "address"))
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
