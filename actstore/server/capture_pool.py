@@ -29,8 +29,10 @@ class _Replicas:
 
 
 class CapturePool:
-    def __init__(self, store: StoreHandle, replicas_per_model: int, idle_seconds: float) -> None:
+    def __init__(self, store: StoreHandle, replicas_per_model: int, idle_seconds: float,
+                 concurrent_shards: int) -> None:
         self.store = store
+        self.concurrent_shards = concurrent_shards
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         self._prefix = f"capture-{hashlib.sha256(store.root.encode()).hexdigest()[:8]}"
         self.replicas_per_model = replicas_per_model
@@ -54,7 +56,8 @@ class CapturePool:
                 # soft placement: a replica whose node dies restarts on another (max_restarts), and
                 # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
                 actors = [ray.remote(ShardCapturer).options(
-                    name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2, **resources,
+                    name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2,
+                    max_concurrency=self.concurrent_shards, **resources,
                 ).remote(model_path, self.store, threads) for i, (resources, threads) in enumerate(placements)]
                 entry = self._pool[digest] = _Replicas(actors)
             entry.busy += 1

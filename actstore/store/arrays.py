@@ -170,6 +170,9 @@ class ZarrArrayStore(ArrayStore):
         self._url = objects.is_url(str(root))
         self._zarr = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
+        # opened arrays of runs with a known layout: opening one reads metadata (a round trip each
+        # on an object store), so a capture or a map task opens each once, not once per shard
+        self._opened: dict[tuple[str, str], zarr.Array] = {}
 
     @contextmanager
     def _reported(self) -> Iterator[None]:
@@ -216,7 +219,7 @@ class ZarrArrayStore(ArrayStore):
                            f"{str(exc)[:200]}); delete the run and capture it again") from None
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
-        self._layouts.pop(run_key, None)
+        self._forget(run_key)
         if self._exists(f"runs/{run_key}/zarr.json"):
             try:
                 if self.layout(run_key) == layout:
@@ -261,9 +264,23 @@ class ZarrArrayStore(ArrayStore):
         # The layout is written last: its presence marks a completely created group.
         group.attrs.update({"spec": spec, "layout": layout.to_dict()})
 
+    def _forget(self, run_key: str) -> None:
+        self._layouts.pop(run_key, None)
+        for key in [k for k in self._opened if k[0] == run_key]:
+            self._opened.pop(key, None)
+
+    def _array(self, run_key: str, name: str) -> zarr.Array:
+        """An array of a run, opened once while the run exists (`layout` checks that)."""
+        self.layout(run_key)
+        array = self._opened.get((run_key, name))
+        if array is None:
+            with self._reported():
+                array = self._opened[run_key, name] = self._group(run_key, mode="r+")[name]
+        return array
+
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
-            self._layouts.pop(run_key)  # deleted through another handle
+            self._forget(run_key)  # deleted through another handle
         if run_key not in self._layouts:
             attrs = self._group(run_key).attrs.asdict()
             if "layout" not in attrs:
@@ -279,16 +296,15 @@ class ZarrArrayStore(ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        group = self._group(run_key, mode="r+")
         with self._reported():
-            group[layout.array_name][start:stop] = values
-            group["layer_sums"][shard] = sums
+            self._array(run_key, layout.array_name)[start:stop] = values
+            self._array(run_key, "layer_sums")[shard] = sums
             if token_ids is not None:
-                group["token_ids"][start:stop] = token_ids
+                self._array(run_key, "token_ids")[start:stop] = token_ids
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         layout = self.layout(run_key)
-        array = self._group(run_key)[layout.array_name]
+        array = self._array(run_key, layout.array_name)
         for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
             if not self._exists(f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0"):  # Zarr reads it as zeros
                 raise DataLoss(f"run {run_key[:12]}: shard {shard} is missing from the store; delete the "
@@ -297,6 +313,10 @@ class ZarrArrayStore(ArrayStore):
             with self._reported():
                 if len(layers) == 1:
                     stored = array[start:stop, layers[0], :][None]
+                elif len(set(layers)) == layout.num_states:
+                    # every layer: whole shards, one request each (a layer alone costs two: the
+                    # shard's index, then its chunk); fewer layers never decode the others
+                    stored = np.moveaxis(array[start:stop], 1, 0)[layers]
                 else:
                     stored = np.stack([array[start:stop, layer, :] for layer in layers])
         except ValueError as exc:
@@ -344,7 +364,7 @@ class ZarrArrayStore(ArrayStore):
         return self._whole(run_key, group, "token_ids", slice(start, stop)) if "token_ids" in group else None
 
     def delete_run(self, run_key: str) -> None:
-        self._layouts.pop(run_key, None)
+        self._forget(run_key)
         with self._reported():
             sync(self._zarr.delete_dir(f"runs/{run_key}"))
 

@@ -12,6 +12,7 @@ shard boundary are computed by both neighbours, and each writes only its own row
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import crc32c
@@ -70,7 +71,11 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.nda
 
 class ShardCapturer:
     """One model replica. It outlives a job (the service keeps a pool), so it loads its model once
-    and each dataset and run layout the first time a shard of it arrives."""
+    and each dataset and run layout the first time a shard of it arrives.
+
+    Run as an actor with several calls at once (Settings.capture_concurrent_shards), the model still
+    computes one shard at a time (`_compute`): a finished shard is checksummed, compressed and
+    written while the next one computes, so the model does not wait on the store."""
 
     def __init__(self, model_path: str, store: StoreHandle, num_threads: int | None = None) -> None:
         if num_threads:
@@ -80,6 +85,7 @@ class ShardCapturer:
         self.arrays = store.open()
         self._datasets: dict[str, DatasetData] = {}
         self._offsets: dict[str, np.ndarray] = {}
+        self._compute = threading.Lock()
 
     def ready(self) -> bool:
         return True
@@ -125,10 +131,11 @@ class ShardCapturer:
         layout = plan.layout
         start, stop = layout.shard_range(shard)
         token_ids = None
-        if layout.pooling == "tokens":
-            values, token_ids = self._tokens(plan, start, stop)
-        else:
-            values = self._pooled(plan, start, stop)
+        with self._compute:
+            if layout.pooling == "tokens":
+                values, token_ids = self._tokens(plan, start, stop)
+            else:
+                values = self._pooled(plan, start, stop)
         stored = to_storage(values, layout.dtype)
         numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
         numbers = numbers.astype(np.float32, copy=False)

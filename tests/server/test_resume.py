@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from actstore.client import Client
 from tests.factories import sentences
@@ -21,9 +22,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(store, port, ray_address) -> subprocess.Popen:
+def _serve(store, port, ray_address, server_dir=None) -> subprocess.Popen:
     env = {**os.environ, "RAY_ADDRESS": ray_address, "ACTSTORE_SHARD_ROWS": "8",
            "ACTSTORE_CAPTURE_BATCH_SIZE": "8"}
+    if server_dir is not None:
+        env["ACTSTORE_SERVER_DIR"] = str(server_dir)
     proc = subprocess.Popen([sys.executable, "-m", "actstore.cli", "serve", "--store", str(store),
                              "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -42,9 +45,18 @@ def _stop(proc: subprocess.Popen, sig: int) -> None:
     proc.stdout.close()
 
 
-def test_killed_server_resumes_capture_on_restart(tmp_path, ray_cluster, tiny_models):
-    store, port = tmp_path / "store", _free_port()
-    server = _serve(store, port, ray_cluster)
+@pytest.fixture(params=["local", "s3"])
+def store_url(request, tmp_path):
+    """The store a killed server resumes on: a local directory, or a bucket on the loopback S3
+    server (the catalog then lives in a server directory of its own)."""
+    if request.param == "local":
+        return tmp_path / "store", None
+    return request.getfixturevalue("s3_bucket"), tmp_path / "server"
+
+
+def test_killed_server_resumes_capture_on_restart(store_url, ray_cluster, tiny_models):
+    (store, server_dir), port = store_url, _free_port()
+    server = _serve(store, port, ray_cluster, server_dir)
     try:
         with Client(f"127.0.0.1:{port}") as client:
             client.register_model(tiny_models["bert"], name="bert")
@@ -56,7 +68,7 @@ def test_killed_server_resumes_capture_on_restart(tmp_path, ray_cluster, tiny_mo
     finally:
         _stop(server, signal.SIGKILL)
 
-    server = _serve(store, port, ray_cluster)
+    server = _serve(store, port, ray_cluster, server_dir)
     try:
         with Client(f"127.0.0.1:{port}") as client:
             partial = client.describe(job.target)
