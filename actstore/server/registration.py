@@ -97,11 +97,11 @@ class Registrar:
                 return self.catalog.model(name or builtin)
             except NotFound:
                 pass
-        source = builtin or str(Path(path).expanduser().resolve())
         # a folder path names a folder on this (the head's) disk: load it here
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
         def load() -> ModelRecord:
+            source = builtin or str(Path(path).expanduser().resolve())
             task = ray.remote(num_cpus=1)(register_model).options(
                 scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
             return get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
