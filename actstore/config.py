@@ -74,8 +74,17 @@ class Settings(BaseSettings):
                                     "(older ones are read back from the catalog)")
 
     auth: bool = Field(False, description="require a token (see `actstore token create`)")
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
+    register_paths_role: Literal["writer", "admin"] = Field(
+        "admin", description="with auth: the least role that may register a model or dataset from a path on the "
+        "server's disk (builtins and uploaded texts need only writer)")
+    # per-principal limits apply to token holders (auth on); the embedded single-user mode has none
+    principal_max_running_jobs: int = Field(8, ge=1, description="with auth: jobs one principal may run at once")
+    principal_requests_per_second: float = Field(
+        500.0, gt=0, description="with auth: sustained requests per second one principal may send")
+    principal_request_burst: int = Field(1000, ge=1, description="with auth: requests one principal may send at "
+                                         "once above the sustained rate")
+    tls_cert: Path | None = Field(None, description="PEM certificate chain: serve over TLS (with tls_key)")
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
 
     resume_on_start: bool = Field(True, description="finish interrupted captures at server start")
 

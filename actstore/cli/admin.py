@@ -6,7 +6,7 @@ import signal
 import threading
 from pathlib import Path
 
-from actstore.cli.common import add_option
+from actstore.cli.common import add_option, connect, print_table, server_address
 from actstore.options import LENS, SERVE, TRAIN
 
 ROLES = ("reader", "writer", "admin")  # actstore.server.auth.ROLES, without importing the server
@@ -21,6 +21,7 @@ def cmd_serve(args) -> int:
                                    }.items() if v is not None}
     if args.auth:
         overrides["auth"] = True
+    overrides.update({k: Path(v) for k, v in {"tls_cert": args.tls_cert, "tls_key": args.tls_key}.items() if v})
     server = start_server(Settings(**overrides))
     print(f"actstore serving on {server.address} (store {server.service.settings.store_root}); Ctrl-C stops",
           flush=True)
@@ -35,6 +36,13 @@ def cmd_serve(args) -> int:
 
 
 def cmd_token(args) -> int:
+    from actstore.errors import InvalidArgument
+
+    if args.action != "list" and not args.name:
+        raise InvalidArgument(f"`actstore token {args.action}` needs --name")
+    if server_address(args) and not args.store:  # a running server: an admin's token does it there
+        with connect(args) as client:
+            return _token_action(args, client.create_token, client.tokens, client.revoke_token)
     from actstore.config import Settings
     from actstore.server.auth import create_token
     from actstore.store.catalog import Catalog
@@ -42,14 +50,21 @@ def cmd_token(args) -> int:
     settings = Settings(**({"store": args.store} if args.store else {}))
     catalog = Catalog(settings.catalog_path)
     try:
-        if args.action == "create":
-            token = create_token(catalog, args.name, args.role)
-            print(f"token for {args.name} ({args.role}), shown once:\n{token}")
-        else:
-            catalog.revoke_principal(args.name)
-            print(f"revoked {args.name}")
+        return _token_action(args, lambda name, role: create_token(catalog, name, role), catalog.principals,
+                             catalog.revoke_principal)
     finally:
         catalog.close()
+
+
+def _token_action(args, create, listing, revoke) -> int:
+    if args.action == "create":
+        token = create(args.name, args.role)
+        print(f"token for {args.name} ({args.role}), shown once:\n{token}")
+    elif args.action == "list":
+        print_table([{"name": name, "role": role} for name, role in listing()], ["name", "role"])
+    else:
+        revoke(args.name)
+        print(f"revoked {args.name}")
     return 0
 
 
@@ -105,12 +120,16 @@ def add_commands(command) -> None:
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks one)")
     p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--auth", action="store_true", help="require tokens (make them with `actstore token create`)")
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (env ACTSTORE_TLS_CERT)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert (env ACTSTORE_TLS_KEY)")
     add_option(p, SERVE, "metric_device")
 
-    p = command("token", cmd_token, "create or revoke an access token (offline, on the store directly)",
-                "Works on the store's catalog directly, so run it while no server owns the store.")
-    p.add_argument("action", choices=["create", "revoke"])
-    p.add_argument("--name", required=True)
+    p = command("token", cmd_token, "create, list or revoke access tokens",
+                "With --address (or ACTSTORE_ADDRESS) and an admin's --token: on that running server, where a\n"
+                "revoked token is refused on its next call. Otherwise (or with --store) on the store's catalog\n"
+                "directly, offline: run it while no server owns the store.")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("--name", help="the principal the token stands for (create, revoke)")
     p.add_argument("--role", default="reader", choices=list(ROLES), help="what the token may do (default reader)")
 
     p = command("catalog", cmd_catalog, "recreate a lost catalog from the store alone (offline)",

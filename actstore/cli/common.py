@@ -31,6 +31,8 @@ def connection_options(p: argparse.ArgumentParser, default) -> argparse.Argument
     p.add_argument("--address", default=default, help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
     p.add_argument("--store", default=default, help="store directory (embedded mode, or what serve owns)")
     p.add_argument("--token", default=default, help="access token if the server requires one (env ACTSTORE_TOKEN)")
+    p.add_argument("--tls-ca", default=default, help="PEM CA certificate: connect over TLS, trusting the server's "
+                   "certificate it signed (env ACTSTORE_TLS_CA)")
     p.add_argument("-v", "--verbose", action="store_true", default=default or False, help="log what happens")
     return p
 
@@ -86,12 +88,17 @@ def _server_answers(address: str) -> bool:
             return False
 
 
-def connect(args):
-    from actstore.client import Client
+def server_address(args) -> str | None:
+    """The server the command names (--address, ACTSTORE_ADDRESS), if any."""
+    return args.address or os.environ.get("ACTSTORE_ADDRESS")
 
-    address = args.address or os.environ.get("ACTSTORE_ADDRESS")
+
+def connect(args):
+    from actstore.client import Client, read_ca
+
+    address = server_address(args)
     if address:
-        return Client(address, token=args.token)
+        return Client(address, token=args.token, root_certificates=read_ca(args.tls_ca) if args.tls_ca else None)
     if args.store is None and _server_answers(DEFAULT_ADDRESS):
         return Client(DEFAULT_ADDRESS, token=args.token)
     store = args.store or os.environ.get("ACTSTORE_STORE", "./actstore-data")

@@ -22,6 +22,7 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.client.results import (
     CaptureResult,
     CKAMatrixResult,
@@ -105,10 +106,23 @@ def _server_starter(name: str = "embedded"):
         raise FailedPrecondition(f"the embedded server cannot be imported ({exc}): {install}") from None
 
 
+def read_ca(path: str | Path) -> bytes:
+    """The PEM bytes of a CA certificate file (for `root_certificates`)."""
+    try:
+        return Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot read the TLS CA certificate {path} ({exc.strerror}): give the PEM file "
+                                 "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
+
+
 class Client:
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
+        """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
+        certificate (default: the file ACTSTORE_TLS_CA names, else plaintext)."""
         token = token or os.environ.get("ACTSTORE_TOKEN")
+        if root_certificates is None and os.environ.get("ACTSTORE_TLS_CA"):
+            root_certificates = read_ca(os.environ["ACTSTORE_TLS_CA"])
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         if root_certificates is not None:
@@ -120,6 +134,7 @@ class Client:
         self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata)
         self._capture = _Translating(rpc.CaptureStub(self._channel), metadata)
         self._query = _Translating(rpc.QueryStub(self._channel), metadata)
+        self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -196,6 +211,19 @@ class Client:
 
     def delete_run(self, run: str) -> str:
         return self._catalog.DeleteRun(pb.DeleteRunRequest(run=run)).run_key
+
+    # ---- tokens (admin) -------------------------------------------------------------------------
+    def create_token(self, name: str, role: str = "reader") -> str:
+        """A new token for principal `name` with `role`; the server keeps only its hash."""
+        return self._tokens.CreateToken(tokens_pb2.CreateTokenRequest(name=name, role=role)).token
+
+    def tokens(self) -> list[tuple[str, str]]:
+        """(name, role) of every token holder."""
+        return [(p.name, p.role) for p in self._tokens.ListTokens(tokens_pb2.ListTokensRequest()).principals]
+
+    def revoke_token(self, name: str) -> None:
+        """Revoke `name`'s token: its next call is refused."""
+        self._tokens.RevokeToken(tokens_pb2.RevokeTokenRequest(name=name))
 
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,

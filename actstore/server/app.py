@@ -12,15 +12,17 @@ from grpc_reflection.v1alpha import reflection
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.config import Settings
-from actstore.errors import Unavailable
+from actstore.errors import InvalidArgument, Unavailable
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.service import ActStoreService
-from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
+from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer, TokensServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Catalog", "Capture", "Query")]
+SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Catalog", "Capture", "Query")] + [
+    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
 
 
 @dataclass
@@ -29,6 +31,7 @@ class RunningServer:
     service: ActStoreService
     port: int
     health: health.HealthServicer
+    interceptor: ServiceInterceptor
 
     @property
     def address(self) -> str:
@@ -38,6 +41,7 @@ class RunningServer:
         for name in SERVICE_NAMES + [""]:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.stop(grace).wait()
+        self.interceptor.audit.flush()
         self.service.close()
 
     def wait(self) -> None:
@@ -50,8 +54,22 @@ def start_embedded(**settings) -> RunningServer:
     return start_server(Settings(**settings))
 
 
+def _tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS from tls_cert + tls_key (both or neither: one alone would silently serve plaintext)."""
+    if settings.tls_cert is None and settings.tls_key is None:
+        return None
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise InvalidArgument("TLS needs both tls_cert and tls_key (ACTSTORE_TLS_CERT, ACTSTORE_TLS_KEY); one is set")
+    try:
+        pair = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the TLS certificate or key ({exc.strerror}: {exc.filename})") from None
+    return grpc.ssl_server_credentials([pair])
+
+
 def start_server(settings: Settings | None = None) -> RunningServer:
     settings = settings or Settings()
+    credentials = _tls_credentials(settings)
     service = ActStoreService(settings)
     options = [
         ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -60,19 +78,18 @@ def start_server(settings: Settings | None = None) -> RunningServer:
         # share of the connections (clients would see another store at random). Refuse instead.
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options,
-                         interceptors=[ServiceInterceptor(service.catalog, settings.auth)])
+    interceptor = ServiceInterceptor(service.catalog, settings)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=options, interceptors=[interceptor])
     rpc.add_CatalogServicer_to_server(CatalogServicer(service), server)
     rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
+    tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     target = f"{settings.host}:{settings.port}"
     try:
-        if settings.tls_cert and settings.tls_key:
-            credentials = grpc.ssl_server_credentials(
-                [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())])
+        if credentials is not None:
             port = server.add_secure_port(target, credentials)
         else:
             port = server.add_insecure_port(target)
@@ -85,4 +102,4 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     for name in SERVICE_NAMES + [""]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("actstore serving on %s (store %s)", target, settings.store_root)
-    return RunningServer(server, service, port, health_servicer)
+    return RunningServer(server, service, port, health_servicer, interceptor)

@@ -1,7 +1,8 @@
 """Token authentication and roles (reader < writer < admin).
 
 Tokens travel as gRPC metadata `authorization: Bearer <token>` and are stored as sha256 hashes.
-A reader may list and query; a writer may also register, capture and cancel; an admin may delete.
+A reader may list and query; a writer may also register, capture and cancel its own jobs; an admin
+may delete, cancel anyone's job, manage tokens and (by default) register files from the server's disk.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ METHOD_ROLES = {
     "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader", "Lens": "reader",
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
-    "DeleteRun": "admin",
+    "DeleteRun": "admin", "CreateToken": "admin", "ListTokens": "admin", "RevokeToken": "admin",
 }
+
+# Methods whose request may name a file or folder on the server's disk (a `path` source).
+SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset")
 
 
 def hash_token(token: str) -> str:
@@ -31,6 +35,8 @@ def hash_token(token: str) -> str:
 
 
 def create_token(catalog: Catalog, name: str, role: str) -> str:
+    if not name.strip():
+        raise InvalidArgument("a token needs a principal name (--name)")
     if role not in ROLES:
         raise InvalidArgument(f"role {role!r} is not one of {', '.join(ROLES)}")
     token = "ast_" + secrets.token_urlsafe(32)
@@ -54,3 +60,19 @@ def check_role(name: str, role: str, method: str) -> None:
     needed = METHOD_ROLES.get(method, "admin")
     if ROLES.index(role) < ROLES.index(needed):
         raise PermissionDenied(f"{name} is a {role}; {method} needs the {needed} role")
+
+
+def check_server_path(name: str, role: str, method: str, request, path_role: str) -> None:
+    """A registration from a path on the server reads the server's disk: `path_role` or above."""
+    if method in SERVER_PATH_METHODS and request.WhichOneof("source") == "path" \
+            and ROLES.index(role) < ROLES.index(path_role):
+        raise PermissionDenied(f"{name} is a {role}; {method} from a path on the server needs the {path_role} role "
+                               "(the server's ACTSTORE_REGISTER_PATHS_ROLE): register a builtin or send the texts "
+                               "instead, or ask an admin to register the file")
+
+
+def check_owner(name: str, role: str, owner: str | None, what: str) -> None:
+    """Only the principal that made `what` (or an admin) may act on it."""
+    if role != "admin" and owner != name:
+        raise PermissionDenied(f"{what} belongs to {owner or 'nobody with a token'}; {name} is a {role}: only its "
+                               "submitter or an admin may cancel it")

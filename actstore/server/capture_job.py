@@ -96,7 +96,7 @@ class CaptureJobs:
         opened = self._open(run.run_key, run.spec, self.catalog.model(run.model_digest),
                             self.catalog.dataset(run.dataset_digest))
         self.jobs.start("capture", run.run_key, job.request, lambda state: self._capture(state, opened),
-                        job_id=job.job_id)
+                        job_id=job.job_id, principal=job.principal)
         log.info("resuming capture job %s for run %s", job.job_id, run.run_key[:12])
         return True
 

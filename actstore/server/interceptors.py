@@ -1,4 +1,4 @@
-"""One interceptor for every RPC: authenticate, authorise, audit, and translate errors.
+"""One interceptor for every RPC: authenticate, authorise, limit, audit, and translate errors.
 
 An `ActStoreError` becomes its gRPC status with its message; any other exception is a bug and
 becomes INTERNAL (logged with its traceback). Health and reflection pass straight through.
@@ -11,17 +11,20 @@ import logging
 
 import grpc
 
+from actstore.config import Settings
 from actstore.errors import ActStoreError, InvalidArgument
-from actstore.server.auth import METHOD_ROLES, authenticate, check_role
+from actstore.server.audit import AuditLog
+from actstore.server.auth import authenticate, check_role, check_server_path
+from actstore.server.limits import RequestLimiter
 from actstore.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
 current_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar("principal", default=None)
+current_role: contextvars.ContextVar[str | None] = contextvars.ContextVar("role", default=None)
 
 _OURS = "/actstore.v1."
 MAX_MESSAGE_CHARS = 2000
-_AUDITED = {m for m, role in METHOD_ROLES.items() if role != "reader"}
 
 
 def _parsing(deserialize, method: str):
@@ -51,17 +54,29 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
 
 
 class ServiceInterceptor(grpc.ServerInterceptor):
-    def __init__(self, catalog: Catalog, auth: bool) -> None:
+    def __init__(self, catalog: Catalog, settings: Settings) -> None:
         self.catalog = catalog
-        self.auth = auth
+        self.auth = settings.auth
+        self.path_role = settings.register_paths_role
+        self.audit = AuditLog(catalog)
+        self.limiter = RequestLimiter(settings.principal_requests_per_second, settings.principal_request_burst)
 
-    def _caller(self, details: grpc.HandlerCallDetails) -> tuple[str, str] | None:
-        return authenticate(self.catalog, dict(details.invocation_metadata or ())) if self.auth else None
-
-    def _audit(self, principal: str | None, method: str, request, status: str) -> None:
-        if method in _AUDITED:
-            target = str(request).replace("\n", " ")[:200]
-            self.catalog.audit(principal, method, target, status)
+    def _admit(self, details: grpc.HandlerCallDetails, method: str, payload: bytes, parse, caller: list):
+        """The parsed request of an authenticated, authorised caller within its rate (appended to
+        `caller`, so a failure after authentication is audited with the principal)."""
+        current_principal.set(None)  # the handler threads are reused: nothing carries over
+        current_role.set(None)
+        if self.auth:
+            name, role = authenticate(self.catalog, dict(details.invocation_metadata or ()))
+            caller.append(name)
+            check_role(name, role, method)
+            self.limiter.admit(name)
+        request = parse(payload)  # after the caller is known: strangers learn nothing
+        if self.auth:
+            check_server_path(name, role, method, request, self.path_role)
+            current_principal.set(name)
+            current_role.set(role)
+        return request
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -74,20 +89,16 @@ class ServiceInterceptor(grpc.ServerInterceptor):
             inner = handler.unary_unary
 
             def unary(payload, context):
-                principal = None
+                caller: list[str] = []
                 request = payload
                 try:
-                    caller = self._caller(details)
-                    if caller is not None:
-                        principal = caller[0]
-                        check_role(*caller, method)
-                    request = parse(payload)  # after the caller is known: strangers learn nothing
-                    current_principal.set(principal)
+                    request = self._admit(details, method, payload, parse, caller)
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
-                    self._audit(principal, method, request, getattr(exc, "code", "INTERNAL"))
+                    principal = caller[0] if caller else None
+                    self.audit.record(principal, method, request, getattr(exc, "code", "INTERNAL"), context.peer())
                     _abort(context, exc, method)
-                self._audit(principal, method, request, "OK")
+                self.audit.record(caller[0] if caller else None, method, request, "OK", context.peer())
                 return response
 
             return grpc.unary_unary_rpc_method_handler(unary, response_serializer=handler.response_serializer)
@@ -96,13 +107,11 @@ class ServiceInterceptor(grpc.ServerInterceptor):
 
         def stream(payload, context):
             try:
-                caller = self._caller(details)
-                if caller is not None:
-                    check_role(*caller, method)
-                request = parse(payload)
-                current_principal.set(caller[0] if caller else None)
+                request = self._admit(details, method, payload, parse, [])
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
+                if getattr(exc, "code", None) == "UNAUTHENTICATED":
+                    self.audit.record(None, method, None, exc.code, context.peer())
                 _abort(context, exc, method)
 
         return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)

@@ -39,6 +39,7 @@ class JobSnapshot:
     message: str = ""
     cache_hit: bool = False
     joined: bool = False
+    principal: str | None = None  # who submitted it (None without auth)
 
     @property
     def finished(self) -> bool:
@@ -89,9 +90,11 @@ Work = Callable[[JobState], None]
 
 
 class JobManager:
-    def __init__(self, catalog: Catalog, max_running: int, finished_kept: int) -> None:
+    def __init__(self, catalog: Catalog, max_running: int, finished_kept: int,
+                 max_per_principal: int | None = None) -> None:
         self.catalog = catalog
         self.max_running = max_running
+        self.max_per_principal = max_per_principal  # for named principals (auth on); None: no such limit
         self._lock = threading.Lock()
         self._live: dict[str, JobState] = {}  # queued or running
         # finished jobs keep their full status (error code, cache hit) for a while; older ones are
@@ -113,15 +116,24 @@ class JobManager:
             existing = self._by_target.get(target)
             if existing:
                 return self._live[existing], True
-            running = len(self._live)
-            if running >= self.max_running:
+            live = [s.snapshot for s in self._live.values()]  # queued or running
+            if len(live) >= self.max_running:
                 raise ResourceExhausted(
-                    f"{running} jobs are running, the limit is {self.max_running} "
+                    f"{len(live)} jobs are running, the limit is {self.max_running} "
                     "(ACTSTORE_MAX_RUNNING_JOBS): wait for one to finish or cancel one"
                 )
-            resumed = job_id is not None
+            resumed = job_id is not None  # a resumed job was admitted before the restart
+            mine = sum(1 for s in live if s.principal == principal)
+            if principal is not None and not resumed and self.max_per_principal is not None \
+                    and mine >= self.max_per_principal:
+                raise ResourceExhausted(
+                    f"{principal} has {mine} jobs running, the limit per principal is {self.max_per_principal} "
+                    "(ACTSTORE_PRINCIPAL_MAX_RUNNING_JOBS): retry when one of them finishes (watch it with "
+                    "`actstore watch JOB`), or cancel one"
+                )
             job_id = job_id or uuid.uuid4().hex[:16]
-            state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued"))
+            state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued",
+                                         principal=principal))
             self._live[job_id] = state
             self._by_target[target] = job_id
         if resumed:
@@ -140,7 +152,7 @@ class JobManager:
         job_id = uuid.uuid4().hex[:16]
         self.catalog.add_job(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
         return JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1,
-                           unit="run", cache_hit=cache_hit, message="served from the store")
+                           unit="run", cache_hit=cache_hit, message="served from the store", principal=principal)
 
     def _run(self, state: JobState, work: Work) -> None:
         job_id = state.snapshot.job_id
@@ -188,7 +200,8 @@ class JobManager:
         record = self.catalog.job(job_id)
         status = record.status if record.status in TERMINAL else "interrupted"  # its server died
         return JobSnapshot(job_id=record.job_id, kind=record.kind, target=record.target, status=status,
-                           done=record.done, total=record.total, error=record.error or "")
+                           done=record.done, total=record.total, error=record.error or "",
+                           principal=record.principal)
 
     def follow(self, job_id: str) -> Iterator[JobSnapshot]:
         state = self._state(job_id)

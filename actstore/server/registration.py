@@ -3,13 +3,18 @@ with an alias. Model loading runs in a Ray task (torch stays out of the server p
 
 from __future__ import annotations
 
+import logging
+import os
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actstore.errors import InvalidArgument, NotFound
+from actstore.errors import ActStoreError, InvalidArgument, NotFound
 from actstore.modeling.sources import BUILTIN_MODELS
 from actstore.options import DATASETS
 from actstore.server.dispatch import get_or_raise
@@ -17,6 +22,18 @@ from actstore.store import datasets as ds
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
 from actstore.store.handle import StoreHandle
 from actstore.workers.registry import register_model
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What a caller is told about a file on the server it cannot use, by kind: the general
+# requirements only, never what the file holds (its header, its values) or why in detail.
+_UNUSABLE = {
+    "dataset": "is not a usable dataset file: it must be a .csv (with a header row), .jsonl, .json or .npz file, "
+               "UTF-8 text, with the columns the request names",
+    "model": "is not a model folder the server can load: it must be a Hugging Face model folder (config.json, "
+             "weights and, for text, a tokenizer) of a supported architecture",
+}
 
 
 @dataclass(frozen=True)
@@ -41,9 +58,32 @@ class DatasetSource:
 
 
 class Registrar:
-    def __init__(self, catalog: Catalog, store: StoreHandle) -> None:
+    def __init__(self, catalog: Catalog, store: StoreHandle, redact_file_errors: bool = False) -> None:
         self.catalog = catalog
         self.store = store
+        # with auth on, callers are not the server's owner: what its files hold stays on the server
+        self.redact_file_errors = redact_file_errors
+
+    def _from_server_path(self, path: str, kind: str, load: Callable[[], T]) -> T:
+        """`load()` of a file (dataset) or folder (model) on the server's disk. Redacted, a failure
+        says only that the path is not found or not readable, or not usable and what a usable one
+        is; the detail goes to the server log under an incident id the message names."""
+        if not self.redact_file_errors:
+            return load()
+        p = Path(path).expanduser()
+        try:
+            usable = (p.is_dir() if kind == "model" else p.is_file()) and os.access(p, os.R_OK)
+        except (OSError, ValueError):  # a name too long, a NUL byte
+            usable = False
+        if not usable:
+            raise NotFound(f"{path}: not found or not readable by the server")
+        try:
+            return load()
+        except ActStoreError as exc:
+            incident = uuid.uuid4().hex[:12]
+            log.warning("registering the %s at %s failed (incident %s): %s", kind, path, incident, exc)
+            raise InvalidArgument(f"{path} {_UNUSABLE[kind]} (the server's log has the details under incident "
+                                  f"{incident})") from None
 
     def register_model(self, *, path: str | None = None, builtin: str | None = None,
                        name: str | None = None, lineage: dict | None = None) -> ModelRecord:
@@ -57,12 +97,16 @@ class Registrar:
                 return self.catalog.model(name or builtin)
             except NotFound:
                 pass
-        source = builtin or str(Path(path).expanduser().resolve())
         # a folder path names a folder on this (the head's) disk: load it here
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        task = ray.remote(num_cpus=1)(register_model).options(
-            scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
-        registered = get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
+
+        def load() -> ModelRecord:
+            source = builtin or str(Path(path).expanduser().resolve())
+            task = ray.remote(num_cpus=1)(register_model).options(
+                scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
+            return get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
+
+        registered = self._from_server_path(path, "model", load) if path else load()
         record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
         self.catalog.add_model(record)
         self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
@@ -76,9 +120,9 @@ class Registrar:
         if source.builtin:
             data = ds.load_builtin(source.builtin, limit=source.limit, seed=source.seed, split=source.split)
         elif source.path:
-            data = ds.load_file(Path(source.path).expanduser(), text_column=source.text_column,
-                                label_column=source.label_column, id_column=source.id_column,
-                                group_column=source.group_column)
+            data = self._from_server_path(source.path, "dataset", lambda: ds.load_file(
+                Path(source.path).expanduser(), text_column=source.text_column, label_column=source.label_column,
+                id_column=source.id_column, group_column=source.group_column))
             if source.limit:
                 data = data.take(range(min(source.limit, data.n)))
         else:

@@ -16,7 +16,7 @@ import numpy as np
 
 from actstore.config import Settings
 from actstore.errors import InvalidArgument
-from actstore.server import cka_job
+from actstore.server import auth, cka_job
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
 from actstore.server.jobs import JobManager, JobSnapshot
@@ -51,11 +51,11 @@ class ActStoreService:
         self.catalog = Catalog(self.settings.catalog_path)
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs,
-                               self.settings.finished_jobs_kept)
+                               self.settings.finished_jobs_kept, self.settings.principal_max_running_jobs)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds,
                                         self.settings.capture_concurrent_shards)
-        self.registrar = Registrar(self.catalog, self.store)
+        self.registrar = Registrar(self.catalog, self.store, redact_file_errors=self.settings.auth)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)
@@ -86,7 +86,7 @@ class ActStoreService:
                 self.jobs.start("cka-matrix", key, job.request,
                                 lambda state, r=records, k=key, o=options: cka_job.run(self.queries.parts, state,
                                                                                        r, k, o),
-                                job_id=job.job_id)
+                                job_id=job.job_id, principal=job.principal)
                 resumed.append(job.job_id)
             elif job.kind == "capture" and self.captures.resume(job):
                 resumed.append(job.job_id)
@@ -149,7 +149,10 @@ class ActStoreService:
     def follow_job(self, job_id: str) -> Iterator[JobSnapshot]:
         return self.jobs.follow(job_id)
 
-    def cancel_job(self, job_id: str) -> JobSnapshot:
+    def cancel_job(self, job_id: str, principal: str | None = None, role: str | None = None) -> JobSnapshot:
+        """Cancel a job; with auth (a principal and role), only its submitter or an admin may."""
+        if principal is not None and role is not None:
+            auth.check_owner(principal, role, self.jobs.snapshot(job_id).principal, f"job {job_id}")
         return self.jobs.cancel(job_id)
 
     def job(self, job_id: str) -> JobSnapshot:
@@ -157,6 +160,16 @@ class ActStoreService:
 
     def list_jobs(self, status: str = "") -> list[JobSnapshot]:
         return self.jobs.list(status or None)
+
+    # ---- tokens -------------------------------------------------------------------------------
+    def create_token(self, name: str, role: str) -> str:
+        return auth.create_token(self.catalog, name, role)
+
+    def tokens(self) -> list[tuple[str, str]]:
+        return self.catalog.principals()
+
+    def revoke_token(self, name: str) -> None:
+        self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
 
     # ---- queries: the planners' methods, bound in __init__ -----------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int

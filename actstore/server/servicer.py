@@ -6,9 +6,10 @@ import json
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
 from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN, from_wire
-from actstore.server.interceptors import current_principal
+from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
@@ -137,7 +138,7 @@ class CaptureServicer(rpc.CaptureServicer):
             yield pb.JobEvent(kind=kind, job=job_proto(snapshot), message=snapshot.message)
 
     def CancelJob(self, request, context):
-        return job_proto(self.service.cancel_job(request.job_id))
+        return job_proto(self.service.cancel_job(request.job_id, current_principal.get(), current_role.get()))
 
     def GetJob(self, request, context):
         return job_proto(self.service.job(request.job_id))
@@ -207,3 +208,20 @@ class QueryServicer(rpc.QueryServicer):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,
                                                                 request.stop):
             yield pb.ActivationChunk(start=start, values=to_ndarray(values), sample_ids=ids)
+
+
+class TokensServicer(tokens_pb2_grpc.TokensServicer):
+    def __init__(self, service: ActStoreService) -> None:
+        self.service = service
+
+    def CreateToken(self, request, context):
+        token = self.service.create_token(request.name, request.role)
+        return tokens_pb2.CreatedToken(name=request.name, role=request.role, token=token)
+
+    def ListTokens(self, request, context):
+        return tokens_pb2.ListTokensResponse(principals=[tokens_pb2.Principal(name=name, role=role)
+                                                         for name, role in self.service.tokens()])
+
+    def RevokeToken(self, request, context):
+        self.service.revoke_token(request.name)
+        return tokens_pb2.RevokeTokenResponse(name=request.name)

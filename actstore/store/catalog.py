@@ -463,6 +463,10 @@ class Catalog:
             raise NotFound(f"no principal named {name!r}")
         self._run("DELETE FROM principals WHERE name = ?", [name])
 
+    def principals(self) -> list[tuple[str, str]]:
+        """(name, role) of every token holder, by name; never the hashes."""
+        return [(r[0], r[1]) for r in self._rows("SELECT name, role FROM principals ORDER BY name")]
+
     def principal(self, token_hash: str) -> tuple[str, str] | None:
         rows = self._rows("SELECT name, role FROM principals WHERE token_hash = ?", [token_hash])
         return (rows[0][0], rows[0][1]) if rows else None

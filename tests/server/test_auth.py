@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client import Client
-from actstore.errors import NotFound, PermissionDenied, Unauthenticated
+from actstore.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from actstore.server.app import start_server
 from actstore.server.auth import create_token
 from tests.conftest import make_settings
@@ -209,3 +209,136 @@ def test_token_create_cli_makes_a_working_token(tmp_path, ray_cluster, placement
                 c.delete_run(UNKNOWN_RUN)
     finally:
         server.stop()
+
+
+# ---- registration from paths on the server --------------------------------------------------------
+def test_server_paths_are_for_admins_by_default(auth_server, tokens, tmp_path):
+    csv = tmp_path / "reviews.csv"
+    csv.write_text("text,label\nthe cat,0\na dog,1\n")
+    with connect(auth_server, tokens["writer"]) as c:
+        for method, call in (("RegisterDataset", lambda: c.register_dataset(csv)),
+                             ("RegisterModel", lambda: c.register_model(tmp_path))):
+            with pytest.raises(PermissionDenied) as info:
+                call()
+            message = str(info.value)
+            assert method in message and "admin" in message and "ACTSTORE_REGISTER_PATHS_ROLE" in message, message
+        with pytest.raises(NotFound, match="no builtin model"):  # builtins stay writer
+            c.register_model(builtin="no-such-builtin")
+        assert c.register_dataset(texts=["the cat"]).n == 1
+    with connect(auth_server, tokens["admin"]) as c:
+        assert c.register_dataset(csv, name="reviews").n == 2
+
+
+def test_a_setting_lets_writers_register_server_paths(tmp_path, ray_cluster):
+    running = start_server(make_settings(tmp_path / "store", auth=True, register_paths_role="writer"))
+    try:
+        csv = tmp_path / "reviews.csv"
+        csv.write_text("text\nthe cat\na dog\n")
+        with connect(running, create_token(running.service.catalog, "walt", "writer")) as c:
+            assert c.register_dataset(csv).n == 2
+    finally:
+        running.stop()
+
+
+def test_messages_about_server_files_do_not_reveal_them(auth_server, tokens, tmp_path):
+    header = tmp_path / "header.csv"
+    header.write_text("secret_column_x1,other\nhunter2,1\n")
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"text": "a", "id": "hunter2-id"}\n{"text": "b", "id": "hunter2-id"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "hunter2-arch", "hidden_size": 8}')
+    secrets_ = ("secret_column_x1", "hunter2", "pid", str(os.getpid()))
+    with connect(auth_server, tokens["admin"]) as c:
+        unusable = [lambda: c.register_dataset(header), lambda: c.register_dataset(ids, id_column="id"),
+                    lambda: c.register_model(model)]
+        for call in unusable:
+            with pytest.raises(InvalidArgument) as info:
+                call()
+            message = str(info.value)
+            assert "is not a usable" in message or "is not a model folder" in message, message
+            assert "incident" in message, message
+            assert not [s for s in secrets_ if s in message.lower()], message
+        # a missing file, a folder and an unreadable path all read alike: no probing for what exists
+        missing = [tmp_path / "no-such.csv", tmp_path, tmp_path / "no-such-model"]
+        answers = []
+        for path, call in zip(missing, (c.register_dataset, c.register_dataset, c.register_model), strict=True):
+            with pytest.raises(NotFound) as info:
+                call(path)
+            answers.append(str(info.value).replace(str(path), "PATH"))
+        assert len(set(answers)) == 1 and "not found or not readable" in answers[0], answers
+
+
+# ---- unauthenticated calls do not flood the audit trail -------------------------------------------
+def test_a_flood_of_unauthenticated_calls_adds_a_handful_of_audit_rows(auth_server):
+    with grpc.insecure_channel(f"127.0.0.1:{auth_server.port}") as channel:
+        stub = rpc.CatalogStub(channel)
+        request = pb.RegisterDatasetRequest(texts=pb.TextList(texts=["x"]))
+        for i in range(500):
+            metadata = [("authorization", "Bearer ast_wrong")] if i % 2 else []
+            with pytest.raises(grpc.RpcError) as info:
+                stub.RegisterDataset(request, metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    rows = audit_rows(auth_server)
+    assert 1 <= len(rows) <= 3, rows
+    assert rows[0][0] is None and rows[0][3] == "UNAUTHENTICATED" and "127.0.0.1" in rows[0][2]
+    auth_server.interceptor.audit.flush()  # what server stop does: the window's count is written
+    counted = [r for r in audit_rows(auth_server) if "499 more unauthenticated calls" in r[2]]
+    assert len(counted) == 1, audit_rows(auth_server)
+
+
+# ---- tokens on a running server -----------------------------------------------------------------
+def test_admin_manages_tokens_on_the_running_server(auth_server, tokens):
+    with connect(auth_server, tokens["admin"]) as admin:
+        token = admin.create_token("bob", "writer")
+        assert ("bob", "writer") in admin.tokens()
+        with connect(auth_server, token) as bob:
+            assert bob.register_dataset(texts=["the cat"]).n == 1
+            with pytest.raises(PermissionDenied, match="CreateToken needs the admin role"):
+                bob.create_token("eve", "admin")
+            admin.revoke_token("bob")
+            with pytest.raises(Unauthenticated, match="unknown or revoked"):
+                bob.datasets()
+        assert "bob" not in [name for name, _ in admin.tokens()]
+        with pytest.raises(NotFound):
+            admin.revoke_token("bob")
+    for row in audit_rows(auth_server):
+        assert token.removeprefix("ast_") not in str(row)
+
+
+def test_token_cli_goes_through_a_running_server(auth_server, tokens, tmp_path):
+    address = f"127.0.0.1:{auth_server.port}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "actstore.cli", "token", *args, "--address", address,
+                               "--token", tokens["admin"]], check=False, capture_output=True, text=True,
+                              env=_cli_env(), cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    token = cli("create", "--name", "carol", "--role", "reader").stdout.strip().splitlines()[-1]
+    assert "carol" in cli("list").stdout
+    with connect(auth_server, token) as carol:
+        assert carol.datasets() == []
+        cli("revoke", "--name", "carol")
+        with pytest.raises(Unauthenticated):
+            carol.datasets()
+
+
+# ---- cancelling is for the submitter or an admin ------------------------------------------------
+def test_only_the_submitter_or_an_admin_cancels_a_job(auth_server, tokens, tiny_models):
+    catalog = auth_server.service.catalog
+    other = create_token(catalog, "writer-bea", "writer")
+    with connect(auth_server, tokens["admin"]) as admin:
+        admin.register_model(tiny_models["bert"], name="bert")
+    with connect(auth_server, tokens["writer"]) as ann, connect(auth_server, other) as bea, \
+            connect(auth_server, tokens["admin"]) as admin:
+        ann.register_dataset(texts=["the cat sat", "a dog ran", "birds fly"], name="tiny")
+        job = ann.submit_capture("bert", "tiny")
+        with pytest.raises(PermissionDenied) as info:
+            bea.cancel(job.job_id)
+        message = str(info.value)
+        assert "writer-ann" in message and "writer-bea" in message and "submitter or an admin" in message, message
+        assert ann.cancel(job.job_id).job_id == job.job_id
+        assert admin.cancel(job.job_id).job_id == job.job_id
+    assert catalog.job(job.job_id).principal == "writer-ann"
