@@ -23,6 +23,7 @@ METHOD_ROLES = {
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin",
+    "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
 }
 
 
