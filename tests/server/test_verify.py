@@ -217,3 +217,37 @@ def test_repair_of_a_run_wide_array_deletes_the_run_for_a_whole_capture(module_c
     assert run not in {r.run_key for r in c.runs()}
     assert c.capture("bert", "whole", pooling="mean").run_key == run
     assert c.verify([run]).runs[0].status == "ok"
+
+
+def test_verify_and_repair_on_the_object_store(s3_bucket, tmp_path, tiny_models, ray_cluster):
+    import boto3
+
+    from actstore.client import Client
+    from actstore.server.app import start_server
+    from tests.conftest import make_settings
+
+    running = start_server(make_settings(s3_bucket, server_dir=str(tmp_path / "server")))
+    try:
+        with Client(f"127.0.0.1:{running.port}") as c:
+            c.register_model(tiny_models["bert"], name="bert")
+            c.register_dataset(texts=sentences(24, seed=12), name="s3")
+            run = c.capture("bert", "s3", pooling="mean").run_key
+            clean = [c.read_activations(run, layer)[0] for layer in range(5)]
+            assert c.verify(all_runs=True).runs[0].status == "ok"
+            bucket, prefix = s3_bucket.removeprefix("s3://").split("/", 1)
+            s3 = boto3.client("s3")
+            s3.delete_object(Bucket=bucket, Key=f"{prefix}/runs/{run}/acts/c/2/0/0")
+            key = f"{prefix}/runs/{run}/acts/c/0/0/0"
+            data = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            data[len(data) // 3] ^= 0xFF
+            s3.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+            [verdict] = c.verify([run]).runs
+            assert verdict.status == "damaged" and verdict.damaged_shards == [0, 2]
+            assert c.verify([run], repair=True).runs[0].status == "repaired"
+            assert not c.capture("bert", "s3", pooling="mean").cache_hit
+            assert c.verify([run]).runs[0].status == "ok"
+            for layer in range(5):
+                np.testing.assert_array_equal(c.read_activations(run, layer)[0], clean[layer])
+    finally:
+        running.stop()
