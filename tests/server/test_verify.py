@@ -251,3 +251,29 @@ def test_verify_and_repair_on_the_object_store(s3_bucket, tmp_path, tiny_models,
                 np.testing.assert_array_equal(c.read_activations(run, layer)[0], clean[layer])
     finally:
         running.stop()
+
+
+def test_verify_needs_a_writer_and_repair_an_admin(tmp_path, ray_cluster, monkeypatch):
+    from actstore.client import Client
+    from actstore.errors import PermissionDenied
+    from actstore.server.app import start_server
+    from actstore.server.auth import create_token
+    from tests.conftest import make_settings
+
+    monkeypatch.delenv("ACTSTORE_TOKEN", raising=False)
+    running = start_server(make_settings(tmp_path / "store", auth=True))
+    try:
+        catalog = running.service.catalog
+        tokens = {role: create_token(catalog, f"{role}-v", role) for role in ("reader", "writer", "admin")}
+        address = f"127.0.0.1:{running.port}"
+        with Client(address, token=tokens["reader"]) as c, pytest.raises(PermissionDenied, match="SubmitVerify"):
+            c.verify(all_runs=True)
+        with Client(address, token=tokens["writer"]) as c:
+            report = c.verify(all_runs=True)
+            assert report.runs == [] and c.verify_report(report.job_id) == report
+            with pytest.raises(PermissionDenied, match="SubmitRepair needs the admin role"):
+                c.verify(all_runs=True, repair=True)
+        with Client(address, token=tokens["admin"]) as c:
+            assert c.verify(all_runs=True, repair=True).repair
+    finally:
+        running.stop()
