@@ -117,7 +117,7 @@ class VerifyJobs:
         layout = RunLayout(n=record.n, rows=record.rows, num_states=record.num_layers + 1, width=record.width,
                            dtype=record.dtype, pooling=record.pooling, shard_rows=shard_rows)
         committed = record.status == "committed"
-        findings = check_run(self.arrays, record.run_key, layout, committed)
+        findings = check_run(self.arrays, record.run_key, layout, committed, record.spec)
         if any(f.array == "group" for f in findings):
             return findings, {}  # the shards cannot be read without the run's metadata
         recorded = self.catalog.chunk_checksums(record.run_key)

@@ -59,13 +59,17 @@ def expected_shapes(layout: RunLayout, labelled: bool) -> dict[str, tuple[tuple[
     return shapes
 
 
-def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: bool) -> list[Finding]:
-    """The run-wide checks; `expected` is the layout the catalog describes."""
+def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: bool,
+              spec: dict | None = None) -> list[Finding]:
+    """The run-wide checks; `expected` is the layout and `spec` the identity the catalog records."""
     try:
         layout = arrays.layout(run_key)
     except (DataLoss, NotFound) as exc:
         return [Finding("group", WHOLE, WHOLE, _reason(exc) if isinstance(exc, DataLoss) else str(exc))]
     findings = []
+    stored_spec = arrays.spec(run_key)
+    if spec is not None and stored_spec is not None and stored_spec != spec:
+        findings.append(Finding("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
     if layout != expected:
         findings.append(Finding("group", WHOLE, WHOLE, f"its layout {layout.to_dict()} is not the run's in the "
                                                        f"catalog {expected.to_dict()}"))
