@@ -67,7 +67,10 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
     except (DataLoss, NotFound) as exc:
         return [Finding("group", WHOLE, WHOLE, _reason(exc) if isinstance(exc, DataLoss) else str(exc))]
     findings = []
-    stored_spec = arrays.spec(run_key)
+    try:
+        stored_spec = arrays.spec(run_key)
+    except DataLoss as exc:  # the layout was remembered from before the damage
+        return [Finding("group", WHOLE, WHOLE, _reason(exc))]
     if spec is not None and stored_spec is not None and stored_spec != spec:
         findings.append(Finding("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
     if layout != expected:
