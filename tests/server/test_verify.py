@@ -208,14 +208,19 @@ def test_repair_then_the_same_capture_rewrites_only_the_damaged_shards(module_cl
     assert c.verify([run]).runs[0].status == "ok"
 
 
-def test_repair_of_a_run_wide_array_deletes_the_run_for_a_whole_capture(module_client, module_server):
+@pytest.mark.parametrize("array", ["sample_ids", "group"])
+def test_repair_of_a_run_wide_array_deletes_the_run_for_a_whole_capture(module_client, module_server, array):
     c = module_client
     c.register_dataset(texts=sentences(16, seed=10), name="whole")
     run = c.capture("bert", "whole", pooling="mean").run_key
-    flip_file(chunk_file(run_dir(module_server, run) / "sample_ids"))
+    if array == "group":  # a truncated zarr.json of the run's group
+        metadata = run_dir(module_server, run) / "zarr.json"
+        metadata.write_bytes(metadata.read_bytes()[:40])
+    else:
+        flip_file(chunk_file(run_dir(module_server, run) / array))
     [verdict] = c.verify([run], repair=True).runs
     assert verdict.status == "repaired" and verdict.run_status == "deleted"
-    assert [d.array for d in verdict.damage] == ["sample_ids"]
+    assert [d.array for d in verdict.damage] == [array]
     assert run not in {r.run_key for r in c.runs()}
     assert c.capture("bert", "whole", pooling="mean").run_key == run
     assert c.verify([run]).runs[0].status == "ok"
