@@ -84,13 +84,16 @@ class VerifyJobs:
         done = 0
         job.progress(done, total, "shards")
         parts = max(1, cluster.cluster_cpus() * TASKS_PER_CPU)
-        items = [(key, dict(group)) for key, plan in plans.items() for group in deal(sorted(plan.items()), parts)
-                 if group]
+        # a token-level run of a text model has a token id for every row
+        ids_expected = {r.run_key: r.pooling == "tokens" and self.catalog.model(r.model_digest).kind != "vision"
+                        for r in records}
+        items = [(key, dict(group), ids_expected[key]) for key, plan in plans.items()
+                 for group in deal(sorted(plan.items()), parts) if group]
         task = ray.remote(num_cpus=1)(verify_shards)
 
         def collect(item, ref) -> None:
             nonlocal done
-            key, group = item
+            key, group, _ = item
             findings[key].extend(get_or_raise(ref, lambda cause: Unavailable(
                 f"a verify task failed: {cause}; submit the verify again")))
             done += len(group)

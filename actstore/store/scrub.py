@@ -129,9 +129,11 @@ def stored_bytes(values: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(values).tobytes()
 
 
-def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int]) -> list[Finding]:
+def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int],
+                ids_expected: bool = False) -> list[Finding]:
     """Every inner chunk of one shard, its layer sums and token ids; `checksums` maps a layer to
-    the crc32c the catalog recorded for it (a layer without one is not compared)."""
+    the crc32c the catalog recorded for it (a layer without one is not compared). With
+    `ids_expected` (a token-level run of a text model), rows without a token id are missing."""
     layout = arrays.layout(run_key)
     name = layout.array_name
     if not arrays.shard_present(run_key, shard):
@@ -158,6 +160,8 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
         ids = arrays.token_ids(run_key, start, stop)
         if ids is not None and len(ids) != stop - start:
             findings.append(Finding("token_ids", shard, WHOLE, f"has {len(ids)} rows, not {stop - start}"))
+        elif ids is not None and ids_expected and (ids < 0).any():
+            findings.append(Finding("token_ids", shard, WHOLE, "is missing from the store"))
     except DataLoss as exc:
         findings.append(Finding("token_ids", shard, WHOLE, _reason(exc)))
     return findings

@@ -124,6 +124,20 @@ def test_damaged_means_are_data_loss_in_the_server_read(module_client, damaged):
         module_client.cos(damaged["means"], center="global-mean")
 
 
+def test_a_missing_token_ids_chunk_is_data_loss_not_skipped_rows(module_client, module_server, damaged):
+    """token_ids read as -1 (no label) where a chunk is missing: the lens would silently skip its rows."""
+    c = module_client
+    c.register_dataset(texts=sentences(12, seed=13), name="ids")
+    run = c.capture("llama", "ids", pooling="tokens").run_key
+    (run_dir(module_server, run) / "token_ids" / "c" / "1").unlink()
+    with pytest.raises(DataLoss) as info:
+        c.lens(run)
+    assert_names(info, run, "token_ids", shard=1)
+    assert "missing" in str(info.value)
+    [verdict] = c.verify([run]).runs
+    assert [(d.array, d.shard, d.reason) for d in verdict.damage] == [("token_ids", 1, "is missing from the store")]
+
+
 # ---- verify -------------------------------------------------------------------------------------
 def test_verify_finds_each_damaged_chunk_and_names_the_runs_to_recapture(module_client, module_server, damaged):
     report = module_client.verify(list(damaged.values()))
