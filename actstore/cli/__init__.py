@@ -6,7 +6,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
 
     admin     serve, token, demo, experiment
     catalog   register-model, register-dataset, models, datasets, runs, describe, delete, read
-    jobs      capture, train, jobs, watch, cancel
+    jobs      capture, train, verify, jobs, watch, cancel
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
     layers    entropy, residual-norm, lens, nc1
 """

@@ -1,6 +1,9 @@
-"""Work that runs as a job: capture, train, and following or cancelling jobs."""
+"""Work that runs as a job: capture, train, verify, and following or cancelling jobs."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import asdict
 
 from actstore.cli.common import add_option, connect, print_table
 from actstore.options import CAPTURE, TRAIN
@@ -22,6 +25,32 @@ def cmd_train(args) -> int:
                              alternating=args.alternating, weights=args.weights, progress=not args.quiet)
     print(f"trained: model {model.digest[:12]} ({', '.join(model.aliases)}); every checkpoint is registered")
     return 0
+
+
+def cmd_verify(args) -> int:
+    with connect(args) as client:
+        report = client.verify(args.runs, all_runs=args.all, repair=args.repair, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+        return 1 if report.damaged else 0
+    print_table([{"run": r.run_key[:16], "status": r.status, "shards": r.shards,
+                  "damaged shards": ",".join(map(str, r.damaged_shards)) or "-",
+                  "recapture": "yes" if r.recapture else "no", "catalog": r.run_status} for r in report.runs],
+                ["run", "status", "shards", "damaged shards", "recapture", "catalog"])
+    damage = [{"run": r.run_key[:12], "array": d.array, "shard": "all" if d.shard < 0 else d.shard,
+               "layer": "all" if d.layer < 0 else d.layer, "why": d.reason[:100]}
+              for r in report.runs for d in r.damage]
+    if damage:
+        print()
+        print_table(damage, ["run", "array", "shard", "layer", "why"])
+    if report.recapture:
+        print()
+        advice = ("repaired: submit the same capture again to rewrite what was dropped" if report.repair else
+                  "capture these again; `actstore verify RUN --repair` (admin) first drops only the damaged shards")
+        print(f"{len(report.recapture)} run(s) to recapture ({advice}):")
+        for key in report.recapture:
+            print(f"  {key}")
+    return 1 if report.damaged else 0
 
 
 def cmd_jobs(args) -> int:
@@ -70,6 +99,18 @@ def add_commands(command) -> None:
     add_option(p, TRAIN, "smoke")
     add_option(p, TRAIN, "alternating")
     add_option(p, TRAIN, "weights")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    p = command("verify", cmd_verify, "read every chunk of runs and report what is damaged (a scrub)",
+                "Runs as a Ray job with a progress bar: every chunk's crc32c, the arrays' shapes and dtypes\n"
+                "against the run's spec, and the catalog's chunk rows against the shards present. Prints a\n"
+                "table and exits 1 when anything is damaged. --repair (admin) then drops the damaged shards, so\n"
+                "submitting the same capture again recaptures only those.")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run keys or their first 8+ characters")
+    p.add_argument("--all", action="store_true", help="every run in the catalog")
+    p.add_argument("--repair", action="store_true",
+                   help="drop the damaged shards (bytes and chunk rows) so a capture rewrites them (admin)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     p = command("jobs", cmd_jobs, "list jobs")

@@ -37,13 +37,16 @@ from actstore.client.results import (
     ModelInfo,
     QueryAnswer,
     RunInfo,
+    RunVerdict,
+    VerifyReport,
 )
 from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
 __all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
-           "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
+           "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo",
+           "RunVerdict", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -135,6 +138,7 @@ class Client:
         self._capture = _Translating(rpc.CaptureStub(self._channel), metadata)
         self._query = _Translating(rpc.QueryStub(self._channel), metadata)
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
+        self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -293,6 +297,26 @@ class Client:
 
     def jobs(self, status: str | None = None) -> list[JobInfo]:
         return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
+
+    # ---- integrity ----------------------------------------------------------------------------
+    def submit_verify(self, runs: Sequence[str] = (), *, all_runs: bool = False, repair: bool = False) -> JobInfo:
+        """Start a scrub of `runs` (keys or prefixes) or of every run; with `repair` (admin), the
+        damaged shards are dropped afterwards so the same capture submitted again rewrites them."""
+        request = pb.VerifyRequest(runs=list(runs), all=all_runs)
+        submit = self._integrity.SubmitRepair if repair else self._integrity.SubmitVerify
+        return JobInfo.from_proto(submit(request))
+
+    def verify_report(self, job_id: str) -> VerifyReport:
+        return VerifyReport.from_proto(self._integrity.GetVerifyReport(pb.GetVerifyReportRequest(job_id=job_id)))
+
+    def verify(self, runs: Sequence[str] = (), *, all_runs: bool = False, repair: bool = False,
+               progress: bool = False) -> VerifyReport:
+        """Read every chunk of `runs` (or of every run) and check it: crc32c, shapes and dtypes
+        against the run's spec, the catalog's chunk rows against the shards present. Returns the
+        report; `report.recapture` names the runs to capture again. See `submit_verify`."""
+        job = self.submit_verify(runs, all_runs=all_runs, repair=repair)
+        self.wait(job.job_id, progress=progress, description="repair" if repair else "verify")
+        return self.verify_report(job.job_id)
 
     # ---- queries ------------------------------------------------------------------------------
     def _similarity(self, metric, run_a, run_b, layers_a, layers_b, center="", refresh=False,

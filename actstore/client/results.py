@@ -243,3 +243,46 @@ class LensResult:
     n: int
     provenance: Provenance
     notes: list[str]
+
+
+@dataclass(frozen=True)
+class Damage:
+    array: str  # acts | tokens | layer_sums | token_ids | means | sample_ids | ... | catalog | group
+    shard: int  # -1: the whole array
+    layer: int  # -1: every layer, or not per layer
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    run_key: str
+    status: str  # ok | damaged | repaired | incomplete (not committed: its capture must finish)
+    shards: int  # shards read
+    damage: list[Damage]
+    damaged_shards: list[int]
+    recapture: bool  # submit the run's capture again (after a repair: only its damaged shards)
+    run_status: str  # the catalog's status of the run after the job (deleted: capture it whole)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `actstore verify` found: one verdict per run."""
+
+    job_id: str
+    repair: bool
+    runs: list[RunVerdict]
+
+    @property
+    def damaged(self) -> list[RunVerdict]:
+        return [r for r in self.runs if r.damage]
+
+    @property
+    def recapture(self) -> list[str]:
+        """The run keys whose capture must be submitted again."""
+        return [r.run_key for r in self.runs if r.recapture]
+
+    @staticmethod
+    def from_proto(p: pb.VerifyReport) -> VerifyReport:
+        return VerifyReport(p.job_id, p.repair, [
+            RunVerdict(r.run_key, r.status, r.shards, [Damage(d.array, d.shard, d.layer, d.reason) for d in r.damage],
+                       list(r.damaged_shards), r.recapture, r.run_status) for r in p.runs])

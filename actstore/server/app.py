@@ -17,11 +17,18 @@ from actstore.config import Settings
 from actstore.errors import InvalidArgument, Unavailable
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.service import ActStoreService
-from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer, TokensServicer
+from actstore.server.servicer import (
+    CaptureServicer,
+    CatalogServicer,
+    IntegrityServicer,
+    QueryServicer,
+    TokensServicer,
+)
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Catalog", "Capture", "Query")] + [
+SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
+                 for name in ("Catalog", "Capture", "Query", "Integrity")] + [
     tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
 
 
@@ -84,6 +91,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
     tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
+    rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

@@ -24,6 +24,7 @@ METHOD_ROLES = {
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin", "CreateToken": "admin", "ListTokens": "admin", "RevokeToken": "admin",
+    "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).

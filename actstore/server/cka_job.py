@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import ray
 
 from actstore.errors import Cancelled, InvalidArgument
 from actstore.metrics import similarity as sim
-from actstore.server.dispatch import run_windowed
+from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
 from actstore.server.results import MetricResult, Provenance
@@ -143,7 +142,7 @@ def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: li
     saved_at = time.monotonic()
 
     def collect(g: int, ref) -> None:
-        total.merge(ray.get(ref))
+        total.merge(gather(ref))
         finished.add(g)
         progress.advance()
 

@@ -31,6 +31,18 @@ def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActSto
         raise (cause if isinstance(cause, ActStoreError) else otherwise(brief(cause))) from None
 
 
+def gather(refs):
+    """ray.get of a ref or a list of them, our errors from inside a task raised as themselves (a
+    DataLoss names the damaged chunk, without Ray's traceback around it); anything else as it came."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        cause = cluster.unwrap(exc)
+        if isinstance(cause, ActStoreError):
+            raise cause from None
+        raise
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

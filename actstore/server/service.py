@@ -24,6 +24,7 @@ from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
+from actstore.server.verify_job import VerifyJobs
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
@@ -66,6 +67,7 @@ class ActStoreService:
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         if self.settings.resume_on_start:
             self.resume_interrupted()
 
@@ -145,6 +147,13 @@ class ActStoreService:
                                         lambda job: cka_job.run(self.queries.parts, job, records, key, options),
                                         principal=principal)
         return replace(state.snapshot, joined=joined)
+
+    def submit_verify(self, runs: list[str], all_runs: bool = False, repair: bool = False,
+                      principal: str | None = None) -> JobSnapshot:
+        return self.verifies.submit(runs, all_runs, repair, principal)
+
+    def verify_report(self, job_id: str) -> dict:
+        return self.verifies.report(job_id)
 
     def follow_job(self, job_id: str) -> Iterator[JobSnapshot]:
         return self.jobs.follow(job_id)

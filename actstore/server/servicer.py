@@ -225,3 +225,22 @@ class TokensServicer(tokens_pb2_grpc.TokensServicer):
     def RevokeToken(self, request, context):
         self.service.revoke_token(request.name)
         return tokens_pb2.RevokeTokenResponse(name=request.name)
+def verify_report_proto(report: dict) -> pb.VerifyReport:
+    return pb.VerifyReport(job_id=report["job_id"], repair=report["repair"], runs=[
+        pb.RunVerdict(**{**run, "damage": [pb.Damage(**d) for d in run["damage"]]}) for run in report["runs"]])
+
+
+class IntegrityServicer(rpc.IntegrityServicer):
+    def __init__(self, service: ActStoreService) -> None:
+        self.service = service
+
+    def SubmitVerify(self, request, context):
+        return job_proto(self.service.submit_verify(list(request.runs), request.all,
+                                                    principal=current_principal.get()))
+
+    def SubmitRepair(self, request, context):
+        return job_proto(self.service.submit_verify(list(request.runs), request.all, repair=True,
+                                                    principal=current_principal.get()))
+
+    def GetVerifyReport(self, request, context):
+        return verify_report_proto(self.service.verify_report(request.job_id))

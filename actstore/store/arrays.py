@@ -33,6 +33,9 @@ from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
 
 COMMIT_MARKER = "committed.json"
+# What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
+# crc32c is a ValueError; a garbled shard index or Blosc frame can be any of these).
+DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
@@ -129,6 +132,24 @@ class ArrayStore(ABC):
     @abstractmethod
     def delete_run(self, run_key: str) -> None: ...
 
+    # ---- integrity (what `actstore verify` reads and a repair drops) ------------------------------
+    @abstractmethod
+    def shard_present(self, run_key: str, shard: int) -> bool:
+        """Whether the shard's activation object exists (a missing one would read as zeros)."""
+
+    @abstractmethod
+    def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
+        """The float64 layer sums (L+1, d) stored with one shard; DataLoss naming it if damaged."""
+
+    @abstractmethod
+    def array_shapes(self, run_key: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """(shape, dtype name) of every array of the run, from its metadata; DataLoss if unreadable."""
+
+    @abstractmethod
+    def drop_shards(self, run_key: str, shards: list[int]) -> None:
+        """Delete the shards' bytes (activations, layer sums, token ids, kept chunk rows), the layer
+        means and the commit marker: the run is then an unfinished capture that rewrites them."""
+
     # ---- the store's description of its runs (what `catalog rebuild` reads) --------------------
     @abstractmethod
     def run_keys(self) -> list[str]:
@@ -207,16 +228,17 @@ class ZarrArrayStore(ArrayStore):
     def _side_array(self, group: zarr.Group, name: str, data: np.ndarray, overwrite: bool = False) -> None:
         group.create_array(name, data=data, compressors=self._codecs(data.dtype.itemsize), overwrite=overwrite)
 
-    def _whole(self, run_key: str, group: zarr.Group, name: str, selection=slice(None)) -> np.ndarray:
-        """A side array (or a slice of one), a failed checksum or decode as DataLoss naming it."""
+    def _whole(self, run_key: str, group: zarr.Group, name: str, selection=slice(None),
+               shard: int | None = None) -> np.ndarray:
+        """A side array (or a slice of one), a failed checksum or decode as DataLoss naming it
+        (and `shard`, the chunk the slice lies in, where it is one)."""
         try:
             with self._reported():
                 return group[name][selection]
-        except (ValueError, KeyError, TypeError, OSError) as exc:
+        except (*DECODE_ERRORS, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
                 raise
-            raise DataLoss(f"run {run_key[:12]}: its array {name!r} is damaged ({type(exc).__name__}: "
-                           f"{str(exc)[:200]}); delete the run and capture it again") from None
+            raise damaged(run_key, name, _why(exc), shard=shard) from None
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
         self._forget(run_key)
@@ -306,9 +328,9 @@ class ZarrArrayStore(ArrayStore):
         layout = self.layout(run_key)
         array = self._array(run_key, layout.array_name)
         for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
-            if not self._exists(f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0"):  # Zarr reads it as zeros
-                raise DataLoss(f"run {run_key[:12]}: shard {shard} is missing from the store; delete the "
-                               "run and capture it again")
+            if not self.shard_present(run_key, shard):  # Zarr would read it as zeros
+                raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
+                              rows=layout.shard_range(shard))
         try:
             with self._reported():
                 if len(layers) == 1:
@@ -319,14 +341,22 @@ class ZarrArrayStore(ArrayStore):
                     stored = np.moveaxis(array[start:stop], 1, 0)[layers]
                 else:
                     stored = np.stack([array[start:stop, layer, :] for layer in layers])
-        except ValueError as exc:
-            if "checksum" in str(exc):
-                raise DataLoss(
-                    f"run {run_key[:12]}: a chunk in rows {start}..{stop} failed its crc32c check "
-                    f"({exc}); delete the run and capture it again"
-                ) from exc
-            raise
+        except DECODE_ERRORS as exc:
+            raise self._located(run_key, layout, array, layers, start, stop, exc) from None
         return decode_stored(stored, layout.dtype)
+
+    def _located(self, run_key, layout, array, layers, start, stop, exc: Exception) -> DataLoss:
+        """The DataLoss of a failed read, naming the first inner chunk (shard, layer) that fails
+        alone (read again one by one: only on this error path)."""
+        for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
+            lo, hi = layout.shard_range(shard)
+            for layer in layers:
+                try:
+                    with self._reported():
+                        array[lo:hi, layer, :]
+                except DECODE_ERRORS as inner:
+                    return damaged(run_key, layout.array_name, _why(inner), shard=shard, layer=layer, rows=(lo, hi))
+        return damaged(run_key, layout.array_name, _why(exc), rows=(start, stop))
 
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
@@ -347,9 +377,8 @@ class ZarrArrayStore(ArrayStore):
         bounds = self._whole(run_key, group, "sample_id_offsets")
         try:
             return [blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])]
-        except UnicodeDecodeError as exc:
-            raise DataLoss(f"run {run_key[:12]}: its sample ids are damaged ({exc}); delete the run and "
-                           "capture it again") from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise damaged(run_key, "sample_ids", f"does not decode ({exc})") from None
 
     def labels(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
@@ -361,7 +390,12 @@ class ZarrArrayStore(ArrayStore):
 
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
         group = self._group(run_key)
-        return self._whole(run_key, group, "token_ids", slice(start, stop)) if "token_ids" in group else None
+        if "token_ids" not in group:
+            return None
+        rows = self.layout(run_key).shard_rows  # one chunk per shard: read chunk by chunk, to name it
+        parts = [self._whole(run_key, group, "token_ids", slice(max(start, s * rows), min(stop, (s + 1) * rows)),
+                             shard=s) for s in range(start // rows, -(-stop // rows))]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def delete_run(self, run_key: str) -> None:
         self._forget(run_key)
@@ -372,6 +406,41 @@ class ZarrArrayStore(ArrayStore):
         layout = self.layout(run_key)
         with self._reported():
             return sync(self._zarr.getsize_prefix(f"runs/{run_key}/{layout.array_name}"))
+
+    # ---- integrity ---------------------------------------------------------------------------------
+    def _shard_keys(self, run_key: str, shard: int) -> list[str]:
+        layout = self.layout(run_key)
+        return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
+                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json"]
+
+    def shard_present(self, run_key: str, shard: int) -> bool:
+        return self._exists(self._shard_keys(run_key, shard)[0])
+
+    def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
+        if not self._exists(self._shard_keys(run_key, shard)[1]):
+            raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
+        return self._whole(run_key, self._group(run_key), "layer_sums", shard, shard=shard)
+
+    def array_shapes(self, run_key: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        group = self._group(run_key)
+        shapes = {}
+        for name in self._listed("list_dir", f"runs/{run_key}"):
+            if not self._exists(f"runs/{run_key}/{name}/zarr.json"):
+                continue
+            try:
+                with self._reported():
+                    array = group[name]
+                shapes[name] = (tuple(array.shape), str(array.dtype))
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, name, f"has unreadable metadata ({_why(exc)})") from None
+        return shapes
+
+    def drop_shards(self, run_key: str, shards: list[int]) -> None:
+        keys = [key for shard in shards for key in self._shard_keys(run_key, shard)]
+        with self._reported():
+            for key in [*keys, f"runs/{run_key}/{COMMIT_MARKER}"]:
+                sync(self._zarr.delete(key))
+            sync(self._zarr.delete_dir(f"runs/{run_key}/means"))
 
     # ---- description ------------------------------------------------------------------------------
     def _put(self, key: str, data: bytes) -> None:
@@ -423,3 +492,21 @@ class ZarrArrayStore(ArrayStore):
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    if "checksum" in text:
+        return f"failed its crc32c check ({text})"
+    return f"does not decode ({type(exc).__name__}: {text})"
+
+
+def damaged(run_key: str, array: str, why: str, *, shard: int | None = None, layer: int | None = None,
+            rows: tuple[int, int] | None = None) -> DataLoss:
+    """The DataLoss of damaged stored bytes: the run, the array and, where known, the shard (the
+    chunk a capture task writes), the layer and the rows, and what to do about it."""
+    where = "".join([f"shard {shard} " if shard is not None else "", f"layer {layer} " if layer is not None else "",
+                     "of " if shard is not None or layer is not None else "", f"array {array!r}",
+                     f" (rows {rows[0]}..{rows[1]})" if rows else ""])
+    return DataLoss(f"run {run_key[:12]}: {where} {why}; `actstore verify {run_key[:12]} --repair` "
+                    "drops the damaged shards, then submit the same capture again to rewrite them")

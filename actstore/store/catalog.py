@@ -389,6 +389,23 @@ class Catalog:
         shards = len(self.recorded_shards(run_key, num_layers))
         return ChunkHealth(shards, nan, inf, lo, hi)
 
+    def chunk_checksums(self, run_key: str) -> dict[int, dict[int, tuple[int, int]]]:
+        """shard -> layer -> (rows, crc32c) of every chunk row the catalog holds for the run."""
+        checksums: dict[int, dict[int, tuple[int, int]]] = {}
+        for shard, layer, rows, checksum in self._rows(
+                "SELECT shard, layer, rows, checksum FROM chunks WHERE run_key = ?", [run_key]):
+            checksums.setdefault(shard, {})[layer] = (rows, checksum)
+        return checksums
+
+    def drop_shards(self, run_key: str, shards: list[int], status: str) -> None:
+        """Forget the shards' chunk rows and set the run's status, in one transaction (a repair:
+        the next capture of the run rewrites those shards)."""
+        with self._lock:
+            self._con.execute("BEGIN")
+            self._con.execute("DELETE FROM chunks WHERE run_key = ? AND list_contains(?, shard)", [run_key, shards])
+            self._con.execute("UPDATE runs SET status = ? WHERE run_key = ?", [status, run_key])
+            self._con.execute("COMMIT")
+
     def chunk_rows_total(self, run_key: str) -> int:
         rows = self._rows("SELECT coalesce(sum(rows), 0) FROM chunks WHERE run_key = ? AND layer = 0", [run_key])
         return int(rows[0][0])

@@ -18,6 +18,7 @@ import torch
 from actstore.metrics.lens import LensAccumulator
 from actstore.metrics.lens_head import LensHead
 from actstore.modeling.lens_head import TorchLensHead
+from actstore.store.arrays import damaged
 from actstore.store.handle import StoreHandle
 from actstore.training import checkpoints
 from actstore.workers.metric_tasks import task_device
@@ -73,6 +74,9 @@ def lens_partial(plan: LensPlan, ranges: list[tuple[int, int]], labels: np.ndarr
             stop = min(start + sub_rows, range_stop)
             if plan.next_token:
                 ids = arrays.token_ids(plan.run_key, start, min(stop + 1, int(offsets[-1])))
+                if (ids < 0).any():  # never written (the fill value): a causal LM's run has an id for every row
+                    shard = (start + int(np.argmax(ids < 0))) // arrays.layout(plan.run_key).shard_rows
+                    raise damaged(plan.run_key, "token_ids", "is missing from the store", shard=shard)
                 chunk_labels = next_token_labels(ids, offsets, start, stop)
             else:
                 chunk_labels = labels[start:stop]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from actstore.errors import NotFound
+from actstore.errors import DataLoss, NotFound
 from actstore.store.arrays import ArrayStore, RunLayout
 
 # 11 rows in shards of 4: shards [0, 4), [4, 8) and the partial last shard [8, 11).
@@ -389,3 +389,46 @@ class ArrayStoreContract:
         assert self.make_store(tmp_path).is_committed(run_key)  # another handle sees it
         store.delete_run(run_key)
         assert store.run_keys() == [other] and not store.is_committed(run_key)
+
+    # ---- integrity: what verify reads and a repair drops -----------------------------------------
+    def test_shard_presence_layer_sums_and_array_shapes(self, store):
+        run_key, layout, numbers = self.filled_run(store, "bfloat16")
+        assert all(store.shard_present(run_key, s) for s in range(layout.num_shards))
+        np.testing.assert_allclose(store.layer_sums(run_key, 1), shard_sums(numbers, layout, 1))
+        store.write_means(run_key)
+        shapes = store.array_shapes(run_key)
+        assert shapes["acts"] == ((N, NUM_STATES, WIDTH), "uint16")
+        assert shapes["layer_sums"] == ((layout.num_shards, NUM_STATES, WIDTH), "float64")
+        assert shapes["means"] == ((NUM_STATES, WIDTH), "float64")
+        assert shapes["sample_id_offsets"] == ((N + 1,), "int64")
+
+    def test_dropped_shards_are_gone_and_written_again_alike(self, store):
+        offsets = np.array([0, 3, 7, 9, 11])
+        run_key, layout = key("dropped"), token_layout(offsets)
+        self.create(store, run_key, layout, offsets=offsets)
+        stored, numbers = make_values(layout)
+        ids = np.arange(layout.rows) + 100
+
+        def write(shard):
+            start, stop = layout.shard_range(shard)
+            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard), ids[start:stop])
+            store.write_chunk_rows(run_key, shard, {"shard": [shard]})
+
+        for shard in range(layout.num_shards):
+            write(shard)
+        store.write_means(run_key)
+        store.mark_committed(run_key)
+        store.drop_shards(run_key, [1])
+        assert not store.is_committed(run_key) and not store.shard_present(run_key, 1)
+        assert store.shard_present(run_key, 0) and store.shard_present(run_key, 2)
+        assert store.chunk_rows(run_key)["shard"] == [0, 2]
+        with pytest.raises(NotFound):
+            store.means(run_key)
+        with pytest.raises(DataLoss, match="shard 1 of array 'tokens'"):
+            store.read_layers(run_key, [0], 0, layout.rows)
+        with pytest.raises(DataLoss, match="shard 1 of array 'layer_sums' is missing"):
+            store.layer_sums(run_key, 1)
+        write(1)
+        np.testing.assert_array_equal(store.read_layers(run_key, [0, 3], 0, layout.rows),
+                                      self.expected(numbers, [0, 3], 0, layout.rows))
+        np.testing.assert_array_equal(store.token_ids(run_key, 2, 10), ids[2:10])

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import numpy as np
-import ray
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.options import LENS, from_wire
+from actstore.server.dispatch import gather
 from actstore.server.executor import merged
 from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
@@ -73,7 +73,7 @@ class DepthPlanner(Planner):
             groups = self.executor.row_groups(record.rows)
             submit = self.executor.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
-            summary = merged(ray.get([submit(plan, g, labels, empty) for g in groups])).finalize()
+            summary = merged(gather([submit(plan, g, labels, empty) for g in groups])).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
                      for variant in ("absolute", "relative")}
             arrays = {

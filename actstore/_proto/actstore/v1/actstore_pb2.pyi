@@ -1389,3 +1389,159 @@ class ActivationChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ActivationChunk: _TypeAlias = ActivationChunk  # noqa: Y015
+
+@_typing.final
+class VerifyRequest(_message.Message):
+    """-------------------------------------------------------------------------------- integrity
+    A scrub of the store: every chunk of the named runs is read (in Ray tasks), its crc32c checked,
+    its shape and dtype compared with the run's spec, and the catalog's chunk rows compared with the
+    shards present. The job's progress counts shards; its report says per run what is damaged and
+    whether the run must be recaptured. A repair drops the damaged shards (bytes and chunk rows) and
+    marks the run failed, so submitting the same capture again recaptures only those shards.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    all: _builtins.bool
+    """every run in the catalog (runs must then be empty)"""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """run keys or prefixes"""
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[_builtins.str] | None = ...,
+        all: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyRequest: _TypeAlias = VerifyRequest  # noqa: Y015
+
+@_typing.final
+class Damage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARRAY_FIELD_NUMBER: _builtins.int
+    SHARD_FIELD_NUMBER: _builtins.int
+    LAYER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    array: _builtins.str
+    """acts | tokens | layer_sums | token_ids | means | sample_ids | ... | catalog"""
+    shard: _builtins.int
+    """-1: the whole array (a run-wide array or its metadata)"""
+    layer: _builtins.int
+    """-1: every layer, or not per layer"""
+    reason: _builtins.str
+    """what is wrong, in words"""
+    def __init__(
+        self,
+        *,
+        array: _builtins.str = ...,
+        shard: _builtins.int = ...,
+        layer: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "layer", b"layer", "reason", b"reason", "shard", b"shard"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Damage: _TypeAlias = Damage  # noqa: Y015
+
+@_typing.final
+class RunVerdict(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_KEY_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    DAMAGE_FIELD_NUMBER: _builtins.int
+    DAMAGED_SHARDS_FIELD_NUMBER: _builtins.int
+    RECAPTURE_FIELD_NUMBER: _builtins.int
+    RUN_STATUS_FIELD_NUMBER: _builtins.int
+    run_key: _builtins.str
+    status: _builtins.str
+    """ok | damaged | repaired"""
+    shards: _builtins.int
+    """shards checked"""
+    recapture: _builtins.bool
+    """the run must be captured again (after a repair, only its damaged shards)"""
+    run_status: _builtins.str
+    """the catalog's status of the run after the job"""
+    @_builtins.property
+    def damage(self) -> _containers.RepeatedCompositeFieldContainer[Global___Damage]: ...
+    @_builtins.property
+    def damaged_shards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """what a repair drops and a capture then rewrites"""
+
+    def __init__(
+        self,
+        *,
+        run_key: _builtins.str = ...,
+        status: _builtins.str = ...,
+        shards: _builtins.int = ...,
+        damage: _abc.Iterable[Global___Damage] | None = ...,
+        damaged_shards: _abc.Iterable[_builtins.int] | None = ...,
+        recapture: _builtins.bool = ...,
+        run_status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["damage", b"damage", "damaged_shards", b"damaged_shards", "recapture", b"recapture", "run_key", b"run_key", "run_status", b"run_status", "shards", b"shards", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunVerdict: _TypeAlias = RunVerdict  # noqa: Y015
+
+@_typing.final
+class VerifyReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REPAIR_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    repair: _builtins.bool
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunVerdict]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        repair: _builtins.bool = ...,
+        runs: _abc.Iterable[Global___RunVerdict] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "repair", b"repair", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyReport: _TypeAlias = VerifyReport  # noqa: Y015
+
+@_typing.final
+class GetVerifyReportRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVerifyReportRequest: _TypeAlias = GetVerifyReportRequest  # noqa: Y015

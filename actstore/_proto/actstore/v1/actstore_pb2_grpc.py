@@ -1057,3 +1057,164 @@ class Query:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class IntegrityStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SubmitVerify = channel.unary_unary(
+                '/actstore.v1.Integrity/SubmitVerify',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+                _registered_method=True)
+        self.SubmitRepair = channel.unary_unary(
+                '/actstore.v1.Integrity/SubmitRepair',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+                _registered_method=True)
+        self.GetVerifyReport = channel.unary_unary(
+                '/actstore.v1.Integrity/GetVerifyReport',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.GetVerifyReportRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.VerifyReport.FromString,
+                _registered_method=True)
+
+
+class IntegrityServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def SubmitVerify(self, request, context):
+        """writer
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitRepair(self, request, context):
+        """admin: verify, then drop what is damaged
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVerifyReport(self, request, context):
+        """the finished job's report
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_IntegrityServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SubmitVerify': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitVerify,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.VerifyRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.Job.SerializeToString,
+            ),
+            'SubmitRepair': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitRepair,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.VerifyRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.Job.SerializeToString,
+            ),
+            'GetVerifyReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVerifyReport,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.GetVerifyReportRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.VerifyReport.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'actstore.v1.Integrity', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('actstore.v1.Integrity', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Integrity:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def SubmitVerify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Integrity/SubmitVerify',
+            actstore_dot_v1_dot_actstore__pb2.VerifyRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitRepair(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Integrity/SubmitRepair',
+            actstore_dot_v1_dot_actstore__pb2.VerifyRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVerifyReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Integrity/GetVerifyReport',
+            actstore_dot_v1_dot_actstore__pb2.GetVerifyReportRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.VerifyReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,167 @@
+"""Scrubbing a run, like a filesystem scrub: read every chunk, and say what is damaged and why.
+
+`check_run` reads the run-wide parts (group metadata, array shapes and dtypes against what the
+catalog says the run is, sample ids, labels, offsets, means); `check_shard` reads every inner
+chunk of one shard (each layer alone, so its crc32c is checked and a failure names the layer),
+its layer sums and token ids, and compares each layer's bytes with the crc32c the capture
+recorded in the catalog. Both only use the `ArrayStore` interface and return `Finding`s; the
+verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks and compares the catalog's
+chunk rows with the shards present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import crc32c
+import numpy as np
+
+from actstore.errors import DataLoss, NotFound
+from actstore.store.arrays import ArrayStore, RunLayout
+
+WHOLE = -1  # a finding about a whole array (or not about one layer)
+# run-wide arrays written once when the run is created: damage there cannot be repaired by
+# recapturing shards, only by capturing the run again from the start
+CREATED_ONCE = ("group", "sample_ids", "sample_id_offsets", "labels", "offsets")
+
+
+@dataclass(frozen=True)
+class Finding:
+    array: str
+    shard: int
+    layer: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _reason(exc: DataLoss) -> str:
+    """A DataLoss message without its leading "run KEY: " and its advice (the report gives both)."""
+    text = str(exc).split(": ", 1)[-1]
+    return text.split("; `actstore verify", 1)[0]
+
+
+def expected_shapes(layout: RunLayout, labelled: bool) -> dict[str, tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of every array a run with `layout` has once committed."""
+    stored = "uint16" if layout.dtype == "bfloat16" else layout.dtype
+    shapes = {
+        layout.array_name: ((layout.rows, layout.num_states, layout.width), stored),
+        "layer_sums": ((layout.num_shards, layout.num_states, layout.width), "float64"),
+        "sample_id_offsets": ((layout.n + 1,), "int64"),
+        "means": ((layout.num_states, layout.width), "float64"),
+    }
+    if labelled:
+        shapes["labels"] = ((layout.n,), "int64")
+    if layout.pooling == "tokens":
+        shapes["offsets"] = ((layout.n + 1,), "int64")
+        shapes["token_ids"] = ((layout.rows,), "int64")
+    return shapes
+
+
+def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: bool,
+              spec: dict | None = None) -> list[Finding]:
+    """The run-wide checks; `expected` is the layout and `spec` the identity the catalog records."""
+    try:
+        layout = arrays.layout(run_key)
+    except (DataLoss, NotFound) as exc:
+        return [Finding("group", WHOLE, WHOLE, _reason(exc) if isinstance(exc, DataLoss) else str(exc))]
+    findings = []
+    try:
+        stored_spec = arrays.spec(run_key)
+    except DataLoss as exc:  # the layout was remembered from before the damage
+        return [Finding("group", WHOLE, WHOLE, _reason(exc))]
+    if spec is not None and stored_spec is not None and stored_spec != spec:
+        findings.append(Finding("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
+    if layout != expected:
+        findings.append(Finding("group", WHOLE, WHOLE, f"its layout {layout.to_dict()} is not the run's in the "
+                                                       f"catalog {expected.to_dict()}"))
+        return findings
+    def labels_fit() -> bool:
+        labels = arrays.labels(run_key)
+        return labels is None or len(labels) == layout.n
+
+    readers = {"sample_ids": lambda: len(arrays.sample_ids(run_key)) == layout.n, "labels": labels_fit,
+               "offsets": lambda: _offsets_fit(arrays.offsets(run_key), layout),
+               "means": lambda: arrays.means(run_key).shape == (layout.num_states, layout.width)}
+    for name, fits in readers.items():
+        try:
+            if not fits():
+                findings.append(Finding(name, WHOLE, WHOLE, "does not match the run's shape"))
+        except DataLoss as exc:
+            findings.append(Finding(_named(exc, name), WHOLE, WHOLE, _reason(exc)))
+        except NotFound:
+            if committed:  # the means are written at commit
+                findings.append(Finding(name, WHOLE, WHOLE, "is missing from a committed run"))
+    try:
+        shapes = arrays.array_shapes(run_key)
+    except DataLoss as exc:
+        return [*findings, Finding(_named(exc, "group"), WHOLE, WHOLE, _reason(exc))]
+    labelled = "labels" in shapes
+    for name, (shape, dtype) in expected_shapes(layout, labelled).items():
+        if name not in shapes:
+            if name != "means" or committed:
+                findings.append(Finding(name, WHOLE, WHOLE, "is missing from the store"))
+        elif shapes[name] != (shape, dtype):
+            findings.append(Finding(name, WHOLE, WHOLE, f"is {shapes[name][1]} {shapes[name][0]}, the run's spec "
+                                                        f"says {dtype} {shape}"))
+    return findings
+
+
+def _named(exc: DataLoss, default: str) -> str:
+    """The array a DataLoss message names ("... array 'labels' ..."), else `default`."""
+    text = str(exc)
+    if "array '" in text:
+        return text.split("array '", 1)[1].split("'", 1)[0]
+    return default
+
+
+def _offsets_fit(offsets: np.ndarray | None, layout: RunLayout) -> bool:
+    if offsets is None:
+        return layout.pooling != "tokens"
+    return len(offsets) == layout.n + 1 and int(offsets[-1]) == layout.rows and bool(np.all(np.diff(offsets) >= 0))
+
+
+def stored_bytes(values: np.ndarray, dtype: str) -> bytes:
+    """The bytes the capture checksummed, from numbers as `read_layers` returns them."""
+    if dtype == "bfloat16":  # widened to float32 on read: its upper 16 bits are the stored ones
+        values = (values.view(np.uint32) >> 16).astype(np.uint16)
+    return np.ascontiguousarray(values).tobytes()
+
+
+def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int],
+                ids_expected: bool = False) -> list[Finding]:
+    """Every inner chunk of one shard, its layer sums and token ids; `checksums` maps a layer to
+    the crc32c the catalog recorded for it (a layer without one is not compared). With
+    `ids_expected` (a token-level run of a text model), rows without a token id are missing."""
+    layout = arrays.layout(run_key)
+    name = layout.array_name
+    if not arrays.shard_present(run_key, shard):
+        return [Finding(name, shard, WHOLE, "is missing from the store")]
+    start, stop = layout.shard_range(shard)
+    findings = []
+    for layer in range(layout.num_states):
+        try:
+            values = arrays.read_layers(run_key, [layer], start, stop)[0]
+        except DataLoss as exc:
+            findings.append(Finding(name, shard, layer, _reason(exc)))
+            continue
+        recorded = checksums.get(layer)
+        if recorded is not None and crc32c.crc32c(stored_bytes(values, layout.dtype)) != recorded:
+            findings.append(Finding(name, shard, layer, "reads, but its bytes are not the ones the capture "
+                                                        "recorded in the catalog (crc32c differs)"))
+    try:
+        sums = arrays.layer_sums(run_key, shard)
+        if sums.shape != (layout.num_states, layout.width):
+            findings.append(Finding("layer_sums", shard, WHOLE, f"has shape {sums.shape}"))
+    except DataLoss as exc:
+        findings.append(Finding("layer_sums", shard, WHOLE, _reason(exc)))
+    try:
+        ids = arrays.token_ids(run_key, start, stop)
+        if ids is not None and len(ids) != stop - start:
+            findings.append(Finding("token_ids", shard, WHOLE, f"has {len(ids)} rows, not {stop - start}"))
+        elif ids is not None and ids_expected and (ids < 0).any():
+            findings.append(Finding("token_ids", shard, WHOLE, "is missing from the store"))
+    except DataLoss as exc:
+        findings.append(Finding("token_ids", shard, WHOLE, _reason(exc)))
+    return findings
