@@ -325,10 +325,13 @@ class ZarrArrayStore(ArrayStore):
                 self._array(run_key, "token_ids")[start:stop] = token_ids
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
-        layout = self.layout(run_key)
-        array = self._array(run_key, layout.array_name)
+        # a known run's shard check also notices a run deleted through another handle, so the
+        # run's own existence is checked (a second round trip) only when a shard is missing
+        layout = self._layouts.get(run_key) or self.layout(run_key)
+        array = self._opened.get((run_key, layout.array_name)) or self._array(run_key, layout.array_name)
         for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
             if not self.shard_present(run_key, shard):  # Zarr would read it as zeros
+                self.layout(run_key)  # NotFound if the whole run is gone
                 raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
                               rows=layout.shard_range(shard))
         try:
