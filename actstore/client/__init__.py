@@ -23,11 +23,14 @@ import numpy as np
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client.results import (
+    BackupInfo,
     CaptureResult,
     CKAMatrixResult,
     CKAResult,
     COSResult,
     DatasetInfo,
+    GarbageItem,
+    GarbageReport,
     JobInfo,
     LayerDistribution,
     LayerValues,
@@ -38,11 +41,12 @@ from actstore.client.results import (
     RunInfo,
 )
 from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
-from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
-           "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
+__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
+           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
+           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -120,6 +124,7 @@ class Client:
         self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata)
         self._capture = _Translating(rpc.CaptureStub(self._channel), metadata)
         self._query = _Translating(rpc.QueryStub(self._channel), metadata)
+        self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -196,6 +201,19 @@ class Client:
 
     def delete_run(self, run: str) -> str:
         return self._catalog.DeleteRun(pb.DeleteRunRequest(run=run)).run_key
+
+    # ---- housekeeping (admin) ------------------------------------------------------------------
+    def backup_catalog(self) -> BackupInfo:
+        """Have the server back its catalog up now (into backups/ beside the catalog)."""
+        r = self._housekeeping.BackupCatalog(pb.BackupCatalogRequest())
+        return BackupInfo(r.path, r.bytes, list(r.kept))
+
+    def collect_garbage(self, *, older_than: str = GC.older_than.default, max_bytes: int | None = None,
+                        apply: bool = GC.apply.default) -> GarbageReport:
+        """Cached results, matrix-job partials and run folders nothing needs: listed, or with
+        `apply` removed. `older_than` is an age such as '12h' or '7d'."""
+        request = pb.CollectGarbageRequest(older_than=older_than, max_bytes=max_bytes or 0, apply=apply)
+        return GarbageReport.from_proto(self._housekeeping.CollectGarbage(request))
 
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,

@@ -243,3 +243,35 @@ class LensResult:
     n: int
     provenance: Provenance
     notes: list[str]
+
+
+@dataclass(frozen=True)
+class BackupInfo:
+    """A catalog backup the server made: its path on the server, its size, and every backup kept."""
+
+    path: str
+    bytes: int
+    kept: list[str]
+
+
+@dataclass(frozen=True)
+class GarbageItem:
+    kind: str  # result | partials | orphaned-run | failed-run
+    name: str
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class GarbageReport:
+    """What `gc` removed (`applied`) or would remove (a dry run), and what it kept on purpose."""
+
+    items: list[GarbageItem]
+    applied: bool
+    total_bytes: int
+    kept: list[str]
+
+    @staticmethod
+    def from_proto(r: pb.CollectGarbageResponse) -> GarbageReport:
+        return GarbageReport([GarbageItem(g.kind, g.name, g.bytes, g.reason) for g in r.items], r.applied,
+                             r.total_bytes, list(r.kept))

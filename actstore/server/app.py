@@ -16,11 +16,12 @@ from actstore.config import Settings
 from actstore.errors import Unavailable
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.service import ActStoreService
-from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
+from actstore.server.servicer import CaptureServicer, CatalogServicer, HousekeepingServicer, QueryServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Catalog", "Capture", "Query")]
+SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
+                 for name in ("Catalog", "Capture", "Query", "Housekeeping")]
 
 
 @dataclass
@@ -65,6 +66,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_CatalogServicer_to_server(CatalogServicer(service), server)
     rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
+    rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

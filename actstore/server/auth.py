@@ -22,7 +22,7 @@ METHOD_ROLES = {
     "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader", "Lens": "reader",
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
-    "DeleteRun": "admin",
+    "DeleteRun": "admin", "BackupCatalog": "admin", "CollectGarbage": "admin",
 }
 
 

@@ -7,7 +7,7 @@ import json
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.errors import InvalidArgument
-from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN, from_wire
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire
 from actstore.server.interceptors import current_principal
 from actstore.server.jobs import JobSnapshot
 from actstore.server.results import MetricResult
@@ -207,3 +207,19 @@ class QueryServicer(rpc.QueryServicer):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,
                                                                 request.stop):
             yield pb.ActivationChunk(start=start, values=to_ndarray(values), sample_ids=ids)
+
+
+class HousekeepingServicer(rpc.HousekeepingServicer):
+    def __init__(self, service: ActStoreService) -> None:
+        self.service = service
+
+    def BackupCatalog(self, request, context):
+        made, kept = self.service.backup_catalog()
+        return pb.BackupCatalogResponse(path=str(made), bytes=made.stat().st_size, kept=[str(p) for p in kept])
+
+    def CollectGarbage(self, request, context):
+        report = self.service.collect_garbage(from_wire(GC, "older_than", request.older_than),
+                                              from_wire(GC, "max_bytes", request.max_bytes), request.apply)
+        return pb.CollectGarbageResponse(
+            items=[pb.Garbage(kind=g.kind, name=g.name, bytes=g.bytes, reason=g.reason) for g in report.items],
+            applied=report.applied, total_bytes=report.total_bytes, kept=report.kept)
