@@ -4,16 +4,16 @@ A backup is a copy of the checkpointed catalog file in ``backups/`` beside it (f
 store the catalog lives in the server's own directory, and so do its backups), named by its UTC
 time so the names sort by age: ``backups/catalog-20261124T200501.123456Z.duckdb``.
 
-Why a checkpointed copy and not ``EXPORT DATABASE``: the server's catalog has a single connection
-and every statement runs under the catalog's lock. Holding that lock, ``CHECKPOINT`` folds the
-write-ahead log into the file, and nothing can write to the file until the lock is released, so a
-byte copy made under it is exactly the database at that moment (a consistent point in time even
-while jobs are writing: their next statement waits for the copy). The copy is a DuckDB file that
-opens as it is, so a restore is a file move, with no re-import of every table, and it is checked
-by opening it before it is published. ``EXPORT DATABASE`` would re-encode every table to CSV or
-Parquet and need an ``IMPORT`` into a fresh file to come back.
+How: DuckDB copies its own database (``ATTACH`` a new file, ``COPY FROM DATABASE`` into it,
+``DETACH``) on the catalog's one connection, under the catalog's lock. That copy runs in one
+transaction, so it is a consistent point in time even while jobs are writing (their next statement
+waits for it), and the result is a DuckDB file that opens as it is: a restore is a file move, with
+no re-import (``EXPORT DATABASE`` would write every table as CSV or Parquet and need an ``IMPORT``
+into a fresh file to come back). Not a byte copy of the checkpointed file: DuckDB locks the file
+with a POSIX lock, which the kernel drops when the process closes *any* descriptor of that file,
+so opening the catalog to copy it would leave it unlocked for a second server (a test checks).
 
-This module knows files only; `Catalog.backup` takes the lock and checkpoints.
+`Catalog.backup` takes the lock and makes the copy; this module names, checks, publishes and restores.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -51,22 +52,11 @@ def latest_backup(catalog_path: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def stage_copy(catalog_path: Path) -> Path:
-    """A durable copy of the catalog file in a staging file of the backup folder (the caller
-    holds the catalog's lock and has checkpointed it)."""
+def staging_path(catalog_path: Path) -> Path:
+    """A new, absent file in the backup folder for a copy to be published (see `publish`)."""
     folder = backup_dir(catalog_path)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(prefix=".catalog.staging-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out, open(catalog_path, "rb") as source:
-            shutil.copyfileobj(source, out, 16 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(staging, FILE_MODE)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return Path(staging)
+    return folder / f".catalog.staging-{uuid.uuid4().hex}.duckdb"
 
 
 def check_backup(path: Path) -> None:
@@ -85,6 +75,8 @@ def check_backup(path: Path) -> None:
 def publish(staged: Path, catalog_path: Path, keep: int) -> Path:
     """Check the staged copy, rename it to its timestamped name, and remove all but the newest ``keep``."""
     try:
+        fsync_path(staged)
+        os.chmod(staged, FILE_MODE)
         check_backup(staged)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         target = backup_dir(catalog_path) / f"catalog-{stamp}.duckdb"

@@ -193,10 +193,19 @@ class Catalog:
 
     def backup(self, keep: int) -> Path:
         """A consistent copy of the catalog in ``backups/``, keeping the newest ``keep`` (see
-        `store.backups` for why a checkpointed copy under the lock)."""
+        `store.backups` for why DuckDB's own copy under the lock)."""
+        staged = backups.staging_path(self.path)
         with self._lock:
-            self._con.execute("CHECKPOINT")
-            staged = backups.stage_copy(self.path)
+            try:
+                self._con.execute("ATTACH '" + str(staged).replace("'", "''") + "' AS actstore_backup")
+                try:
+                    name = self._con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+                    self._con.execute(f'COPY FROM DATABASE "{name}" TO actstore_backup')
+                finally:
+                    self._con.execute("DETACH actstore_backup")
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
         return backups.publish(staged, self.path, keep)
 
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:

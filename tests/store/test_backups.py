@@ -143,3 +143,18 @@ def test_restore_is_refused_while_another_process_holds_the_catalog(catalog_path
         holder.stdin.close()
         holder.wait(10)
         holder.stdout.close()
+
+
+def test_the_catalog_stays_locked_after_a_backup(catalog_path):
+    """A byte copy would open the file and so drop DuckDB's POSIX lock: a second server could open it."""
+    catalog = Catalog(catalog_path)
+    try:
+        catalog.add_model(_model(1))
+        catalog.backup(keep=2)
+        probe = subprocess.run([sys.executable, "-c", f"import duckdb; duckdb.connect({str(catalog_path)!r})"],
+                               capture_output=True, text=True, timeout=60)
+        assert probe.returncode != 0 and "lock" in probe.stderr, probe.stderr
+        with pytest.raises(Unavailable, match="in use"):
+            backups.restore(catalog_path)
+    finally:
+        catalog.close()
