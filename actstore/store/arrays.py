@@ -360,7 +360,7 @@ class ZarrArrayStore(ArrayStore):
             sync(self._zarr.delete_dir(f"runs/{run_key}"))
 
     def group_keys(self) -> list[str]:
-        return sorted(self._listed("list_dir", "runs"))
+        return sorted(name for name in self._listed("list_dir", "runs") if name != "zarr.json")  # runs/ is a group
 
     def group_nbytes(self, run_key: str) -> int:
         with self._reported():

@@ -99,7 +99,7 @@ def test_backups_on_a_schedule_and_at_shutdown_keep_the_last_k(tmp_path, ray_clu
         server.stop()
     kept = backups.list_backups(store / "catalog.duckdb")
     assert len(kept) == 2
-    server = start_server(make_settings(store, catalog_backup_seconds=3600))
+    server = start_server(make_settings(store, catalog_backup_seconds=3600, catalog_backups_kept=2))
     server.stop()
     newest = backups.list_backups(store / "catalog.duckdb")
     assert len(newest) == 2 and newest[-1] not in kept, "no backup at a clean shutdown"

@@ -154,7 +154,5 @@ def test_the_catalog_stays_locked_after_a_backup(catalog_path):
         probe = subprocess.run([sys.executable, "-c", f"import duckdb; duckdb.connect({str(catalog_path)!r})"],
                                capture_output=True, text=True, timeout=60)
         assert probe.returncode != 0 and "lock" in probe.stderr, probe.stderr
-        with pytest.raises(Unavailable, match="in use"):
-            backups.restore(catalog_path)
     finally:
         catalog.close()
