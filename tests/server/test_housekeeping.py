@@ -276,3 +276,30 @@ def test_job_progress_survives_a_server_crash(tmp_path, ray_cluster, tiny_models
             assert client.job(job.job_id).done == listed.done
     finally:
         _stop(server, signal.SIGTERM)
+
+
+def test_gc_and_backups_on_an_object_store(s3_bucket, tmp_path, ray_cluster, tiny_models):
+    import boto3
+
+    server_dir = tmp_path / "server-dir"
+    server = start_server(make_settings(s3_bucket, server_dir=str(server_dir)))
+    bucket, prefix = s3_bucket.removeprefix("s3://").split("/", 1)
+    s3 = boto3.client("s3")
+
+    def objects(run: str) -> list[str]:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/runs/{run}/").get("Contents", [])]
+
+    try:
+        with Client(f"127.0.0.1:{server.port}") as client:
+            keep, orphan = _populate(client, tiny_models)
+            made = client.backup_catalog()
+            assert Path(made.path).parent == server_dir / "backups", "backups live beside the catalog"
+            server.service.catalog.delete_run(orphan)
+            s3.delete_object(Bucket=bucket, Key=f"{prefix}/runs/{orphan}/{COMMIT_MARKER}")
+            dry = client.collect_garbage()
+            assert _kinds(dry) == {"orphaned-run": [orphan]} and dry.items[0].bytes > 0 and objects(orphan)
+            assert _kinds(client.collect_garbage(apply=True)) == {"orphaned-run": [orphan]}
+            assert objects(orphan) == [] and objects(keep)
+            assert client.read_activations(keep, 1)[0].shape == (24, 16)
+    finally:
+        server.stop()
