@@ -87,6 +87,14 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
 
     resume_on_start: bool = Field(True, description="finish interrupted captures at server start")
+    job_progress_seconds: float = Field(
+        1.0, ge=0, description="how often a running job's progress (done/total) is written to the catalog, so a "
+        "restarted server shows how far it got; 0 = at every step")
+
+    catalog_backup_seconds: float = Field(
+        3600.0, ge=0, description="back the catalog up this often, and when the server stops cleanly (a "
+        "checkpointed copy in backups/ beside the catalog; `actstore catalog restore` brings one back); 0 = off")
+    catalog_backups_kept: int = Field(24, ge=1, description="how many catalog backups to keep (the newest)")
 
     @property
     def store_root(self) -> str:

@@ -1,6 +1,6 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
-One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE). The
+One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC). The
 CLI builds its flags from them (default, choices, and help that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
@@ -20,6 +20,7 @@ Pure Python; imports only actstore.errors, so the thin client can use it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,8 @@ from typing import Any
 from actstore.errors import InvalidArgument
 
 __all__ = [
-    "CAPTURE", "DATASETS", "ENTROPY", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
-    "Option", "Table", "from_wire", "resolve",
+    "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
+    "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
 
@@ -167,6 +168,17 @@ def from_wire(table: Table, name: str, value: Any) -> Any:
     return resolve(table, name, value if value else None)
 
 
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration_seconds(text: str) -> float:
+    """'90s', '30m', '12h', '7d', '2w' (or '1.5h') in seconds; InvalidArgument otherwise."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if found is None:
+        raise InvalidArgument(f"age {text!r} is not a number with a unit s, m, h, d or w (e.g. 30m, 12h, 7d)")
+    return float(found[1]) * _UNIT_SECONDS[found[2]]
+
+
 # ---- the tables ---------------------------------------------------------------------------------
 SIMILARITY = Table(
     "similarity",
@@ -253,5 +265,14 @@ SERVE = Table(
                 "the GPU code path on the CPU, to check agreement", default_text="auto"),
 )
 
+GC = Table(
+    "gc",
+    Option("older_than", str, "7d", help="cached results, partials of finished matrix jobs and failed runs older "
+           "than this age go (e.g. 30m, 12h, 7d)"),
+    Option("max_bytes", int, None, minimum=0, help="size budget of the cached results: beyond it the oldest go",
+           default_text="none"),
+    Option("apply", bool, False, help="delete; without it gc only lists what it would delete"),
+)
+
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE)}
+                                                   SERVE, GC)}

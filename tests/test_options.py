@@ -16,6 +16,7 @@ from actstore.options import (
     CAPTURE,
     DATASETS,
     ENTROPY,
+    GC,
     LENS,
     SERVE,
     SIMILARITY,
@@ -146,6 +147,7 @@ CLI = {
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], {"test_fraction", "seed"}),
+    "gc": ([GC], set(GC)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -223,6 +225,7 @@ CLIENT = {
     "lens": (LENS, {"epsilon", "taus", "heads"}),
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
+    "collect_garbage": (GC, set(GC)),
 }
 
 

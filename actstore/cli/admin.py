@@ -83,35 +83,6 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_catalog(args) -> int:
-    from actstore.config import Settings
-    from actstore.errors import AlreadyExists
-    from actstore.store.catalog import Catalog
-    from actstore.store.handle import StoreHandle
-    from actstore.store.rebuild import rebuild_catalog
-
-    overrides = {k: v for k, v in {"store": args.store, "catalog": args.catalog, "server_dir": args.server_dir}.items()
-                 if v is not None}
-    settings = Settings(**overrides)
-    path = settings.catalog_path
-    if path.exists():
-        raise AlreadyExists(f"the catalog {path} exists: move it aside first (rebuild writes a fresh one), or give "
-                            "another --catalog")
-    store = StoreHandle.from_settings(settings)
-    store.check()
-    catalog = Catalog(path)
-    try:
-        report = rebuild_catalog(store, catalog)
-    finally:
-        catalog.close()
-    print(f"rebuilt {path} from {settings.store_root}: {report.models} models, {report.datasets} datasets, "
-          f"{report.runs} runs ({report.committed_runs} committed), {report.chunk_rows} chunk rows")
-    for line in report.skipped:
-        print(f"  not recovered: {line}")
-    print("  never kept in the store, so not recovered: " + "; ".join(report.not_recoverable))
-    return 0
-
-
 def add_commands(command) -> None:
     p = command("serve", cmd_serve, "run the gRPC server (Ray + store + catalog owner)",
                 "Serve the store on HOST:PORT. Joins RAY_ADDRESS / --ray-address, else starts a local Ray.\n"
@@ -131,14 +102,6 @@ def add_commands(command) -> None:
     p.add_argument("action", choices=["create", "list", "revoke"])
     p.add_argument("--name", help="the principal the token stands for (create, revoke)")
     p.add_argument("--role", default="reader", choices=list(ROLES), help="what the token may do (default reader)")
-
-    p = command("catalog", cmd_catalog, "recreate a lost catalog from the store alone (offline)",
-                "`actstore catalog rebuild --store s3://bucket/prefix` reads every model, dataset and run the\n"
-                "store describes (records, specs, chunk rows, commit markers) into a fresh catalog file.\n"
-                "Run it while no server owns the store; it refuses to overwrite an existing catalog.")
-    p.add_argument("action", choices=["rebuild"])
-    p.add_argument("--catalog", help="the catalog file to write (default: the server's, see ACTSTORE_CATALOG)")
-    p.add_argument("--server-dir", help="with an s3:// store: the server's own directory (ACTSTORE_SERVER_DIR)")
 
     p = command("demo", cmd_demo, "the main job: capture MiniLM-L6 and SmolLM2, compare layers, write a report",
                 "Embedded by default. Captures MiniLM-L6 and SmolLM2-135M on Rotten Tomatoes reviews, computes\n"

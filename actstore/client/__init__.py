@@ -24,11 +24,14 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.client.results import (
+    BackupInfo,
     CaptureResult,
     CKAMatrixResult,
     CKAResult,
     COSResult,
     DatasetInfo,
+    GarbageItem,
+    GarbageReport,
     JobInfo,
     LayerDistribution,
     LayerValues,
@@ -41,12 +44,12 @@ from actstore.client.results import (
     VerifyReport,
 )
 from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
-from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo", "JobInfo",
-           "LayerDistribution", "LayerValues", "LensResult", "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo",
-           "RunVerdict", "VerifyReport"]
+__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
+           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
+           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -139,6 +142,7 @@ class Client:
         self._query = _Translating(rpc.QueryStub(self._channel), metadata)
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
+        self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -228,6 +232,19 @@ class Client:
     def revoke_token(self, name: str) -> None:
         """Revoke `name`'s token: its next call is refused."""
         self._tokens.RevokeToken(tokens_pb2.RevokeTokenRequest(name=name))
+
+    # ---- housekeeping (admin) ------------------------------------------------------------------
+    def backup_catalog(self) -> BackupInfo:
+        """Have the server back its catalog up now (into backups/ beside the catalog)."""
+        r = self._housekeeping.BackupCatalog(pb.BackupCatalogRequest())
+        return BackupInfo(r.path, r.bytes, list(r.kept))
+
+    def collect_garbage(self, *, older_than: str = GC.older_than.default, max_bytes: int | None = None,
+                        apply: bool = GC.apply.default) -> GarbageReport:
+        """Cached results, matrix-job partials and run folders nothing needs: listed, or with
+        `apply` removed. `older_than` is an age such as '12h' or '7d'."""
+        request = pb.CollectGarbageRequest(older_than=older_than, max_bytes=max_bytes or 0, apply=apply)
+        return GarbageReport.from_proto(self._housekeeping.CollectGarbage(request))
 
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,

@@ -254,6 +254,23 @@ class Damage:
 
 
 @dataclass(frozen=True)
+class BackupInfo:
+    """A catalog backup the server made: its path on the server, its size, and every backup kept."""
+
+    path: str
+    bytes: int
+    kept: list[str]
+
+
+@dataclass(frozen=True)
+class GarbageItem:
+    kind: str  # result | partials | orphaned-run | failed-run
+    name: str
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunVerdict:
     run_key: str
     status: str  # ok | damaged | repaired | incomplete (not committed: its capture must finish)
@@ -286,3 +303,18 @@ class VerifyReport:
         return VerifyReport(p.job_id, p.repair, [
             RunVerdict(r.run_key, r.status, r.shards, [Damage(d.array, d.shard, d.layer, d.reason) for d in r.damage],
                        list(r.damaged_shards), r.recapture, r.run_status) for r in p.runs])
+
+
+@dataclass(frozen=True)
+class GarbageReport:
+    """What `gc` removed (`applied`) or would remove (a dry run), and what it kept on purpose."""
+
+    items: list[GarbageItem]
+    applied: bool
+    total_bytes: int
+    kept: list[str]
+
+    @staticmethod
+    def from_proto(r: pb.CollectGarbageResponse) -> GarbageReport:
+        return GarbageReport([GarbageItem(g.kind, g.name, g.bytes, g.reason) for g in r.items], r.applied,
+                             r.total_bytes, list(r.kept))

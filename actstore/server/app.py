@@ -20,6 +20,7 @@ from actstore.server.service import ActStoreService
 from actstore.server.servicer import (
     CaptureServicer,
     CatalogServicer,
+    HousekeepingServicer,
     IntegrityServicer,
     QueryServicer,
     TokensServicer,
@@ -28,7 +29,7 @@ from actstore.server.servicer import (
 log = logging.getLogger(__name__)
 
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
-                 for name in ("Catalog", "Capture", "Query", "Integrity")] + [
+                 for name in ("Catalog", "Capture", "Query", "Integrity", "Housekeeping")] + [
     tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
 
 
@@ -92,6 +93,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
     tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
     rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
+    rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

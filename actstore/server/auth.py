@@ -24,6 +24,7 @@ METHOD_ROLES = {
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin", "CreateToken": "admin", "ListTokens": "admin", "RevokeToken": "admin",
+    "BackupCatalog": "admin", "CollectGarbage": "admin",
     "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
 }
 

@@ -66,7 +66,7 @@ class CaptureJobs:
         self.jobs = jobs
         self.pool = pool
         self.settings = settings
-        self._submit_lock = threading.Lock()
+        self.submissions = threading.Lock()
 
     def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
         model = self.catalog.model(request.model)
@@ -78,7 +78,7 @@ class CaptureJobs:
         existing = self.catalog.find_run(key)
         if existing is not None and existing.status == "committed":
             return self.jobs.record_finished("capture", key, job_request, principal=principal)
-        with self._submit_lock:  # identical concurrent requests: the first opens the run, the rest join
+        with self.submissions:  # identical concurrent requests: the first opens the run, the rest join
             # opened here, before the job is visible, so a failure to open is this call's error
             opened = None if self.jobs.live_for(key) else self._open(key, spec, model, dataset)
             state, joined = self.jobs.start(

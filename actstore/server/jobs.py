@@ -2,7 +2,9 @@
 
 A job runs in a thread of the server process (which owns the catalog) and drives Ray tasks. Its
 progress is published to any number of watchers, and mirrored in the catalog's `jobs` table so
-`ListJobs` and a restarted server see it. At most one live job exists per target (run key or
+`ListJobs` and a restarted server see it: its status at every change, its progress (done/total)
+at most once per `job_progress_seconds` (and whenever its total changes), so a server that dies
+leaves the progress its job had reached. At most one live job exists per target (run key or
 result key): an identical request joins it.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -49,10 +52,11 @@ class JobSnapshot:
 class JobState:
     """The live side of one job: the latest snapshot and a condition to wait for the next."""
 
-    def __init__(self, snapshot: JobSnapshot) -> None:
+    def __init__(self, snapshot: JobSnapshot, record: Callable[[int, int], None] | None = None) -> None:
         self._snapshot = snapshot
         self._version = 0
         self._cond = threading.Condition()
+        self._record = record  # keeps progress where a restarted server finds it
         self.cancel_requested = threading.Event()
 
     @property
@@ -69,6 +73,8 @@ class JobState:
     def progress(self, done: int, total: int, unit: str, message: str = "") -> None:
         if self.cancel_requested.is_set():
             raise Cancelled(f"job {self._snapshot.job_id} was cancelled")
+        if self._record is not None:
+            self._record(done, total)
         self.publish(status="running", done=done, total=total, unit=unit, message=message)
 
     def follow(self, poll_seconds: float = 1.0) -> Iterator[JobSnapshot]:
@@ -89,11 +95,27 @@ class JobState:
 Work = Callable[[JobState], None]
 
 
+class _ProgressRecorder:
+    """Writes a job's progress to the catalog, at most once per `seconds` unless its total changes."""
+
+    def __init__(self, catalog: Catalog, job_id: str, seconds: float) -> None:
+        self.catalog, self.job_id, self.seconds = catalog, job_id, seconds
+        self._written_at = -float("inf")
+        self._total: int | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if total != self._total or now - self._written_at >= self.seconds:
+            self.catalog.update_job(self.job_id, done=done, total=total)
+            self._written_at, self._total = now, total
+
+
 class JobManager:
-    def __init__(self, catalog: Catalog, max_running: int, finished_kept: int,
+    def __init__(self, catalog: Catalog, max_running: int, finished_kept: int, progress_seconds: float = 1.0,
                  max_per_principal: int | None = None) -> None:
         self.catalog = catalog
         self.max_running = max_running
+        self.progress_seconds = progress_seconds
         self.max_per_principal = max_per_principal  # for named principals (auth on); None: no such limit
         self._lock = threading.Lock()
         self._live: dict[str, JobState] = {}  # queued or running
@@ -132,8 +154,12 @@ class JobManager:
                     "`actstore watch JOB`), or cancel one"
                 )
             job_id = job_id or uuid.uuid4().hex[:16]
-            state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued",
-                                         principal=principal))
+            # a resumed job starts from the progress its last server recorded
+            record = self.catalog.job(job_id) if resumed else None
+            done, total = (record.done or 0, record.total or 0) if record else (0, 0)
+            state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued", done=done,
+                                         total=total, principal=principal),
+                             _ProgressRecorder(self.catalog, job_id, self.progress_seconds))
             self._live[job_id] = state
             self._by_target[target] = job_id
         if resumed:

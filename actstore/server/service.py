@@ -11,20 +11,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from actstore.config import Settings
 from actstore.errors import InvalidArgument
+from actstore.options import GC, duration_seconds, resolve
 from actstore.server import auth, cka_job
+from actstore.server.backup_schedule import BackupSchedule
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
+from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
+from actstore.store import backups
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
@@ -51,8 +56,8 @@ class ActStoreService:
         self.store.check()
         self.catalog = Catalog(self.settings.catalog_path)
         self.arrays = self.store.open()
-        self.jobs = JobManager(self.catalog, self.settings.max_running_jobs,
-                               self.settings.finished_jobs_kept, self.settings.principal_max_running_jobs)
+        self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
+                               self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds,
                                         self.settings.capture_concurrent_shards)
@@ -68,12 +73,16 @@ class ActStoreService:
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
+        self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
             self.resume_interrupted()
+        self.backups = BackupSchedule(self.catalog, self.settings.catalog_backup_seconds,
+                                      self.settings.catalog_backups_kept)
 
     def close(self) -> None:
         self.jobs.shutdown()
         self.capture_pool.shutdown()
+        self.backups.stop()
         self.catalog.close()
 
     def resume_interrupted(self) -> list[str]:
@@ -130,6 +139,20 @@ class ActStoreService:
         self.arrays.delete_run(record.run_key)
         self.queries.forget()
         return record.run_key
+
+    # ---- housekeeping (admin) ------------------------------------------------------------------
+    def backup_catalog(self) -> tuple[Path, list[Path]]:
+        """A catalog backup now: its path, and every backup kept (oldest first)."""
+        made = self.backups.backup()
+        return made, backups.list_backups(self.catalog.path)
+
+    def collect_garbage(self, older_than: str | None = None, max_bytes: int | None = None,
+                        apply: bool = False) -> GcReport:
+        age = duration_seconds(resolve(GC, "older_than", older_than))
+        report = self.garbage.collect(age, resolve(GC, "max_bytes", max_bytes), apply)
+        if report.applied and report.items:
+            self.queries.forget()
+        return report
 
     # ---- jobs ---------------------------------------------------------------------------------
     def submit_capture(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:

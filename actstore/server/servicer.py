@@ -8,7 +8,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
-from actstore.options import CAPTURE, DATASETS, ENTROPY, LENS, SIMILARITY, STITCH, TRAIN, from_wire
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.results import MetricResult
@@ -225,6 +225,8 @@ class TokensServicer(tokens_pb2_grpc.TokensServicer):
     def RevokeToken(self, request, context):
         self.service.revoke_token(request.name)
         return tokens_pb2.RevokeTokenResponse(name=request.name)
+
+
 def verify_report_proto(report: dict) -> pb.VerifyReport:
     return pb.VerifyReport(job_id=report["job_id"], repair=report["repair"], runs=[
         pb.RunVerdict(**{**run, "damage": [pb.Damage(**d) for d in run["damage"]]}) for run in report["runs"]])
@@ -244,3 +246,19 @@ class IntegrityServicer(rpc.IntegrityServicer):
 
     def GetVerifyReport(self, request, context):
         return verify_report_proto(self.service.verify_report(request.job_id))
+
+
+class HousekeepingServicer(rpc.HousekeepingServicer):
+    def __init__(self, service: ActStoreService) -> None:
+        self.service = service
+
+    def BackupCatalog(self, request, context):
+        made, kept = self.service.backup_catalog()
+        return pb.BackupCatalogResponse(path=str(made), bytes=made.stat().st_size, kept=[str(p) for p in kept])
+
+    def CollectGarbage(self, request, context):
+        report = self.service.collect_garbage(from_wire(GC, "older_than", request.older_than),
+                                              from_wire(GC, "max_bytes", request.max_bytes), request.apply)
+        return pb.CollectGarbageResponse(
+            items=[pb.Garbage(kind=g.kind, name=g.name, bytes=g.bytes, reason=g.reason) for g in report.items],
+            applied=report.applied, total_bytes=report.total_bytes, kept=report.kept)

@@ -130,7 +130,9 @@ class ArrayStore(ABC):
     def offsets(self, run_key: str) -> np.ndarray | None: ...
 
     @abstractmethod
-    def delete_run(self, run_key: str) -> None: ...
+    def delete_run(self, run_key: str) -> None:
+        """Remove the run's group, its commit marker first: a group left half-deleted is never
+        taken for a committed run (see `group_keys`)."""
 
     # ---- integrity (what `actstore verify` reads and a repair drops) ------------------------------
     @abstractmethod
@@ -176,6 +178,14 @@ class ArrayStore(ABC):
 
     @abstractmethod
     def nbytes_stored(self, run_key: str) -> int: ...
+
+    @abstractmethod
+    def group_keys(self) -> list[str]:
+        """Every folder under ``runs/``, whole or not (what `gc` checks against the catalog)."""
+
+    @abstractmethod
+    def group_nbytes(self, run_key: str) -> int:
+        """Bytes under the run's folder, whatever it holds."""
 
 
 class ZarrArrayStore(ArrayStore):
@@ -403,7 +413,15 @@ class ZarrArrayStore(ArrayStore):
     def delete_run(self, run_key: str) -> None:
         self._forget(run_key)
         with self._reported():
+            sync(self._zarr.delete(f"runs/{run_key}/{COMMIT_MARKER}"))
             sync(self._zarr.delete_dir(f"runs/{run_key}"))
+
+    def group_keys(self) -> list[str]:
+        return sorted(name for name in self._listed("list_dir", "runs") if name != "zarr.json")  # runs/ is a group
+
+    def group_nbytes(self, run_key: str) -> int:
+        with self._reported():
+            return sync(self._zarr.getsize_prefix(f"runs/{run_key}"))
 
     def nbytes_stored(self, run_key: str) -> int:
         layout = self.layout(run_key)

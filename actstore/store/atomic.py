@@ -31,11 +31,11 @@ def fsync_tree(root: Path) -> None:
         for name in files:
             path = os.path.join(dirpath, name)
             if not os.path.islink(path):  # a link's target is not ours (and may not exist)
-                _fsync_path(path)
-        _fsync_path(dirpath)
+                fsync_path(path)
+        fsync_path(dirpath)
 
 
-def _fsync_path(path: str | Path) -> None:
+def fsync_path(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -83,7 +83,7 @@ def atomic_directory(target: Path | str) -> Iterator[Path]:
             if os.path.lexists(target):
                 raise FileExistsError(str(target)) from e
             raise
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -106,7 +106,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     except BaseException:
         Path(staging).unlink(missing_ok=True)
         raise
-    _fsync_path(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

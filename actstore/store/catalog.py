@@ -28,6 +28,7 @@ from actstore.errors import (
     NotFound,
     Unavailable,
 )
+from actstore.store import backups
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -154,14 +155,20 @@ def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
     if re.search(r"\block\b", text, re.IGNORECASE):  # "Could not set lock on file ..."
         return Unavailable(f"cannot open the catalog {path}: another process holds it ({text}). Another "
                            "actstore server owns this store: connect to it with --address instead")
-    return DataLoss(f"the catalog {path} is damaged ({text}). Move it aside and recreate it from the store "
-                    "with `actstore catalog rebuild --store STORE --catalog " + str(path) + "`")
+    latest = backups.latest_backup(path)
+    restore = (f"restore its latest backup with `actstore catalog restore {latest} --catalog {path}`" if latest else
+               f"restore a backup with `actstore catalog restore BACKUP --catalog {path}` (none is in "
+               f"{backups.backup_dir(path)})")
+    return DataLoss(f"the catalog {path} is damaged ({text}). Either {restore}, which moves the damaged file "
+                    "aside, or move it aside yourself and recreate it from the store with "
+                    f"`actstore catalog rebuild --store STORE --catalog {path}`")
 
 
 class Catalog:
     """Thread-safe access to the catalog file. All statements go through one connection."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._con = duckdb.connect(str(path))
@@ -183,6 +190,23 @@ class Catalog:
     def close(self) -> None:
         with self._lock:
             self._con.close()
+
+    def backup(self, keep: int) -> Path:
+        """A consistent copy of the catalog in ``backups/``, keeping the newest ``keep`` (see
+        `store.backups` for why DuckDB's own copy under the lock)."""
+        staged = backups.staging_path(self.path)
+        with self._lock:
+            try:
+                self._con.execute("ATTACH '" + str(staged).replace("'", "''") + "' AS actstore_backup")
+                try:
+                    name = self._con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+                    self._con.execute(f'COPY FROM DATABASE "{name}" TO actstore_backup')
+                finally:
+                    self._con.execute("DETACH actstore_backup")
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
+        return backups.publish(staged, self.path, keep)
 
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
         with self._lock:
@@ -355,6 +379,12 @@ class Catalog:
             self._con.execute("DELETE FROM results WHERE list_contains(CAST(run_keys AS VARCHAR[]), ?)", [run_key])
             self._con.execute("COMMIT")
 
+    def failed_runs(self, older_than_seconds: float) -> list[str]:
+        """Keys of the `failed` runs created at least ``older_than_seconds`` ago."""
+        return [r[0] for r in self._rows(
+            "SELECT run_key FROM runs WHERE status = 'failed' AND "
+            "epoch(current_timestamp::TIMESTAMP - created_at) >= ? ORDER BY created_at", [older_than_seconds])]
+
     # ---- chunks -------------------------------------------------------------------------------
     def insert_chunks(self, table: pa.Table) -> None:
         """Insert a batch of chunk rows (CHUNK_SCHEMA). Re-inserting a recorded chunk is a no-op:
@@ -435,6 +465,15 @@ class Catalog:
             [result_key, metric, version, json.dumps(options), json.dumps(run_keys), payload, seconds],
         )
 
+    def cached_results(self) -> list[tuple[str, str, int, float]]:
+        """(result key, metric, payload bytes, age in seconds) of every stored result, oldest first."""
+        return self._rows("SELECT result_key, metric, octet_length(payload), "
+                          "epoch(current_timestamp::TIMESTAMP - created_at) FROM results ORDER BY created_at, "
+                          "result_key")
+
+    def delete_results(self, result_keys: list[str]) -> None:
+        self._run("DELETE FROM results WHERE list_contains(?, result_key)", [result_keys])
+
     # ---- jobs ---------------------------------------------------------------------------------
     def add_job(self, job: JobRecord) -> None:
         self._run(
@@ -462,6 +501,11 @@ class Catalog:
             raise NotFound(f"unknown job {job_id!r}: list jobs with `actstore jobs`")
         r = rows[0]
         return JobRecord(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8])
+
+    def latest_job(self, target: str) -> JobRecord | None:
+        """The newest job for ``target`` (a run key or result key), if any."""
+        rows = self._rows("SELECT job_id FROM jobs WHERE target = ? ORDER BY created_at DESC LIMIT 1", [target])
+        return self.job(rows[0][0]) if rows else None
 
     def jobs(self, status: str | None = None) -> list[JobRecord]:
         ids = self._rows(

@@ -85,3 +85,57 @@ def test_killed_server_resumes_capture_on_restart(store_url, ray_cluster, tiny_m
             assert values.shape == (400, 16) and len(set(ids)) == 400 and np.isfinite(values).all()
     finally:
         _stop(server, signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_server_killed_at_random_moments_leaves_a_store_that_finishes_byte_identical(tmp_path, ray_cluster,
+                                                                                      tiny_models):
+    """Several trials: a capture is submitted, the server is SIGKILLed after a random delay (during
+    start-up, shard writes, the commit or after it); each restart must open the store, and the last
+    one finishes the run. Every layer then equals a clean capture of the same request, byte for byte."""
+    import random
+
+    texts = sentences(240, seed=21)
+    rng = random.Random(7)
+    store, port = tmp_path / "store", _free_port()
+    job_id = None
+    for trial in range(5):
+        server = _serve(store, port, ray_cluster)
+        try:
+            with Client(f"127.0.0.1:{port}") as client:
+                if trial == 0:
+                    client.register_model(tiny_models["bert"], name="bert")
+                    client.register_dataset(texts=texts, name="texts")
+                    job_id = client.submit_capture("bert", "texts", pooling="mean").job_id
+                else:  # the store opened: every run is committed or resumable, never half-recorded
+                    for run in client.runs():
+                        assert run.status in ("running", "committed"), run
+                        assert 0 <= run.recorded_shards <= run.num_shards
+            time.sleep(rng.uniform(0.2, 4.0))
+        finally:
+            _stop(server, signal.SIGKILL)
+
+    server = _serve(store, port, ray_cluster)
+    try:
+        with Client(f"127.0.0.1:{port}") as client:
+            assert client.wait(job_id).status == "done"
+            run = client.describe(client.job(job_id).target)
+            assert (run.status, run.recorded_shards) == ("committed", run.num_shards)
+            killed = [client.read_activations(run.run_key, layer) for layer in range(run.num_layers + 1)]
+    finally:
+        _stop(server, signal.SIGTERM)
+
+    clean_store, clean_port = tmp_path / "clean", _free_port()
+    server = _serve(clean_store, clean_port, ray_cluster)
+    try:
+        with Client(f"127.0.0.1:{clean_port}") as client:
+            client.register_model(tiny_models["bert"], name="bert")
+            client.register_dataset(texts=texts, name="texts")
+            clean_run = client.capture("bert", "texts", pooling="mean").run_key
+            assert clean_run == run.run_key  # same identity: same model, data and options
+            for layer, (values, ids) in enumerate(killed):
+                clean_values, clean_ids = client.read_activations(clean_run, layer)
+                assert ids == clean_ids
+                assert values.tobytes() == clean_values.tobytes(), f"layer {layer} differs"
+    finally:
+        _stop(server, signal.SIGTERM)

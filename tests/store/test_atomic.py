@@ -58,8 +58,8 @@ def test_target_appears_complete_and_only_at_the_end(tmp_path):
 
 def test_every_file_and_folder_is_fsynced_before_the_rename(tmp_path, monkeypatch):
     synced: list[Path] = []
-    real = atomic._fsync_path
-    monkeypatch.setattr(atomic, "_fsync_path", lambda p: (synced.append(Path(p)), real(p)))
+    real = atomic.fsync_path
+    monkeypatch.setattr(atomic, "fsync_path", lambda p: (synced.append(Path(p)), real(p)))
     target = tmp_path / "ds"
     with atomic_directory(target) as staging:
         (staging / "nested").mkdir()

@@ -1545,3 +1545,141 @@ class GetVerifyReportRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetVerifyReportRequest: _TypeAlias = GetVerifyReportRequest  # noqa: Y015
+
+@_typing.final
+class BackupCatalogRequest(_message.Message):
+    """----------------------------------------------------------------------- housekeeping (admin)"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupCatalogRequest: _TypeAlias = BackupCatalogRequest  # noqa: Y015
+
+@_typing.final
+class BackupCatalogResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    KEPT_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """the new backup, on the server's file system"""
+    bytes: _builtins.int
+    @_builtins.property
+    def kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every backup kept, oldest first"""
+
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        bytes: _builtins.int = ...,
+        kept: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "kept", b"kept", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupCatalogResponse: _TypeAlias = BackupCatalogResponse  # noqa: Y015
+
+@_typing.final
+class CollectGarbageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OLDER_THAN_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    APPLY_FIELD_NUMBER: _builtins.int
+    older_than: _builtins.str
+    """an age: 30m, 12h, 7d ...; empty: the default (7d)"""
+    max_bytes: _builtins.int
+    """size budget of the cached results; 0: none"""
+    apply: _builtins.bool
+    """false: only list what would be removed"""
+    def __init__(
+        self,
+        *,
+        older_than: _builtins.str = ...,
+        max_bytes: _builtins.int = ...,
+        apply: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply", b"apply", "max_bytes", b"max_bytes", "older_than", b"older_than"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectGarbageRequest: _TypeAlias = CollectGarbageRequest  # noqa: Y015
+
+@_typing.final
+class Garbage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """result | partials | orphaned-run | failed-run"""
+    name: _builtins.str
+    """result key or run key"""
+    bytes: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        bytes: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "kind", b"kind", "name", b"name", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Garbage: _TypeAlias = Garbage  # noqa: Y015
+
+@_typing.final
+class CollectGarbageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    KEPT_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    total_bytes: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Garbage]:
+        """removed (apply) or removable (dry run)"""
+
+    @_builtins.property
+    def kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """found, looked like garbage, kept on purpose (and why)"""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___Garbage] | None = ...,
+        applied: _builtins.bool = ...,
+        total_bytes: _builtins.int = ...,
+        kept: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "items", b"items", "kept", b"kept", "total_bytes", b"total_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectGarbageResponse: _TypeAlias = CollectGarbageResponse  # noqa: Y015

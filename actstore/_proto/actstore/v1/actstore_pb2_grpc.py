@@ -1218,3 +1218,120 @@ class Integrity:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class HousekeepingStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.BackupCatalog = channel.unary_unary(
+                '/actstore.v1.Housekeeping/BackupCatalog',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.BackupCatalogRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.BackupCatalogResponse.FromString,
+                _registered_method=True)
+        self.CollectGarbage = channel.unary_unary(
+                '/actstore.v1.Housekeeping/CollectGarbage',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.CollectGarbageRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.CollectGarbageResponse.FromString,
+                _registered_method=True)
+
+
+class HousekeepingServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def BackupCatalog(self, request, context):
+        """A consistent copy of the catalog in backups/ beside it, now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CollectGarbage(self, request, context):
+        """Cached results, matrix-job partials and run folders nothing needs; dry run unless apply.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_HousekeepingServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'BackupCatalog': grpc.unary_unary_rpc_method_handler(
+                    servicer.BackupCatalog,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.BackupCatalogRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.BackupCatalogResponse.SerializeToString,
+            ),
+            'CollectGarbage': grpc.unary_unary_rpc_method_handler(
+                    servicer.CollectGarbage,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.CollectGarbageRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.CollectGarbageResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'actstore.v1.Housekeeping', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('actstore.v1.Housekeeping', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Housekeeping:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def BackupCatalog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Housekeeping/BackupCatalog',
+            actstore_dot_v1_dot_actstore__pb2.BackupCatalogRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.BackupCatalogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CollectGarbage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Housekeeping/CollectGarbage',
+            actstore_dot_v1_dot_actstore__pb2.CollectGarbageRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.CollectGarbageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
