@@ -101,6 +101,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000, help="cached requests in the soak (default 100k)")
     parser.add_argument("--n", type=int, default=512, help="reviews captured (default 512)")
+    parser.add_argument("--uncached-clients", type=int, default=UNCACHED_CLIENTS,
+                        help="recomputing clients beside the cached ones (default 4; 0 isolates the cached path)")
     parser.add_argument("--quick", action="store_true", help="5,000 requests, n=128")
     args = parser.parse_args()
     if args.quick:
@@ -147,7 +149,7 @@ def main() -> None:
         background: dict = {}
         heavy = threading.Thread(target=lambda: background.update(zip(
             ("latencies", "errors", "wall"),
-            drive(address, SIMILARITY, uncached, UNCACHED_CLIENTS, 10**9, stop))), daemon=True)
+            drive(address, SIMILARITY, uncached, args.uncached_clients, 10**9, stop))), daemon=True)
         heavy.start()
         soak_lat, soak_errors, soak_wall = drive(address, SIMILARITY, cached, CACHED_CLIENTS,
                                                  (args.requests - warm) // CACHED_CLIENTS)
