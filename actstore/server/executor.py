@@ -11,6 +11,7 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition
+from actstore.server.dispatch import gather
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 from actstore.workers.metric_tasks import (
@@ -63,21 +64,21 @@ class Executor:
         """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
         submit = self.device_task(accumulate)
         groups = groups or self.row_groups(rows)
-        return merged(ray.get([submit(self.store, sources, g, accumulator, labels) for g in groups]))
+        return merged(gather([submit(self.store, sources, g, accumulator, labels) for g in groups]))
 
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""
         task = ray.remote(num_cpus=1)(accumulate_prompts)
         groups = split_prompts(offsets, self.settings.shard_rows, self.parts)
-        return merged(ray.get([task.remote(self.store, run_key, layers, g, make_accumulator()) for g in groups]))
+        return merged(gather([task.remote(self.store, run_key, layers, g, make_accumulator()) for g in groups]))
 
     def evaluate_layers(self, run_key: str, layers: list[int], evaluate) -> list:
         """`evaluate(z)` on each whole layer, in one task (in-memory metrics, bounded by the caller)."""
-        return ray.get(ray.remote(num_cpus=1)(evaluate_layers).remote(self.store, run_key, layers, evaluate))
+        return gather([ray.remote(num_cpus=1)(evaluate_layers).remote(self.store, run_key, layers, evaluate)])[0]
 
     def evaluate_pairs(self, run_a: str, layers_a: list[int], run_b: str, layers_b: list[int], evaluate):
         task = ray.remote(num_cpus=1)(evaluate_pairs)
-        return ray.get(task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate))
+        return gather([task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate)])[0]
 
     def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
         """A Gram-space finalize's strips (`similarity.gram_strip_products`) in `parts` Ray tasks:
@@ -92,4 +93,4 @@ class Executor:
             work[least] += (strip[1] - strip[0]) * (len(rows) - strip[0])
         rows_ref = ray.put(rows)
         submit = self.device_task(strip_products)
-        return ray.get([submit(rows_ref, means, widths, group) for group in groups])
+        return gather([submit(rows_ref, means, widths, group) for group in groups])

@@ -53,7 +53,7 @@ class ActStoreService:
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds)
-        self.registrar = Registrar(self.catalog, self.store)
+        self.registrar = Registrar(self.catalog, self.store, self.settings)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import numpy as np
-import ray
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.options import LENS, from_wire
+from actstore.server.dispatch import gather
 from actstore.server.executor import merged
 from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
@@ -20,7 +20,7 @@ class DepthPlanner(Planner):
 
     def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)
-        chosen = list(layers) if layers else list(range(record.num_layers))
+        chosen = self.checks.distinct(list(layers) if layers else list(range(record.num_layers)), "layer")
         bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
         if bad:
             raise InvalidArgument(f"layer {bad[0]} has no next layer: run {record.run_key[:12]} allows 0.."
@@ -73,7 +73,7 @@ class DepthPlanner(Planner):
             groups = self.executor.row_groups(record.rows)
             submit = self.executor.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
-            summary = merged(ray.get([submit(plan, g, labels, empty) for g in groups])).finalize()
+            summary = merged(gather([submit(plan, g, labels, empty) for g in groups])).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
                      for variant in ("absolute", "relative")}
             arrays = {
