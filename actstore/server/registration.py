@@ -55,7 +55,11 @@ def server_path(path: str, what: str) -> Path:
     if len(raw) > PATH_MAX or longest > NAME_MAX:
         raise InvalidArgument(f"the {what} path is too long for a file system (a name over {NAME_MAX} bytes "
                               f"or a path over {PATH_MAX}): {path[:80]}...")
-    return Path(path).expanduser()
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # "~name" for a user the server does not have
+        raise InvalidArgument(f"the {what} path {path[:80]!r} starts with a user the server does not know: "
+                              "give an absolute path") from None
 
 
 class Registrar:

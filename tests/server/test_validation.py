@@ -109,6 +109,14 @@ def test_a_nul_byte_in_a_path_is_invalid(v, which):
     expect(v, INVALID, call, "NUL byte")
 
 
+@pytest.mark.parametrize("which", ["dataset", "model"])
+def test_a_path_of_an_unknown_users_home_is_invalid(v, which):
+    path = "~no-such-user-here/data.csv"
+    call = register_texts(path=path) if which == "dataset" else (
+        lambda v: v.catalog.RegisterModel(pb.RegisterModelRequest(path=path)))
+    expect(v, INVALID, call, "give an absolute path")
+
+
 def test_a_builtin_under_an_alias_that_another_model_holds_is_already_exists(v):
     bert = v.client.models()[0] if v.client.models()[0].aliases[0] == "bert" else v.client.models()[1]
     details = expect(v, grpc.StatusCode.ALREADY_EXISTS, lambda v: v.catalog.RegisterModel(
