@@ -8,7 +8,13 @@ client agree with the tables.
 
     resolve(ENTROPY, "alpha", None)      -> 1.0 (the default)
     resolve(ENTROPY, "alpha", -1.0)      -> InvalidArgument: alpha -1.0 must be > 0
+    resolve(ENTROPY, "permutations", 10**9, limits=settings)
+                                         -> ResourceExhausted: over the server's max_dime_permutations
     from_wire(ENTROPY, "alpha", 0.0)     -> 1.0 (proto3: a zero value means "not given")
+
+Every float must be finite. An option's `limit` names the server setting (actstore.config.Settings)
+that caps it; the server passes its settings as `limits`, so the cap is enforced where the request
+is resolved, and a client (which does not know the server's settings) checks only the table.
 
 A default of None means "decided elsewhere": by the server from the request (pooling follows the
 model), by its settings (max_len), or the option is required (batch_size); `default_text` says
@@ -25,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actstore.errors import InvalidArgument
+from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
     "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
@@ -51,6 +57,7 @@ class Option:
     many: bool = False
     help: str = ""
     default_text: str | None = None  # how to describe a default of None (or a clearer wording)
+    limit: str | None = None  # the Settings field that caps the value on the server (ACTSTORE_<LIMIT>)
 
     @property
     def described_default(self) -> str | None:
@@ -71,23 +78,34 @@ class Option:
             return text
         return f"{text} (default: {default})" if self.default_text is not None else f"{text} (default {default})"
 
-    def check(self, value: Any) -> Any:
+    def check(self, value: Any, limits: Any = None) -> Any:
         """`value` validated and normalised (an int for a float option becomes a float; a list
-        option becomes a list), or InvalidArgument naming the option and what it allows."""
+        option becomes a list), or InvalidArgument naming the option and what it allows. With
+        `limits` (the server's Settings), a value over the setting named by `limit` is
+        ResourceExhausted naming the setting."""
         if self.many:
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                 raise InvalidArgument(f"{self.name} must be a list of {self.type.__name__} values, got {value!r}")
-            return [self._check_one(v) for v in value]
-        return self._check_one(value)
+            return [self._check_one(v, limits) for v in value]
+        return self._check_one(value, limits)
 
-    def _check_one(self, value: Any) -> Any:
+    def _check_one(self, value: Any, limits: Any = None) -> Any:
+        value = self._checked(value)
+        if self.limit is not None and limits is not None and value > getattr(limits, self.limit):
+            raise ResourceExhausted(f"{self.name} {value!r} is over this server's limit of "
+                                    f"{getattr(limits, self.limit)} (ACTSTORE_{self.limit.upper()}): ask for less")
+        return value
+
+    def _checked(self, value: Any) -> Any:
         value = self._coerce(value)
+        if self.type is float and not math.isfinite(value):
+            raise InvalidArgument(f"{self.name} must be a finite number, got {value!r}")
         if self.choices is not None and value not in self.choices:
             raise InvalidArgument(f"{self.name} {value!r} is not one of {', '.join(self.choices)}")
         if self.minimum is not None or self.maximum is not None:
             low = self.minimum is not None and (value <= self.minimum if self.exclusive else value < self.minimum)
             high = self.maximum is not None and (value >= self.maximum if self.exclusive else value > self.maximum)
-            if low or high or (self.type is float and not math.isfinite(value)):
+            if low or high:
                 what = f"{self.name} value" if self.many else self.name
                 raise InvalidArgument(f"{what} {value!r} must be {self.bounds_text()}")
         return value
@@ -155,17 +173,18 @@ class Table(Mapping[str, Option]):
         return resolve(self, name, value)
 
 
-def resolve(table: Table, name: str, value: Any = None) -> Any:
-    """`value`, validated, or the option's default when `value` is None."""
+def resolve(table: Table, name: str, value: Any = None, limits: Any = None) -> Any:
+    """`value`, validated (capped by `limits`, the server's Settings, where the option has a
+    `limit`), or the option's default when `value` is None."""
     option = table[name]
     if value is None:
         return list(option.default) if option.many and option.default is not None else option.default
-    return option.check(value)
+    return option.check(value, limits)
 
 
-def from_wire(table: Table, name: str, value: Any) -> Any:
+def from_wire(table: Table, name: str, value: Any, limits: Any = None) -> Any:
     """Resolve a proto3 field: its zero value ("" / 0 / 0.0 / False / []) means not given."""
-    return resolve(table, name, value if value else None)
+    return resolve(table, name, value if value else None, limits)
 
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -202,7 +221,7 @@ ENTROPY = Table(
     Option("convention", str, "diff-erank", choices=("diff-erank", "roy-vetterli"),
            help="effective rank: which definition"),
     Option("abs_cos", bool, False, help="curvature: |cos| inside the arccos"),
-    Option("permutations", int, 10, minimum=1, help="DiME permutations"),
+    Option("permutations", int, 10, minimum=1, help="DiME permutations", limit="max_dime_permutations"),
     Option("seed", int, 0, minimum=0, help="DiME permutation seed"),
     Option("exp", bool, False, help="LiDAR: report exp(entropy)"),
     Option("temperature", float, 0.1, minimum=0, exclusive=True, help="InfoNCE temperature"),
@@ -252,7 +271,8 @@ DATASETS = Table(
            default_text="all"),
     Option("seed", int, 0, minimum=0, help="shuffle and augmentation seed"),
     Option("text_column", str, "text", help="files: the text column"),
-    Option("augment_views", int, 0, minimum=0, help="make N seeded augmentations of each text (> 1)"),
+    Option("augment_views", int, 0, minimum=0, help="make N seeded augmentations of each text (> 1)",
+           limit="max_augment_views"),
     Option("augment_method", str, "word-dropout", choices=("word-dropout", "word-swap"),
            help="how --augment-views changes a text"),
 )

@@ -11,7 +11,7 @@ from typing import get_args
 
 import pytest
 
-from actstore.errors import InvalidArgument
+from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
     CAPTURE,
     DATASETS,
@@ -60,7 +60,9 @@ def test_resolve_applies_the_default_and_validates():
         (SIMILARITY, "batch_size", 2, r"batch_size 2 must be >= 4"),
         (SIMILARITY, "remainder", "keep", r"remainder 'keep' is not one of drop, merge"),
         (ENTROPY, "alpha", 0.0, r"alpha 0.0 must be > 0"),
-        (ENTROPY, "alpha", math.nan, r"alpha nan must be > 0"),
+        (ENTROPY, "alpha", math.nan, r"alpha must be a finite number, got nan"),
+        (ENTROPY, "temperature", math.inf, r"temperature must be a finite number, got inf"),
+        (LENS, "taus", [0.5, math.nan], r"taus must be a finite number, got nan"),
         (ENTROPY, "seed", True, r"seed must be an int, got True"),
         (ENTROPY, "permutations", 2.5, r"permutations must be an int"),
         (LENS, "epsilon", 1, r"epsilon 1.0 must be in \(0, 1\)"),
@@ -77,6 +79,28 @@ def test_resolve_applies_the_default_and_validates():
             resolve(table, name, value)
     with pytest.raises(KeyError, match="no option 'nope'"):
         resolve(ENTROPY, "nope", 1)
+
+
+def test_every_float_must_be_finite_even_without_bounds():
+    unbounded = Option("scale", float, 1.0)
+    for value in (math.nan, math.inf, -math.inf):
+        with pytest.raises(InvalidArgument, match="must be a finite number"):
+            unbounded.check(value)
+
+
+def test_a_limit_names_a_setting_that_caps_the_value_on_the_server():
+    from actstore.config import Settings
+
+    limited = [option for table in TABLES.values() for option in table.values() if option.limit]
+    assert {o.name for o in limited} >= {"permutations", "augment_views"}
+    for option in limited:
+        assert option.limit in Settings.model_fields, option.limit
+    settings = Settings(max_dime_permutations=50)
+    assert resolve(ENTROPY, "permutations", 50, limits=settings) == 50
+    assert resolve(ENTROPY, "permutations", 10**9) == 10**9  # a client does not know the server's limit
+    with pytest.raises(ResourceExhausted, match=r"permutations 51 is over this server's limit of 50 "
+                                                r"\(ACTSTORE_MAX_DIME_PERMUTATIONS\)"):
+        from_wire(ENTROPY, "permutations", 51, limits=settings)
 
 
 def test_a_proto3_zero_means_not_given():

@@ -3,10 +3,15 @@
 A bounded window of tasks is in flight at a time, so cancelling means submitting no more (a
 ``ray.cancel`` racing a finishing task can crash the driver), a warm replica is free again soon,
 and the results of the tasks already running are still collected before the caller stops.
+
+A query's tasks belong to the gRPC call that asked for it: ``call_ended`` is the event the
+interceptor sets when that call ends (its deadline passed, or the client cancelled), and
+``gather`` cancels the outstanding tasks then instead of waiting for an answer nobody reads.
 """
 
 from __future__ import annotations
 
+import contextvars
 import re
 import threading
 from collections import deque
@@ -15,25 +20,28 @@ from typing import Any
 
 import ray
 
-from actstore.errors import ActStoreError
+from actstore.errors import ActStoreError, Cancelled
 from actstore.workers import cluster
 
 WAIT_SECONDS = 0.5
 
-
-def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError]):
-    """ray.get, re-raising our errors from inside the task as themselves and anything else as
-    `otherwise(cause)` (a task that died, a library error), with the message the user needs."""
-    try:
-        return ray.get(ref)
-    except Exception as exc:
-        cause = cluster.unwrap(exc)
-        raise (cause if isinstance(cause, ActStoreError) else otherwise(brief(cause))) from None
+call_ended: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("call_ended", default=None)
 
 
 def gather(refs):
-    """ray.get of a ref or a list of them, our errors from inside a task raised as themselves (a
-    DataLoss names the damaged chunk, without Ray's traceback around it); anything else as it came."""
+    """``ray.get`` of a ref or a list of them, with two differences. Our errors from inside a task
+    are raised as themselves (a DataLoss names the damaged chunk, without Ray's traceback around
+    it). And if the gRPC call this thread serves ends first, the tasks not yet finished are
+    cancelled (a running one is interrupted) and ``Cancelled`` is raised."""
+    ended = call_ended.get()
+    pending = [refs] if isinstance(refs, ray.ObjectRef) else list(refs)
+    while ended is not None and pending:
+        if ended.is_set():
+            for ref in pending:
+                ray.cancel(ref)
+            raise Cancelled(f"the call ended before its answer (deadline passed or cancelled): {len(pending)} "
+                            "task(s) were cancelled; ask again with a longer timeout")
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SECONDS)
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as exc:
@@ -41,6 +49,18 @@ def gather(refs):
         if isinstance(cause, ActStoreError):
             raise cause from None
         raise
+
+
+def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError]):
+    """ray.get, re-raising our errors from inside the task as themselves and anything else as
+    `otherwise(cause)` (a task that died, a library error), with the message the user needs."""
+    try:
+        return gather([ref])[0]
+    except Cancelled:
+        raise
+    except Exception as exc:
+        cause = cluster.unwrap(exc)
+        raise (cause if isinstance(cause, ActStoreError) else otherwise(brief(cause))) from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,13 +1,18 @@
 """One interceptor for every RPC: authenticate, authorise, limit, audit, and translate errors.
 
 An `ActStoreError` becomes its gRPC status with its message; any other exception is a bug and
-becomes INTERNAL (logged with its traceback). Health and reflection pass straight through.
+becomes INTERNAL: the server log keeps its traceback under a short correlation id, and the status
+names only that id. Each call's end (deadline, cancel, or done) sets `dispatch.call_ended`, so the
+Ray tasks of a query nobody waits for any more are cancelled. Health and reflection pass straight
+through.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import threading
+import uuid
 
 import grpc
 
@@ -15,6 +20,7 @@ from actstore.config import Settings
 from actstore.errors import ActStoreError, InvalidArgument
 from actstore.server.audit import AuditLog
 from actstore.server.auth import authenticate, check_role, check_server_path
+from actstore.server.dispatch import call_ended
 from actstore.server.limits import RequestLimiter
 from actstore.store.catalog import Catalog
 
@@ -49,8 +55,18 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
         if len(message) > MAX_MESSAGE_CHARS:
             message = message[:MAX_MESSAGE_CHARS] + f"... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
         context.abort(grpc.StatusCode[exc.code], message)
-    log.exception("internal error in %s", method)
-    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}: {exc!r} (this is a bug)")
+    incident = uuid.uuid4().hex[:12]
+    log.error("internal error, id %s, in %s", incident, method, exc_info=exc)
+    context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}, id {incident}: this is a bug; "
+                  "report it with the server log")
+
+
+def _follow_call(context: grpc.ServicerContext) -> None:
+    """Tie this thread's work to the call: `call_ended` is set when the call ends for any reason."""
+    ended = threading.Event()
+    if not context.add_callback(ended.set):  # the call is over already
+        ended.set()
+    call_ended.set(ended)
 
 
 class ServiceInterceptor(grpc.ServerInterceptor):
@@ -93,6 +109,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                 request = payload
                 try:
                     request = self._admit(details, method, payload, parse, caller)
+                    _follow_call(context)
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
                     principal = caller[0] if caller else None
@@ -108,6 +125,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         def stream(payload, context):
             try:
                 request = self._admit(details, method, payload, parse, [])
+                _follow_call(context)
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
                 if getattr(exc, "code", None) == "UNAUTHENTICATED":

@@ -14,9 +14,10 @@ from typing import TypeVar
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actstore.errors import ActStoreError, InvalidArgument, NotFound
+from actstore.config import Settings
+from actstore.errors import ActStoreError, AlreadyExists, InvalidArgument, NotFound
 from actstore.modeling.sources import BUILTIN_MODELS
-from actstore.options import DATASETS
+from actstore.options import DATASETS, resolve
 from actstore.server.dispatch import get_or_raise
 from actstore.store import datasets as ds
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
@@ -57,12 +58,33 @@ class DatasetSource:
     augment_method: str = DATASETS.augment_method.default
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component and of a whole path (Linux)
+
+
+def server_path(path: str, what: str) -> Path:
+    """A path on the server's disk as a request names it, refused before any file call when no
+    file system could hold it (a NUL byte, a name over 255 bytes, a path over 4096)."""
+    if "\x00" in path:
+        raise InvalidArgument(f"the {what} path holds a NUL byte: send the path as text, without NUL characters")
+    raw = os.fsencode(path)
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if len(raw) > PATH_MAX or longest > NAME_MAX:
+        raise InvalidArgument(f"the {what} path is too long for a file system (a name over {NAME_MAX} bytes "
+                              f"or a path over {PATH_MAX}): {path[:80]}...")
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # "~name" for a user the server does not have
+        raise InvalidArgument(f"the {what} path {path[:80]!r} starts with a user the server does not know: "
+                              "give an absolute path") from None
+
+
 class Registrar:
-    def __init__(self, catalog: Catalog, store: StoreHandle, redact_file_errors: bool = False) -> None:
+    def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings) -> None:
         self.catalog = catalog
         self.store = store
+        self.settings = settings
         # with auth on, callers are not the server's owner: what its files hold stays on the server
-        self.redact_file_errors = redact_file_errors
+        self.redact_file_errors = settings.auth
 
     def _from_server_path(self, path: str, kind: str, load: Callable[[], T]) -> T:
         """`load()` of a file (dataset) or folder (model) on the server's disk. Redacted, a failure
@@ -70,7 +92,7 @@ class Registrar:
         is; the detail goes to the server log under an incident id the message names."""
         if not self.redact_file_errors:
             return load()
-        p = Path(path).expanduser()
+        p = server_path(path, kind)
         try:
             usable = (p.is_dir() if kind == "model" else p.is_file()) and os.access(p, os.R_OK)
         except (OSError, ValueError):  # a name too long, a NUL byte
@@ -94,14 +116,20 @@ class Registrar:
             if builtin not in BUILTIN_MODELS:
                 raise NotFound(f"no builtin model {builtin!r}; the builtins are {', '.join(BUILTIN_MODELS)}")
             try:  # registered before: the alias is the cache (SmolLM2 takes ~20 s to dequantise)
-                return self.catalog.model(name or builtin)
+                held = self.catalog.model(name or builtin)
             except NotFound:
-                pass
+                held = None
+            if held is not None and held.lineage.get("source") == builtin:
+                return held
+            if held is not None:
+                raise AlreadyExists(f"the alias {name or builtin!r} is held by model {held.digest[:12]} ({held.arch}, "
+                                    f"from {held.lineage.get('source', 'a folder')}), not the builtin {builtin}: "
+                                    "register the builtin under another --name")
         # a folder path names a folder on this (the head's) disk: load it here
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
         def load() -> ModelRecord:
-            source = builtin or str(Path(path).expanduser().resolve())
+            source = builtin or str(server_path(path, "model").resolve())
             task = ray.remote(num_cpus=1)(register_model).options(
                 scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
             return get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
@@ -121,14 +149,15 @@ class Registrar:
             data = ds.load_builtin(source.builtin, limit=source.limit, seed=source.seed, split=source.split)
         elif source.path:
             data = self._from_server_path(source.path, "dataset", lambda: ds.load_file(
-                Path(source.path).expanduser(), text_column=source.text_column, label_column=source.label_column,
-                id_column=source.id_column, group_column=source.group_column))
+                server_path(source.path, "dataset"), text_column=source.text_column,
+                label_column=source.label_column, id_column=source.id_column, group_column=source.group_column))
             if source.limit:
                 data = data.take(range(min(source.limit, data.n)))
         else:
             data = ds.from_texts(source.texts, labels=source.labels or None, sample_ids=source.sample_ids or None)
             if source.label_names:
                 data = replace(data, label_names=list(source.label_names))
+        resolve(DATASETS, "augment_views", source.augment_views, limits=self.settings)
         if source.augment_views > 1:
             data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
                                     seed=source.seed)

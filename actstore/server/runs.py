@@ -61,7 +61,18 @@ class RunChecks:
         if bad:
             raise InvalidArgument(f"{what} {bad[0]} is out of range: run {run.run_key[:12]} has layers "
                                   f"0..{run.num_layers} (0 = embeddings, {run.num_layers} = last block)")
-        return chosen
+        return RunChecks.distinct(chosen, what)
+
+    @staticmethod
+    def distinct(layers: list[int], what: str) -> list[int]:
+        """A layer list names each layer once: a repeat asks for the same work again (and a list
+        of thousands of repeats for unbounded work), so it is refused, not computed."""
+        seen: set[int] = set()
+        for layer in layers:
+            if layer in seen:
+                raise InvalidArgument(f"{what} {layer} is listed twice: name each layer once")
+            seen.add(layer)
+        return layers
 
     def check_same_samples(self, a: RunRecord, b: RunRecord) -> None:
         if a.run_key == b.run_key:
@@ -103,12 +114,12 @@ class RunChecks:
                                     f"{self.settings.max_matrix_cells} cells (ACTSTORE_MAX_MATRIX_CELLS): "
                                     "ask for fewer layers")
 
-    def check_memory(self, need: int, what: str) -> None:
+    def check_memory(self, need: int, what: str, remedy: str = "use fewer samples") -> None:
         if need > self.settings.max_accumulator_bytes:
             raise ResourceExhausted(
                 f"{what} would hold {byte_size(need)} in memory, over the "
                 f"{byte_size(self.settings.max_accumulator_bytes)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES): "
-                "use fewer samples")
+                f"{remedy}")
 
     def check_in_memory(self, run: RunRecord, layers: int, square: bool) -> None:
         """Refuse an in-memory metric whose rows (and n x n matrix) would exceed the limit."""

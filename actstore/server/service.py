@@ -61,7 +61,7 @@ class ActStoreService:
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds,
                                         self.settings.capture_concurrent_shards)
-        self.registrar = Registrar(self.catalog, self.store, redact_file_errors=self.settings.auth)
+        self.registrar = Registrar(self.catalog, self.store, self.settings)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)

@@ -70,6 +70,9 @@ class CosineStats:
     zero_norm: np.ndarray
 
 
+BINS = 4000
+
+
 class CosineAccumulator:
     """Streaming sample-wise cosine ("Tracing Representation Progression", sec. 2.1) per block pair.
 
@@ -86,7 +89,7 @@ class CosineAccumulator:
         pairs: Sequence[tuple[int, int]],
         block_widths: Sequence[int],
         centers: Sequence[np.ndarray | None] | None = None,
-        bins: int = 4000,
+        bins: int = BINS,
     ) -> None:
         self.block_widths = validated_widths(block_widths)
         self.pairs = tuple((int(first), int(second)) for first, second in pairs)
@@ -110,6 +113,12 @@ class CosineAccumulator:
         self._min = np.full(n_pairs, np.inf)
         self._max = np.full(n_pairs, -np.inf)
         self._zero_norm = np.zeros(n_pairs, dtype=np.int64)
+
+    @staticmethod
+    def estimate_nbytes(n_pairs: int, bins: int = BINS) -> int:
+        """Bytes one accumulator holds for `n_pairs` pairs: the int64 histograms and five per-pair
+        statistics (the centers and the rows read are small beside them)."""
+        return 8 * n_pairs * (bins + 5)
 
     def _validated_centers(
         self, centers: Sequence[np.ndarray | None] | None

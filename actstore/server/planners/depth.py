@@ -20,7 +20,7 @@ class DepthPlanner(Planner):
 
     def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)
-        chosen = list(layers) if layers else list(range(record.num_layers))
+        chosen = self.checks.distinct(list(layers) if layers else list(range(record.num_layers)), "layer")
         bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
         if bad:
             raise InvalidArgument(f"layer {bad[0]} has no next layer: run {record.run_key[:12]} allows 0.."

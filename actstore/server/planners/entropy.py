@@ -45,7 +45,7 @@ class EntropyPlanner(Planner):
         if metric == "curvature":
             options["abs_cos"] = abs_cos
         if metric == "dime":
-            options.update(permutations=from_wire(ENTROPY, "permutations", permutations),
+            options.update(permutations=from_wire(ENTROPY, "permutations", permutations, limits=self.checks.settings),
                            seed=from_wire(ENTROPY, "seed", seed))
         if metric == "lidar":
             options["exp"] = exp

@@ -40,6 +40,9 @@ class SimilarityPlanner(Planner):
                 raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
                                       f"({a.width} != {b.width}): COS is for layers of one model or of models "
                                       "of equal width; use CKA across widths")
+            pairs = len(la) * len(lb)  # each map task holds an accumulator, and the merge one more
+            self.checks.check_memory(sim.CosineAccumulator.estimate_nbytes(pairs) * (self.executor.parts + 1),
+                                     f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
             options = {"layers_a": la, "layers_b": lb, "center": center}
             return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
                                            refresh, lambda: self._cos(a, b, la, lb, center))

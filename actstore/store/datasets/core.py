@@ -20,6 +20,9 @@ from actstore.errors import InvalidArgument
 DIGEST_VERSION = "actstore-dataset-v1"
 
 
+MAX_LABEL = 2**31 - 1  # num_labels = the largest label + 1 is a 32-bit count in the catalog and on the wire
+
+
 @dataclass(eq=False)
 class DatasetData:
     """One dataset, in memory, ready for a model.
@@ -93,12 +96,14 @@ class DatasetData:
         self.sample_ids = ids
 
         self.labels = _int_column(self.labels, "labels", n)
-        if self.labels is not None and self.labels.size and int(self.labels.min()) < 0:
-            i = int(np.argmax(self.labels < 0))
-            raise InvalidArgument(
-                f"label of sample {ids[i]!r} is {int(self.labels[i])}: "
-                "labels are class indices >= 0"
-            )
+        if self.labels is not None and self.labels.size:
+            bad = (self.labels < 0) | (self.labels >= MAX_LABEL)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InvalidArgument(
+                    f"label of sample {ids[i]!r} is {int(self.labels[i])}: "
+                    f"labels are class indices >= 0 and below {MAX_LABEL} (a 32-bit class count)"
+                )
         if self.label_names is not None:
             if self.labels is None:
                 raise InvalidArgument("label_names given without labels")

@@ -23,6 +23,7 @@ from actstore.store.datasets.columns import (
 from actstore.store.datasets.core import DatasetData
 
 FILE_EXTENSIONS = (".csv", ".jsonl", ".json", ".npz")
+_TOO_DEEP = "{}: the JSON is nested too deeply to read: a dataset is a list of flat records or strings"
 
 
 def load_file(
@@ -117,11 +118,15 @@ def _read_user_json(p: Path, *, jsonl: bool, text_column: str) -> tuple[list[str
                 items.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise InvalidArgument(f"{p}, line {lineno}: not valid JSON ({e.msg})") from None
+            except RecursionError:
+                raise InvalidArgument(_TOO_DEEP.format(f"{p}, line {lineno}")) from None
     else:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidArgument(f"{p}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        except RecursionError:
+            raise InvalidArgument(_TOO_DEEP.format(p)) from None
         if not isinstance(doc, list):
             raise InvalidArgument(
                 f"{p}: expected a JSON list of records or of strings, found a {type(doc).__name__}"
