@@ -1,9 +1,10 @@
 """Metric results, their provenance, and the result cache (memory in front of the catalog).
 
 Every answer is a ``MetricResult`` with its provenance. Results are stored under their result key
-(metric, definition version, options, input run keys), so a repeated query is a lookup. An answer
-holding NaN is never cached: it may come from a passing fault (or input that should have been
-refused), and a cached NaN would be served for good; it is computed again when asked again.
+(metric, definition version, options, input run keys), so a repeated query is a lookup.
+NaN in an answer is cached like any value: it is what the definition gives for the input (CKA of a
+constant layer, such as BERT's CLS embedding), and options that could only yield NaN (a NaN or
+infinite temperature) are refused before anything runs.
 """
 
 from __future__ import annotations
@@ -90,12 +91,9 @@ class ResultCache:
         started = time.perf_counter()
         arrays, scalars, notes = compute()
         seconds = time.perf_counter() - started
-        if _holds_nan(arrays, scalars):
-            notes = [*notes, "not cached: the answer holds NaN (it is computed again when asked again)"]
         result = MetricResult(arrays, scalars, Provenance(metric, version, options, run_keys, False, seconds, key),
                               notes)
-        if not _holds_nan(arrays, scalars):
-            self.store(result, replace=refresh)
+        self.store(result, replace=refresh)
         return result
 
     def store(self, result: MetricResult, replace: bool) -> None:
@@ -123,11 +121,6 @@ class ResultCache:
 def _result_bytes(result: MetricResult) -> int:
     # the arrays dominate; a fixed allowance covers the provenance, scalars and notes
     return sum(a.nbytes for a in result.arrays.values()) + 4096
-
-
-def _holds_nan(arrays: dict[str, np.ndarray], scalars: dict[str, float]) -> bool:
-    return any(np.isnan(np.asarray(v, dtype=np.float64)).any() for v in [*arrays.values(), *scalars.values()]
-               if np.asarray(v).dtype.kind == "f")
 
 
 def _as_cached(result: MetricResult) -> MetricResult:

@@ -29,8 +29,9 @@ def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> tuple[dict, Path]:
          "--model", str(tiny_models["bert"]), "--out", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-4000:]
-    local = sorted(p.name for p in data_dir.rglob("*") if p.is_file())
-    assert local and all(name.startswith("catalog.duckdb") for name in local), local  # only the catalog
+    local = sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
+    # the catalog, and the catalog's backups beside it (made on a schedule and when the server stops)
+    assert local and all(name.startswith(("catalog.duckdb", "backups/catalog-")) for name in local), local  # only the catalog
     return json.loads((out / "facts.json").read_text()), out
 
 

@@ -195,27 +195,6 @@ def test_an_expired_deadline_cancels_the_querys_ray_tasks(v):
 
 
 # ---- results and messages -----------------------------------------------------------------------------
-def test_an_answer_holding_nan_is_not_cached(tmp_path):
-    from actstore.server.results import ResultCache
-    from actstore.store.catalog import Catalog
-
-    catalog = Catalog(tmp_path / "catalog.duckdb")
-    try:
-        cache, calls = ResultCache(catalog, memory_bytes=1 << 20), []
-
-        def compute():
-            calls.append(1)
-            return {"values": np.array([0.5, math.nan])}, {"n": 2.0}, []
-
-        first = cache.cached_or_compute("infonce", 1, {"temperature": 0.1}, ["r"], False, compute)
-        again = cache.cached_or_compute("infonce", 1, {"temperature": 0.1}, ["r"], False, compute)
-        assert len(calls) == 2 and not again.provenance.cached
-        assert any("not cached" in note for note in first.notes)
-        assert catalog.result_record(first.provenance.result_key) is None
-    finally:
-        catalog.close()
-
-
 class _Context:
     """What `_abort` needs of a grpc.ServicerContext: abort raises, as gRPC's does."""
 
