@@ -70,6 +70,8 @@ class Settings(BaseSettings):
 
     result_cache_bytes: int = Field(256 * MiB, ge=0, description="memory the server's cache of recent results may "
                                     "hold (every result also stays in the catalog)")
+    catalog_memory_bytes: int = Field(256 * MiB, ge=16 * MiB, description="memory the catalog's DuckDB buffer pool "
+                                      "may hold (DuckDB's own default is 80% of the machine's)")
     run_cache_entries: int = Field(4096, ge=1, description="runs whose records, chunk health and sample checks "
                                    "the server remembers")
     finished_jobs_kept: int = Field(1000, ge=1, description="finished jobs kept in memory with their full status "

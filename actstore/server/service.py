@@ -54,7 +54,7 @@ class ActStoreService:
         self.store = StoreHandle.from_settings(self.settings)
         self.store.path.mkdir(parents=True, exist_ok=True)
         self.store.check()
-        self.catalog = Catalog(self.settings.catalog_path)
+        self.catalog = Catalog(self.settings.catalog_path, self.settings.catalog_memory_bytes)
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
                                self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)

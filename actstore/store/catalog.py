@@ -167,11 +167,13 @@ def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
 class Catalog:
     """Thread-safe access to the catalog file. All statements go through one connection."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, memory_bytes: int | None = None) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        # DuckDB's buffer pool is a cache too: unbounded it grows to 80% of the machine's memory
+        config = {"memory_limit": f"{memory_bytes}B"} if memory_bytes else {}
         try:
-            self._con = duckdb.connect(str(path))
+            self._con = duckdb.connect(str(path), config=config)
             self._con.execute(SCHEMA)
             self._con.execute("SELECT count(*) FROM runs").fetchall()
             # DuckDB reads a data block only when a query needs it, so a truncated file opens and
