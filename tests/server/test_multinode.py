@@ -31,7 +31,7 @@ def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> tuple[dict, Path]:
     assert done.returncode == 0, done.stderr[-4000:]
     local = sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
     # the catalog, and the catalog's backups beside it (made on a schedule and when the server stops)
-    assert local and all(name.startswith(("catalog.duckdb", "backups/catalog-")) for name in local), local  # only the catalog
+    assert local and all(name.startswith(("catalog.duckdb", "backups/catalog-")) for name in local), local
     return json.loads((out / "facts.json").read_text()), out
 
 
