@@ -4,6 +4,7 @@ in-memory and Gram-strip tasks, each task opening the store from the handle it i
 from __future__ import annotations
 
 import copy
+import functools
 from functools import partial
 
 import numpy as np
@@ -23,6 +24,13 @@ from actstore.workers.metric_tasks import (
     split_ranges,
     strip_products,
 )
+
+
+@functools.cache
+def remote(function, **options):
+    """One Ray remote function per (function, options), made once: a `ray.remote(...)` made anew for
+    every query is pickled and exported to the cluster again each time."""
+    return ray.remote(**options)(function)
 
 
 def merged(partials: list):
@@ -54,7 +62,7 @@ class Executor:
             raise FailedPrecondition("metric_device is 'cuda' but the Ray cluster has no GPU: join a cluster "
                                      "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
         share = {"num_gpus": self.settings.metric_gpus_per_task} if policy in ("auto", "cuda") and gpus else {}
-        return partial(ray.remote(num_cpus=1, **share)(function).remote, device_policy=policy)
+        return partial(remote(function, num_cpus=1, **share).remote, device_policy=policy)
 
     def row_groups(self, rows: int, parts: int | None = None) -> list[list[tuple[int, int]]]:
         return split_ranges(rows, self.settings.shard_rows, parts or self.parts)
@@ -68,16 +76,16 @@ class Executor:
 
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""
-        task = ray.remote(num_cpus=1)(accumulate_prompts)
+        task = remote(accumulate_prompts, num_cpus=1)
         groups = split_prompts(offsets, self.settings.shard_rows, self.parts)
         return merged(gather([task.remote(self.store, run_key, layers, g, make_accumulator()) for g in groups]))
 
     def evaluate_layers(self, run_key: str, layers: list[int], evaluate) -> list:
         """`evaluate(z)` on each whole layer, in one task (in-memory metrics, bounded by the caller)."""
-        return gather(ray.remote(num_cpus=1)(evaluate_layers).remote(self.store, run_key, layers, evaluate))
+        return gather(remote(evaluate_layers, num_cpus=1).remote(self.store, run_key, layers, evaluate))
 
     def evaluate_pairs(self, run_a: str, layers_a: list[int], run_b: str, layers_b: list[int], evaluate):
-        task = ray.remote(num_cpus=1)(evaluate_pairs)
+        task = remote(evaluate_pairs, num_cpus=1)
         return gather(task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate))
 
     def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
