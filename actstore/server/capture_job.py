@@ -22,7 +22,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.store import datasets as ds
-from actstore.store.arrays import RunLayout
+from actstore.store.array_store import RunLayout
 from actstore.store.catalog import (
     Catalog,
     DatasetRecord,

@@ -15,7 +15,7 @@ from cachetools import LRUCache
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from actstore.metrics import similarity as sim
-from actstore.store.arrays import ArrayStore
+from actstore.store.array_store import ArrayStore
 from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
 
 

@@ -25,7 +25,7 @@ from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
-from actstore.store.arrays import RunLayout
+from actstore.store.array_store import RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import result_key

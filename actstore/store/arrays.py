@@ -1,4 +1,4 @@
-"""Activation arrays: the narrow storage interface and its Zarr v3 implementation.
+"""Activation arrays in Zarr v3: the `ArrayStore` implementation for local and object stores.
 
 Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/acts        (n, L+1, d)   pooled runs
@@ -15,10 +15,8 @@ Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never 
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +29,7 @@ from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
+from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
@@ -38,154 +37,6 @@ COMMIT_MARKER = "committed.json"
 DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
-
-
-def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Stored values as numbers: float16/float32 unchanged, bfloat16 bits widened to float32."""
-    return bf16_bits_to_float32(values) if dtype == "bfloat16" else values
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """Shape of one run's arrays; `rows` is n for pooled runs and T (all tokens) for `tokens`."""
-
-    n: int
-    rows: int
-    num_states: int  # L + 1
-    width: int
-    dtype: str
-    pooling: str
-    shard_rows: int
-
-    @property
-    def array_name(self) -> str:
-        return "tokens" if self.pooling == "tokens" else "acts"
-
-    @property
-    def num_shards(self) -> int:
-        return -(-self.rows // self.shard_rows)
-
-    def shard_range(self, shard: int) -> tuple[int, int]:
-        start = shard * self.shard_rows
-        return start, min(start + self.shard_rows, self.rows)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-class ArrayStore(ABC):
-    """What the rest of actstore needs from activation storage. Backends subclass this and their
-    tests subclass `tests/store/array_store_contract.py`."""
-
-    @abstractmethod
-    def create_run(
-        self,
-        run_key: str,
-        layout: RunLayout,
-        sample_ids: list[str],
-        labels: np.ndarray | None,
-        offsets: np.ndarray | None,
-        spec: dict | None = None,
-    ) -> None:
-        """Create the arrays (idempotent for the same layout: a resumed capture calls it again).
-        `spec` (the run's identity, `keys.run_spec`) is kept with them, so the store describes
-        its runs without the catalog."""
-
-    @abstractmethod
-    def layout(self, run_key: str) -> RunLayout: ...
-
-    @abstractmethod
-    def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
-                    token_ids: np.ndarray | None = None) -> None:
-        """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums and, for
-        token-level runs of text models, the token id of every row."""
-
-    @abstractmethod
-    def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
-        """Token ids of rows [start, stop) of a token-level run (None for other runs)."""
-
-    @abstractmethod
-    def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
-        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32."""
-
-    @abstractmethod
-    def write_means(self, run_key: str) -> np.ndarray:
-        """Reduce the per-shard layer sums into the layer means (L+1, d) and store them."""
-
-    @abstractmethod
-    def means(self, run_key: str) -> np.ndarray: ...
-
-    @abstractmethod
-    def sample_ids(self, run_key: str) -> list[str]: ...
-
-    @abstractmethod
-    def labels(self, run_key: str) -> np.ndarray | None: ...
-
-    @abstractmethod
-    def offsets(self, run_key: str) -> np.ndarray | None: ...
-
-    @abstractmethod
-    def delete_run(self, run_key: str) -> None:
-        """Remove the run's group, its commit marker first: a group left half-deleted is never
-        taken for a committed run (see `group_keys`)."""
-
-    # ---- integrity (what `actstore verify` reads and a repair drops) ------------------------------
-    @abstractmethod
-    def shard_present(self, run_key: str, shard: int) -> bool:
-        """Whether the shard's activation object exists (a missing one would read as zeros)."""
-
-    @abstractmethod
-    def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
-        """The float64 layer sums (L+1, d) stored with one shard; DataLoss naming it if damaged."""
-
-    @abstractmethod
-    def array_shapes(self, run_key: str) -> dict[str, tuple[tuple[int, ...], str]]:
-        """(shape, dtype name) of every array of the run, from its metadata; DataLoss if unreadable."""
-
-    @abstractmethod
-    def drop_shards(self, run_key: str, shards: list[int]) -> None:
-        """Delete the shards' bytes (activations, layer sums, token ids, kept chunk rows), the layer
-        means and the commit marker: the run is then an unfinished capture that rewrites them."""
-
-    # ---- the store's description of its runs (what `catalog rebuild` reads) --------------------
-    @abstractmethod
-    def run_keys(self) -> list[str]:
-        """Every run with arrays in the store."""
-
-    @abstractmethod
-    def spec(self, run_key: str) -> dict | None:
-        """The spec given to `create_run`, if any."""
-
-    @abstractmethod
-    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
-        """Keep a written shard's catalog rows (checksums, min/max, NaN/Inf counts) beside it."""
-
-    @abstractmethod
-    def chunk_rows(self, run_key: str) -> dict[str, list]:
-        """Every shard's rows kept by `write_chunk_rows`, concatenated column by column."""
-
-    @abstractmethod
-    def mark_committed(self, run_key: str) -> None:
-        """Write the run's commit marker (after the catalog committed it)."""
-
-    @abstractmethod
-    def is_committed(self, run_key: str) -> bool: ...
-
-    @abstractmethod
-    def nbytes_stored(self, run_key: str) -> int: ...
-
-    @abstractmethod
-    def group_keys(self) -> list[str]:
-        """Every folder under ``runs/``, whole or not (what `gc` checks against the catalog)."""
-
-    @abstractmethod
-    def group_nbytes(self, run_key: str) -> int:
-        """Bytes under the run's folder, whatever it holds."""
 
 
 class ZarrArrayStore(ArrayStore):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from actstore.config import Settings
 from actstore.store import objects
-from actstore.store.arrays import ArrayStore, ZarrArrayStore
+from actstore.store.array_store import ArrayStore
+from actstore.store.arrays import ZarrArrayStore
 from actstore.store.files import LocalFiles, ObjectFiles, StoreFiles, default_cache_dir
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.

@@ -17,7 +17,7 @@ import crc32c
 import numpy as np
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store.arrays import ArrayStore, RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 
 WHOLE = -1  # a finding about a whole array (or not about one layer)
 # run-wide arrays written once when the run is created: damage there cannot be repaired by

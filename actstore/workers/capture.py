@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from actstore.modeling.adapter import ModelAdapter
-from actstore.store.arrays import RunLayout
+from actstore.store.array_store import RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 

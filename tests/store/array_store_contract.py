@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store.arrays import ArrayStore, RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 
 # 11 rows in shards of 4: shards [0, 4), [4, 8) and the partial last shard [8, 11).
 N = 11

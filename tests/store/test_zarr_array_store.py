@@ -12,11 +12,8 @@ import torch
 import zarr
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store.arrays import (
-    ZarrArrayStore,
-    bf16_bits_to_float32,
-    decode_stored,
-)
+from actstore.store.array_store import bf16_bits_to_float32, decode_stored
+from actstore.store.arrays import ZarrArrayStore
 from tests.store.array_store_contract import (
     NUM_STATES,
     SHARD_ROWS,

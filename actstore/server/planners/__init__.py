@@ -12,7 +12,7 @@ from actstore.server.executor import Executor
 from actstore.server.results import ResultCache
 from actstore.server.runs import RunChecks
 from actstore.server.tiling import CkaSizing
-from actstore.store.arrays import ArrayStore
+from actstore.store.array_store import ArrayStore
 from actstore.store.catalog import Catalog
 
 
