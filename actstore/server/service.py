@@ -9,6 +9,7 @@ only route to them, so a servicer never reaches past this class.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.config import Settings
-from actstore.errors import InvalidArgument
+from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.options import GC, duration_seconds, resolve
 from actstore.server import auth, cka_job
 from actstore.server.backup_schedule import BackupSchedule
@@ -55,6 +56,7 @@ class ActStoreService:
         self.store.path.mkdir(parents=True, exist_ok=True)
         self.store.check()
         self.catalog = Catalog(self.settings.catalog_path, self.settings.catalog_memory_bytes)
+        self._tokens_lock = threading.Lock()
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
                                self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)
@@ -201,7 +203,16 @@ class ActStoreService:
         return self.catalog.principals()
 
     def revoke_token(self, name: str) -> None:
-        self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
+        """Revoke on the running server; never its last admin, which would leave nobody able to
+        administer it until a restart (offline, `actstore token revoke --store DIR` still can)."""
+        with self._tokens_lock:
+            roles = dict(self.catalog.principals())
+            if roles.get(name) == "admin" and list(roles.values()).count("admin") == 1:
+                raise FailedPrecondition(
+                    f"{name!r} holds this server's last admin token, and revoking it would leave nobody able to "
+                    "administer the running server: create another admin token first (actstore token create "
+                    "--name NAME --role admin), then revoke this one")
+            self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
 
     # ---- queries: the planners' methods, bound in __init__ -----------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int
