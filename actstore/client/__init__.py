@@ -210,8 +210,10 @@ class Client:
     def datasets(self) -> list[DatasetInfo]:
         return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
 
-    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None) -> list[RunInfo]:
-        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "")
+    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None,
+             site: str | None = None) -> list[RunInfo]:
+        """Runs, optionally only those of a model, a dataset, a status and a capture site."""
+        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "", site=site or "")
         return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
 
     def describe(self, run: str) -> RunInfo:
@@ -249,9 +251,12 @@ class Client:
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
-                       max_len: int | None = CAPTURE.max_len.default) -> JobInfo:
+                       max_len: int | None = CAPTURE.max_len.default,
+                       site: Sequence[str] | str | None = None) -> JobInfo:
+        """`site`: one site, a list, or a comma-separated string (see `capture`)."""
+        sites = [site] if isinstance(site, str) else list(site or [])
         request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                                    max_len=max_len or 0)
+                                    max_len=max_len or 0, sites=[s for each in sites for s in each.split(",")])
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
@@ -282,14 +287,17 @@ class Client:
 
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                progress: bool = False) -> CaptureResult:
-        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
-        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
+                site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
+        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it.
+        `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
+        for the block index; several sites come from one forward pass, one run each
+        (`result.runs` maps site -> run key)."""
+        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
         if not job.finished:
             joined = job.joined
             job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
             job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.target, job=job)
+        return CaptureResult(run_key=job.run_keys[0] if job.run_keys else job.target, job=job)
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,

@@ -32,6 +32,7 @@ from actstore.server.verify_job import VerifyJobs
 from actstore.store import backups
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
+from actstore.store.keys import site_of
 from actstore.workers import cluster
 
 __all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "RunDescription", "TrainRequest"]
@@ -46,6 +47,7 @@ class RunDescription:
     stored_bytes: int
     model_aliases: tuple[str, ...]
     dataset_aliases: tuple[str, ...]
+    stats: dict | None = None  # per-layer running statistics (committed runs captured with them)
 
 
 class ActStoreService:
@@ -117,17 +119,20 @@ class ActStoreService:
     def datasets(self) -> list[DatasetRecord]:
         return self.catalog.datasets()
 
-    def runs(self, model: str = "", dataset: str = "", status: str = "") -> list[RunRecord]:
+    def runs(self, model: str = "", dataset: str = "", status: str = "", site: str = "") -> list[RunRecord]:
         model_digest = self.catalog.model(model).digest if model else None
         dataset_digest = self.catalog.dataset(dataset).digest if dataset else None
-        return self.catalog.runs(model_digest, dataset_digest, status or None)
+        runs = self.catalog.runs(model_digest, dataset_digest, status or None)
+        return [r for r in runs if site_of(r.spec) == site] if site else runs
 
     def describe_run(self, run: str) -> RunDescription:
         record = self.catalog.run(run)
         health = self.catalog.chunk_health(record.run_key, record.num_layers)
-        stored = self.arrays.nbytes_stored(record.run_key) if record.status == "committed" else 0
+        committed = record.status == "committed"
+        stored = self.arrays.nbytes_stored(record.run_key) if committed else 0
         return RunDescription(record, health, stored, self.catalog.model(record.model_digest).aliases,
-                              self.catalog.dataset(record.dataset_digest).aliases)
+                              self.catalog.dataset(record.dataset_digest).aliases,
+                              self.arrays.layer_stats(record.run_key) if committed else None)
 
     def delete_run(self, run: str) -> str:
         record = self.catalog.run(run)
