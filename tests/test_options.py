@@ -241,6 +241,7 @@ CLIENT = {
     "register_dataset": (DATASETS, {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "submit_capture": (CAPTURE, set(CAPTURE)),
     "capture": (CAPTURE, set(CAPTURE)),
+    "plan_capture": (CAPTURE, set(CAPTURE)),
     "train": (TRAIN, set(TRAIN)),
     "cos": (SIMILARITY, {"center"}),
     "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from actstore.cli import dryrun
 from actstore.cli.common import add_option, connect, print_table
 from actstore.options import CAPTURE, TRAIN
 
@@ -25,6 +26,8 @@ Several sites (--site resid_post,attn_out,mlp_out) come from one forward pass: o
 
 
 def cmd_capture(args) -> int:
+    if args.dry_run:
+        return dryrun.capture(args)
     with connect(args) as client:
         result = client.capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
                                 max_len=args.max_len, site=args.site, progress=not args.quiet)
@@ -102,6 +105,9 @@ def add_commands(command) -> None:
     add_option(p, CAPTURE, "dtype")
     add_option(p, CAPTURE, "max_len")
     add_option(p, CAPTURE, "site")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run keys, rows, shards, bytes (stored bytes from the compression of similar "
+                        "committed runs) and an estimated time from this server's recent captures; capture nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     p = command("train", cmd_train, "train a model (standard / aligned / multi-exit / ce-reg) as a job",

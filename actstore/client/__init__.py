@@ -22,7 +22,8 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import planning_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -47,7 +48,8 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
+__all__ = ["BackupInfo", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
+           "COSResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
            "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
 
@@ -121,7 +123,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client:
+class Client(PlanningMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -143,6 +145,7 @@ class Client:
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
+        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -254,9 +257,7 @@ class Client:
                        max_len: int | None = CAPTURE.max_len.default,
                        site: Sequence[str] | str | None = None) -> JobInfo:
         """`site`: one site, a list, or a comma-separated string (see `capture`)."""
-        sites = [site] if isinstance(site, str) else list(site or [])
-        request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                                    max_len=max_len or 0, sites=[s for each in sites for s in each.split(",")])
+        request = capture_request(model, dataset, pooling, dtype, max_len, site)
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:

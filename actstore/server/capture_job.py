@@ -63,6 +63,18 @@ class OpenRun:
     dataset: DatasetRecord
 
 
+@dataclass(frozen=True)
+class CaptureTarget:
+    """A validated capture request: its model, dataset, options and each site's run spec and key."""
+
+    model: ModelRecord
+    dataset: DatasetRecord
+    options: dict
+    sites: list[str]
+    specs: list[dict]
+    keys: list[str]
+
+
 class CaptureJobs:
     def __init__(self, catalog: Catalog, store: StoreHandle, jobs: JobManager, pool: CapturePool,
                  settings: Settings) -> None:
@@ -74,16 +86,22 @@ class CaptureJobs:
         self.settings = settings
         self.submissions = threading.Lock()
 
-    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+    def target(self, request: CaptureRequest) -> CaptureTarget:
+        """Check a request (InvalidArgument / NotFound) and name the run of each of its sites."""
         model = self.catalog.model(request.model)
         dataset = self.catalog.dataset(request.dataset)
         options = self._spec(request, model, dataset)
         sites = self._sites(request.sites, model)
         specs = [run_spec(**options, site=site.site, modules=site.pattern) for site in sites]
-        keys = [run_key(spec) for spec in specs]
+        return CaptureTarget(model, dataset, options, [site.site for site in sites], specs,
+                             [run_key(spec) for spec in specs])
+
+    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+        target = self.target(request)
+        model, dataset, options, specs, keys = target.model, target.dataset, target.options, target.specs, target.keys
         job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": options["pooling"],
-                       "dtype": options["dtype"], "max_len": options["max_len"],
-                       "sites": [site.site for site in sites], "run_keys": keys}
+                       "dtype": options["dtype"], "max_len": options["max_len"], "sites": target.sites,
+                       "run_keys": keys}
         todo = [(key, spec) for key, spec in zip(keys, specs)
                 if (found := self.catalog.find_run(key)) is None or found.status != "committed"]
         if not todo:

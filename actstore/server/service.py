@@ -25,6 +25,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
+from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
@@ -74,6 +75,9 @@ class ActStoreService:
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
+        self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost
+        self.plan_cka_matrix = self.costs.cka_matrix
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:

@@ -63,6 +63,14 @@ def result_proto(r: MetricResult) -> pb.QueryResult:
     )
 
 
+def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
+    return CaptureRequest(model=request.model, dataset=request.dataset,
+                          pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
+                          dtype=from_wire(CAPTURE, "dtype", request.dtype),
+                          max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0,
+                          sites=tuple(from_wire(CAPTURE, "site", list(request.sites))))
+
+
 class CatalogServicer(rpc.CatalogServicer):
     def __init__(self, service: ActStoreService) -> None:
         self.service = service
@@ -127,14 +135,7 @@ class CaptureServicer(rpc.CaptureServicer):
         self.service = service
 
     def SubmitCapture(self, request, context):
-        snapshot = self.service.submit_capture(
-            CaptureRequest(model=request.model, dataset=request.dataset,
-                           pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
-                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
-                           max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0,
-                           sites=tuple(from_wire(CAPTURE, "site", list(request.sites)))),
-            principal=current_principal.get())
-        return job_proto(snapshot)
+        return job_proto(self.service.submit_capture(capture_request(request), principal=current_principal.get()))
 
     def WatchJob(self, request, context):
         for snapshot in self.service.follow_job(request.job_id):
