@@ -252,6 +252,10 @@ CAPTURE = Table(
     Option("dtype", str, "float16", choices=("float16", "float32", "bfloat16"), help="storage dtype"),
     Option("max_len", int, None, minimum=2, help="token limit",
            default_text="the server's default_max_len, 128 unless configured"),
+    Option("site", str, ("resid_post",), many=True,
+           help="capture sites, comma-separated, all from one forward pass (one run each): resid_post (the "
+                "block's output), attn_out, mlp_out (what attention / the MLP adds to the stream), or a module "
+                "path pattern of the model with * for the block index (model.layers.*.mlp.down_proj)"),
 )
 
 TRAIN = Table(

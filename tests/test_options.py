@@ -160,7 +160,7 @@ CLI = {
     "serve": ([SERVE], {"metric_device"}),
     "experiment": ([TRAIN, LENS], {"recipe", "seed", "steps", "smoke", "epsilon"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
-    "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
+    "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
     "cka": ([SIMILARITY], {"debiased"}),
     "cos": ([SIMILARITY], {"center"}),
@@ -191,7 +191,7 @@ def test_every_command_is_covered_or_has_no_table_options():
             continue
         dests = {a.dest for a in parser._actions} - {"address", "store", "token", "verbose", "help"}
         # a command outside CLI may share a name with an option only by coincidence of meaning
-        assert not dests & names - {"run", "name", "seed"}, (command, dests & names)
+        assert not dests & names - {"run", "name", "seed", "site"}, (command, dests & names)
 
 
 @pytest.mark.parametrize("command", list(CLI))
@@ -214,7 +214,7 @@ def test_cli_flags_match_the_tables(command):
             continue
         if option.many:
             assert action.default is None  # the server's default, shown in the help
-            assert action.type("0.5,0.9") == [0.5, 0.9]
+            assert action.type("0.5,0.9") == [option.type(v) for v in ("0.5", "0.9")]
         else:
             assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
             assert action.type in (option.type, None if option.type is str else option.type), action
@@ -241,6 +241,7 @@ CLIENT = {
     "register_dataset": (DATASETS, {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "submit_capture": (CAPTURE, set(CAPTURE)),
     "capture": (CAPTURE, set(CAPTURE)),
+    "plan_capture": (CAPTURE, set(CAPTURE)),
     "train": (TRAIN, set(TRAIN)),
     "cos": (SIMILARITY, {"center"}),
     "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),

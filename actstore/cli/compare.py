@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from actstore.cli import dryrun
 from actstore.cli.common import add_option, connect, output_options, parse_layers
 from actstore.options import SIMILARITY, STITCH
 
@@ -70,6 +71,8 @@ def cmd_knn(args) -> int:
 def cmd_cka_matrix(args) -> int:
     from actstore.report import heatmap
 
+    if args.dry_run:
+        return dryrun.cka_matrix(args)
     with connect(args) as client:
         result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
     matrix = result.debiased if args.debiased else result.biased
@@ -137,6 +140,8 @@ def add_commands(command) -> None:
     p.add_argument("runs", nargs="+")
     add_option(p, SIMILARITY, "debiased")
     output_options(p, "write a heatmap PNG here")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (feature/Gram space, tiles, map tasks), peak memory and FLOPs; compute nothing")
 
     p = command("stitch", cmd_stitch, "model stitching penalty: run A's layer into run B's model (Brown et al.)",
                 "Both runs token-level (--pooling tokens) on the same dataset with the same tokenisation.")

@@ -22,7 +22,8 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import planning_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -47,7 +48,8 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
+__all__ = ["BackupInfo", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
+           "COSResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
            "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
 
@@ -121,7 +123,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client:
+class Client(PlanningMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -143,6 +145,7 @@ class Client:
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
+        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -210,8 +213,10 @@ class Client:
     def datasets(self) -> list[DatasetInfo]:
         return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
 
-    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None) -> list[RunInfo]:
-        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "")
+    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None,
+             site: str | None = None) -> list[RunInfo]:
+        """Runs, optionally only those of a model, a dataset, a status and a capture site."""
+        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "", site=site or "")
         return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
 
     def describe(self, run: str) -> RunInfo:
@@ -249,9 +254,10 @@ class Client:
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
-                       max_len: int | None = CAPTURE.max_len.default) -> JobInfo:
-        request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                                    max_len=max_len or 0)
+                       max_len: int | None = CAPTURE.max_len.default,
+                       site: Sequence[str] | str | None = None) -> JobInfo:
+        """`site`: one site, a list, or a comma-separated string (see `capture`)."""
+        request = capture_request(model, dataset, pooling, dtype, max_len, site)
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
@@ -282,14 +288,17 @@ class Client:
 
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                progress: bool = False) -> CaptureResult:
-        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
-        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
+                site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
+        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it.
+        `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
+        for the block index; several sites come from one forward pass, one run each
+        (`result.runs` maps site -> run key)."""
+        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
         if not job.finished:
             joined = job.joined
             job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
             job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.target, job=job)
+        return CaptureResult(run_key=job.run_keys[0] if job.run_keys else job.target, job=job)
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,

@@ -67,6 +67,16 @@ class LayerHealth:
     inf_count: int
     min: float
     max: float
+    # running statistics of the stored numbers (None for runs captured before they existed)
+    mean: float | None = None  # over rows and features
+    std: float | None = None
+    norm_mean: float | None = None  # of each row's L2 norm
+    norm_std: float | None = None
+
+    @staticmethod
+    def from_proto(h: pb.LayerHealth) -> LayerHealth:
+        stats = (h.mean, h.std, h.norm_mean, h.norm_std) if h.has_stats else (None,) * 4
+        return LayerHealth(h.layer, h.nan_count, h.inf_count, h.min, h.max, *stats)
 
 
 @dataclass(frozen=True)
@@ -88,13 +98,15 @@ class RunInfo:
     health: list[LayerHealth] = field(default_factory=list)
     model_aliases: list[str] = field(default_factory=list)
     dataset_aliases: list[str] = field(default_factory=list)
+    site: str = "resid_post"  # the capture site (see `actstore capture --help`)
+    site_modules: str = ""  # the module pattern the site resolved to (empty for resid_post)
 
     @staticmethod
     def from_proto(r: pb.Run) -> RunInfo:
         return RunInfo(r.run_key, r.model_digest, r.dataset_digest, r.pooling, r.dtype, r.max_len, r.n, r.rows,
                        r.num_layers, r.width, r.status, r.num_shards, r.recorded_shards, r.stored_bytes,
-                       [LayerHealth(h.layer, h.nan_count, h.inf_count, h.min, h.max) for h in r.health],
-                       list(r.model_aliases), list(r.dataset_aliases))
+                       [LayerHealth.from_proto(h) for h in r.health],
+                       list(r.model_aliases), list(r.dataset_aliases), r.site or "resid_post", r.site_modules)
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,8 @@ class JobInfo:
     cache_hit: bool
     joined: bool
     message: str = ""
+    run_keys: tuple[str, ...] = ()  # a capture: the run of each of its sites
+    sites: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -119,13 +133,18 @@ class JobInfo:
     @staticmethod
     def from_proto(j: pb.Job, message: str = "") -> JobInfo:
         return JobInfo(j.job_id, j.kind, j.status, j.target, j.done, j.total, j.unit, j.error, j.error_code,
-                       j.cache_hit, j.joined, message)
+                       j.cache_hit, j.joined, message, tuple(j.run_keys), tuple(j.sites))
 
 
 @dataclass(frozen=True)
 class CaptureResult:
-    run_key: str
+    run_key: str  # the first site's run
     job: JobInfo
+
+    @property
+    def runs(self) -> dict[str, str]:
+        """site -> run key, for every site of the capture."""
+        return dict(zip(self.job.sites, self.job.run_keys)) or {"resid_post": self.run_key}
 
     @property
     def cache_hit(self) -> bool:

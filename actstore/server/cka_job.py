@@ -55,7 +55,7 @@ def plan(parts: QueryParts, runs: list[str]) -> tuple[list[RunRecord], str, dict
     return records, key, options
 
 
-def _tiles(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
+def tile_groups(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
     """Groups of block indices; a tile is a pair of groups whose union fits the memory limit."""
     itemsize = row_itemsize(*[run for run, _ in blocks])
     size = parts.sizing.group_size(len(blocks), [run.width for run, _ in blocks], mode, rows, itemsize)
@@ -80,7 +80,7 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
     blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
     rows = records[0].rows
     mode = parts.sizing.mode([run.width for run, _ in blocks], rows, row_itemsize(*records))
-    tiles = _tiles(parts, blocks, mode, rows)
+    tiles = tile_groups(parts, blocks, mode, rows)
     groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
     partials = executor.store.path / "partials" / key
     partials.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
+from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
@@ -33,6 +34,7 @@ from actstore.server.verify_job import VerifyJobs
 from actstore.store import backups
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
+from actstore.store.keys import site_of
 from actstore.workers import cluster
 
 __all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "RunDescription", "TrainRequest"]
@@ -47,6 +49,7 @@ class RunDescription:
     stored_bytes: int
     model_aliases: tuple[str, ...]
     dataset_aliases: tuple[str, ...]
+    stats: dict | None = None  # per-layer running statistics (committed runs captured with them)
 
 
 class ActStoreService:
@@ -74,6 +77,9 @@ class ActStoreService:
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
+        self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost
+        self.plan_cka_matrix = self.costs.cka_matrix
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
@@ -119,17 +125,20 @@ class ActStoreService:
     def datasets(self) -> list[DatasetRecord]:
         return self.catalog.datasets()
 
-    def runs(self, model: str = "", dataset: str = "", status: str = "") -> list[RunRecord]:
+    def runs(self, model: str = "", dataset: str = "", status: str = "", site: str = "") -> list[RunRecord]:
         model_digest = self.catalog.model(model).digest if model else None
         dataset_digest = self.catalog.dataset(dataset).digest if dataset else None
-        return self.catalog.runs(model_digest, dataset_digest, status or None)
+        runs = self.catalog.runs(model_digest, dataset_digest, status or None)
+        return [r for r in runs if site_of(r.spec) == site] if site else runs
 
     def describe_run(self, run: str) -> RunDescription:
         record = self.catalog.run(run)
         health = self.catalog.chunk_health(record.run_key, record.num_layers)
-        stored = self.arrays.nbytes_stored(record.run_key) if record.status == "committed" else 0
+        committed = record.status == "committed"
+        stored = self.arrays.nbytes_stored(record.run_key) if committed else 0
         return RunDescription(record, health, stored, self.catalog.model(record.model_digest).aliases,
-                              self.catalog.dataset(record.dataset_digest).aliases)
+                              self.catalog.dataset(record.dataset_digest).aliases,
+                              self.arrays.layer_stats(record.run_key) if committed else None)
 
     def delete_run(self, run: str) -> str:
         record = self.catalog.run(run)

@@ -405,6 +405,13 @@ class Catalog:
         )
         return [self.job(r[0]) for r in ids]
 
+    def finished_captures(self, limit: int) -> list[tuple[dict, float]]:
+        """(request, seconds from submit to done) of the newest `limit` capture jobs that computed
+        something (a cache hit is recorded done at once and never updated)."""
+        rows = self._rows("SELECT request, epoch(updated_at - created_at) FROM jobs WHERE kind = 'capture' "
+                          "AND status = 'done' AND updated_at > created_at ORDER BY updated_at DESC LIMIT ?", [limit])
+        return [(json.loads(r[0]), float(r[1])) for r in rows]
+
     # ---- principals and audit -----------------------------------------------------------------
     def add_principal(self, name: str, role: str, token_hash: str) -> None:
         if self._rows("SELECT 1 FROM principals WHERE name = ?", [name]):
