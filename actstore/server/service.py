@@ -26,6 +26,7 @@ from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.queries import QueryEngine
+from actstore.server.readers import Readers
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
@@ -72,6 +73,8 @@ class ActStoreService:
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
+        self.read_batches, self.locate_run, self.sql = readers.batches, readers.locate, readers.sql
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
