@@ -13,6 +13,7 @@ import pytest
 
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
+    BATCHES,
     CAPTURE,
     DATASETS,
     ENTROPY,
@@ -20,6 +21,7 @@ from actstore.options import (
     LENS,
     SERVE,
     SIMILARITY,
+    SQL,
     STITCH,
     TABLES,
     TRAIN,
@@ -172,6 +174,7 @@ CLI = {
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], {"test_fraction", "seed"}),
     "gc": ([GC], set(GC)),
+    "sql": ([SQL], {"limit"}),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -250,6 +253,9 @@ CLIENT = {
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "batches": (BATCHES, set(BATCHES)),
+    "torch_dataset": (BATCHES, set(BATCHES) - {"epoch"}),  # the epoch is set per epoch: set_epoch
+    "sql": (SQL, {"limit"}),
 }
 
 

@@ -96,9 +96,11 @@ class ReadersMixin:
         give the same batches. Without, rows come in store order. Each batch holds `batch_size`
         rows but a rank's last; `drop_last` drops that one (then not every row is read).
         Token-level runs: a row is a token, with its sample's id and label."""
-        request = pb.BatchesRequest(run=run, layers=list(layers or []), batch_size=batch_size, shuffle=shuffle,
-                                    seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                                    buffer_shards=buffer_shards, drop_last=drop_last)
+        options = dict(batch_size=batch_size, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                       buffer_shards=buffer_shards, drop_last=drop_last)
+        for name, value in options.items():  # here too: a proto3 zero would read as "not given"
+            BATCHES[name].check(value)
+        request = pb.BatchesRequest(run=run, layers=list(layers or []), shuffle=shuffle, **options)
         parts: list[pb.BatchPart] = []
         for part in self._readers.ReadBatches(request):
             parts.append(part)

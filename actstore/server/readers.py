@@ -80,12 +80,14 @@ class Readers:
         k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)
         itemsize = 2 if record.dtype == "float16" else 4  # bfloat16 is read back as float32
         row_bytes = len(options.layers) * record.width * itemsize
-        if options.shuffle and k * layout.shard_rows * row_bytes > self.settings.batch_buffer_bytes:
+        # shuffled: K shards' rows; in order: a shard and the rows carried into the next batch
+        held = k * layout.shard_rows if options.shuffle else layout.shard_rows + options.batch_size
+        if held * row_bytes > self.settings.batch_buffer_bytes:
             raise ResourceExhausted(
-                f"a shuffle buffer of {k} shards x {layout.shard_rows} rows x {len(options.layers)} layers would hold "
-                f"{byte_size(k * layout.shard_rows * row_bytes)}, over the "
-                f"{byte_size(self.settings.batch_buffer_bytes)} limit (ACTSTORE_BATCH_BUFFER_BYTES): ask for fewer "
-                "layers, buffer_shards or a smaller batch_size")
+                f"reading {held} rows x {len(options.layers)} layers at once (buffer_shards {k} of "
+                f"{layout.shard_rows} rows, batch_size {options.batch_size}) would hold {byte_size(held * row_bytes)}, "
+                f"over the {byte_size(self.settings.batch_buffer_bytes)} limit (ACTSTORE_BATCH_BUFFER_BYTES): ask "
+                "for fewer layers, a smaller buffer_shards or batch_size")
         return self._stream(record, layout, options, k, row_bytes)
 
     def _stream(self, record: RunRecord, layout: RunLayout, options: BatchOptions, k: int, row_bytes: int
