@@ -93,9 +93,11 @@ class ShuffleBuffer:
         """m rows drawn uniformly without replacement; the holes are filled from the tail."""
         chosen = self.rng.choice(self.size, size=m, replace=False)
         values, rows = self.values[chosen], self.rows[chosen]
-        tail = np.arange(self.size - m, self.size)
-        holes = chosen[chosen < self.size - m]
-        movers = tail[~np.isin(tail, chosen)]
+        kept = self.size - m  # rows [kept, size) are the tail; the chosen rows below it become holes
+        holes = chosen[chosen < kept]
+        tail_taken = np.zeros(m, bool)
+        tail_taken[chosen[chosen >= kept] - kept] = True
+        movers = kept + np.flatnonzero(~tail_taken)
         self.values[holes] = self.values[movers]
         self.rows[holes] = self.rows[movers]
         self.size -= m
