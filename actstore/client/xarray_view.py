@@ -24,13 +24,17 @@ import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
-from actstore.errors import FailedPrecondition
+from actstore.errors import DataLoss, FailedPrecondition
+
+# what zarr and its codecs raise for bytes that fail their crc32c or do not decode
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
 
 
 class _StoredActivations(BackendArray):
-    def __init__(self, array: zarr.Array, bfloat16: bool) -> None:
+    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str) -> None:
         self.array = array
         self.bfloat16 = bfloat16
+        self.run_key = run_key
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(np.float32) if bfloat16 else np.dtype(array.dtype)
 
@@ -38,7 +42,12 @@ class _StoredActivations(BackendArray):
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._read)
 
     def _read(self, key: tuple) -> np.ndarray:
-        values = self.array.oindex[key]
+        try:
+            values = self.array.oindex[key]
+        except _DECODE_ERRORS as exc:
+            raise DataLoss(f"run {self.run_key[:12]}: a chunk of {self.array.path} is damaged "
+                           f"({str(exc).splitlines()[0][:200]}); `actstore verify {self.run_key[:12]} --repair` "
+                           "drops the damaged shards, then submit the same capture again") from None
         return (values.astype(np.uint32) << 16).view(np.float32) if self.bfloat16 else values
 
 
@@ -65,7 +74,8 @@ def open_run(location) -> xr.DataArray:
     bounds = group["sample_id_offsets"][:]
     ids = np.array([blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])], dtype=object)
     labels = group["labels"][:] if "labels" in group else None
-    data = indexing.LazilyIndexedArray(_StoredActivations(group[location.array], location.dtype == "bfloat16"))
+    data = indexing.LazilyIndexedArray(_StoredActivations(group[location.array], location.dtype == "bfloat16",
+                                                                location.run_key))
     coords: dict = {"layer": np.arange(location.num_layers + 1)}
     if location.pooling == "tokens":
         dims = ("token", "layer", "feature")
