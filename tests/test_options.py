@@ -347,6 +347,17 @@ def test_the_servicer_fills_in_the_tables_defaults():
         (None, 0, "text", 0, "word-dropout")
 
 
+def test_the_readers_servicer_fills_in_the_tables_defaults():
+    from actstore._proto.actstore.v1 import readers_pb2 as pb
+    from actstore.server.readers_servicer import ReadersServicer
+
+    readers = ReadersServicer(_Recorder())
+    _, args, kwargs = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
+    assert args == ("r", []) and kwargs == {**BATCHES.defaults(), "batch_size": 4, "shuffle": False}
+    _, args, _ = _call(readers, "Sql", pb.SqlRequest(query="SELECT 1"))
+    assert args[:2] == ("SELECT 1", None)  # None: the server's sql_max_rows
+
+
 def test_the_servicer_refuses_what_the_tables_refuse():
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
     from actstore.server.servicer import CaptureServicer, QueryServicer

@@ -92,6 +92,21 @@ def test_sequential_read_is_store_order_and_drop_last_drops_the_short_batch(clie
     assert [len(b) for b in dropped] == [8] * (N // 8)
 
 
+def test_the_server_buffer_is_bounded_by_the_parameter(client, runs):
+    """The first message says how many shards' rows the server's buffer may hold for the stream:
+    buffer_shards, raised only to fit one batch plus a shard (shards of 8 rows here)."""
+    from actstore._proto.actstore.v1 import readers_pb2 as pb
+
+    def held(**options):
+        request = pb.BatchesRequest(run=runs["pooled"], world_size=1, **options)
+        return next(iter(client._readers.ReadBatches(request))).buffer_shards
+
+    assert held(batch_size=4, shuffle=True, buffer_shards=3) == 3
+    assert held(batch_size=4, shuffle=True) == 8  # the default
+    assert held(batch_size=20, shuffle=True, buffer_shards=2) == 4  # ceil(20 / 8) + 1
+    assert held(batch_size=4, shuffle=False) == 1  # in order: one shard (and the rows carried over)
+
+
 def test_token_level_batches_are_tokens_with_their_sample(client, runs):
     run = runs["tokens"]
     info = client.describe(run)
