@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 from actstore._proto.actstore.v1 import readers_pb2 as pb
@@ -16,8 +17,8 @@ _INT64 = 1 << 63
 
 
 def sql_value(value: Any) -> pb.SqlValue:
-    """One cell: numbers, text, booleans and bytes as themselves; times as ISO text; anything
-    else (decimals, UUIDs, lists, structs) as its text."""
+    """One cell: numbers, text, booleans and bytes as themselves; times as ISO text; lists and
+    structs as JSON text; anything else (decimals, UUIDs, intervals) as its text."""
     if value is None:
         return pb.SqlValue(is_null=True)
     if isinstance(value, bool):
@@ -30,6 +31,8 @@ def sql_value(value: Any) -> pb.SqlValue:
         return pb.SqlValue(blob=value)
     if isinstance(value, (dt.date, dt.time, dt.datetime)):
         return pb.SqlValue(text=value.isoformat())
+    if isinstance(value, (list, tuple, dict)):
+        return pb.SqlValue(text=json.dumps(value, default=str))
     return pb.SqlValue(text=str(value))
 
 

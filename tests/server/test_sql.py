@@ -84,6 +84,8 @@ def test_a_reader_reads_the_catalog_tables_with_their_types(reader, admin):
     cells = reader.sql("SELECT 18446744073709551615::UBIGINT AS big, -5 AS small, NULL AS nothing, true AS yes, "
                        "1.5::DOUBLE AS x, 'ab'::BLOB AS raw").rows[0]
     assert cells == (18446744073709551615, -5, None, True, 1.5, b"ab")
+    nested = reader.sql("SELECT [1, 2] AS l, {'a': 'x', 'b': [true]} AS s, 1.50::DECIMAL(4, 2) AS d").rows[0]
+    assert nested == ("[1, 2]", '{"a": "x", "b": [true]}', "1.50")
     frame = reader.sql("SELECT alias FROM dataset_aliases").to_pandas()
     assert frame["alias"].tolist() == ["tiny"]
     with_cte = reader.sql("WITH d AS (SELECT digest FROM datasets) SELECT count(*) AS k FROM d JOIN dataset_aliases "
