@@ -1,7 +1,7 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
-One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC). The
-CLI builds its flags from them (default, choices, and help that shows the default), the client
+One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
+BATCHES, SQL). The CLI builds its flags from them (default, choices, and help that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
 client agree with the tables.
@@ -34,7 +34,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "SQL", "STITCH", "TABLES",
+    "TRAIN",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -298,5 +299,23 @@ GC = Table(
     Option("apply", bool, False, help="delete; without it gc only lists what it would delete"),
 )
 
+BATCHES = Table(
+    "batches",
+    Option("batch_size", int, None, minimum=1, help="rows per batch (required)"),
+    Option("seed", int, 0, minimum=0, help="shuffle seed (with the epoch: the shard order and the row order)"),
+    Option("epoch", int, 0, minimum=0, help="epoch: each one has its own order"),
+    Option("rank", int, 0, minimum=0, help="this reader's rank, 0 <= rank < world_size"),
+    Option("world_size", int, 1, minimum=1, help="data-parallel readers; each row goes to exactly one"),
+    Option("buffer_shards", int, 8, minimum=2, help="shards' rows the server's shuffle buffer holds at most "
+           "(raised to fit one batch plus a shard)"),
+    Option("drop_last", bool, False, help="drop each rank's short final batch (then not every row is read)"),
+)
+
+SQL = Table(
+    "sql",
+    Option("limit", int, None, minimum=1, help="rows returned at most (more: the answer says it was cut)",
+           default_text="the server's sql_max_rows", limit="sql_max_rows"),
+)
+
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC)}
+                                                   SERVE, GC, BATCHES, SQL)}

@@ -13,6 +13,7 @@ import pytest
 
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
+    BATCHES,
     CAPTURE,
     DATASETS,
     ENTROPY,
@@ -20,6 +21,7 @@ from actstore.options import (
     LENS,
     SERVE,
     SIMILARITY,
+    SQL,
     STITCH,
     TABLES,
     TRAIN,
@@ -172,6 +174,7 @@ CLI = {
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], {"test_fraction", "seed"}),
     "gc": ([GC], set(GC)),
+    "sql": ([SQL], {"limit"}),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -251,6 +254,9 @@ CLIENT = {
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "batches": (BATCHES, set(BATCHES)),
+    "torch_dataset": (BATCHES, set(BATCHES) - {"epoch"}),  # the epoch is set per epoch: set_epoch
+    "sql": (SQL, {"limit"}),
 }
 
 
@@ -340,6 +346,17 @@ def test_the_servicer_fills_in_the_tables_defaults():
     source = args[0]
     assert (source.limit, source.seed, source.text_column, source.augment_views, source.augment_method) == \
         (None, 0, "text", 0, "word-dropout")
+
+
+def test_the_readers_servicer_fills_in_the_tables_defaults():
+    from actstore._proto.actstore.v1 import readers_pb2 as pb
+    from actstore.server.readers_servicer import ReadersServicer
+
+    readers = ReadersServicer(_Recorder())
+    _, args, kwargs = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
+    assert args == ("r", []) and kwargs == {**BATCHES.defaults(), "batch_size": 4, "shuffle": False}
+    _, args, _ = _call(readers, "Sql", pb.SqlRequest(query="SELECT 1"))
+    assert args[:2] == ("SELECT 1", None)  # None: the server's sql_max_rows
 
 
 def test_the_servicer_refuses_what_the_tables_refuse():

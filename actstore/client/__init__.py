@@ -22,8 +22,10 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import planning_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import planning_pb2_grpc, readers_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore.client.frames import Listing
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
+from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -48,10 +50,11 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["BackupInfo", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
+__all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
            "COSResult", "CaptureResult", "DatasetInfo",
-           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
-           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
+           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
+           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunLocation", "RunVerdict", "SqlResult",
+           "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -123,7 +126,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin):
+class Client(PlanningMixin, ReadersMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -146,6 +149,8 @@ class Client(PlanningMixin):
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
         self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
+        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata)
+        self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
         self._server = None
 
     @classmethod
@@ -207,17 +212,17 @@ class Client(PlanningMixin):
                                                label_names=list(label_names or [])))
         return DatasetInfo.from_proto(self._catalog.RegisterDataset(request))
 
-    def models(self) -> list[ModelInfo]:
-        return [ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models]
+    def models(self) -> Listing[ModelInfo]:
+        return Listing(ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models)
 
-    def datasets(self) -> list[DatasetInfo]:
-        return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
+    def datasets(self) -> Listing[DatasetInfo]:
+        return Listing(DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets)
 
     def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None,
-             site: str | None = None) -> list[RunInfo]:
+             site: str | None = None) -> Listing[RunInfo]:
         """Runs, optionally only those of a model, a dataset, a status and a capture site."""
         request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "", site=site or "")
-        return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
+        return Listing(RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs)
 
     def describe(self, run: str) -> RunInfo:
         return RunInfo.from_proto(self._catalog.DescribeRun(pb.DescribeRunRequest(run=run)))
@@ -321,8 +326,9 @@ class Client(PlanningMixin):
     def job(self, job_id: str) -> JobInfo:
         return JobInfo.from_proto(self._capture.GetJob(pb.GetJobRequest(job_id=job_id)))
 
-    def jobs(self, status: str | None = None) -> list[JobInfo]:
-        return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
+    def jobs(self, status: str | None = None) -> Listing[JobInfo]:
+        jobs = self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs
+        return Listing(JobInfo.from_proto(j) for j in jobs)
 
     # ---- integrity ----------------------------------------------------------------------------
     def submit_verify(self, runs: Sequence[str] = (), *, all_runs: bool = False, repair: bool = False) -> JobInfo:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client.frames import layer_frame, matrix_frame
 from actstore.wire import from_ndarray
 
 
@@ -178,6 +179,10 @@ class CKAResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self, *, debiased: bool = False):
+        """Long format: layer_a, layer_b, value (biased CKA, or debiased)."""
+        return matrix_frame(self.debiased if debiased else self.biased, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class COSResult:
@@ -192,6 +197,10 @@ class COSResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self):
+        """Long format: layer_a, layer_b, value (the mean cosine)."""
+        return matrix_frame(self.mean, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class MatrixResult:
@@ -204,6 +213,10 @@ class MatrixResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self):
+        """Long format: layer_a, layer_b, value."""
+        return matrix_frame(self.values, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class LayerValues:
@@ -214,6 +227,10 @@ class LayerValues:
     scalars: dict[str, float]
     provenance: Provenance
     notes: list[str]
+
+    def to_pandas(self):
+        """layer, value."""
+        return layer_frame(self.values, self.layers)
 
 
 @dataclass(frozen=True)
@@ -244,6 +261,12 @@ class CKAMatrixResult:
         """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""
         matrix = self.debiased if debiased else self.biased
         return matrix[np.ix_(self.block_run == run_a, self.block_run == run_b)]
+
+    def to_pandas(self, *, debiased: bool = False):
+        """Long format: run_a, layer_a, run_b, layer_b, value, one row per pair of blocks."""
+        runs = np.asarray(self.runs)[self.block_run]
+        return matrix_frame(self.debiased if debiased else self.biased, self.block_layer, self.block_layer,
+                            run_a=runs[:, None], run_b=runs[None, :])
 
 
 @dataclass(frozen=True)

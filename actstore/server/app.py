@@ -12,11 +12,19 @@ from grpc_reflection.v1alpha import reflection
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import planning_pb2, planning_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import (
+    planning_pb2,
+    planning_pb2_grpc,
+    readers_pb2,
+    readers_pb2_grpc,
+    tokens_pb2,
+    tokens_pb2_grpc,
+)
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, Unavailable
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.planning_servicer import PlanningServicer
+from actstore.server.readers_servicer import ReadersServicer
 from actstore.server.service import ActStoreService
 from actstore.server.servicer import (
     CaptureServicer,
@@ -32,7 +40,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
                  for name in ("Catalog", "Capture", "Query", "Integrity", "Housekeeping")] + [
     tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name,
-    planning_pb2.DESCRIPTOR.services_by_name["Planning"].full_name]
+    planning_pb2.DESCRIPTOR.services_by_name["Planning"].full_name,
+    readers_pb2.DESCRIPTOR.services_by_name["Readers"].full_name]
 
 
 @dataclass
@@ -97,6 +106,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
     rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
     planning_pb2_grpc.add_PlanningServicer_to_server(PlanningServicer(service), server)
+    readers_pb2_grpc.add_ReadersServicer_to_server(ReadersServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

@@ -27,6 +27,7 @@ METHOD_ROLES = {
     "BackupCatalog": "admin", "CollectGarbage": "admin",
     "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
     "PlanCapture": "writer", "PlanCKAMatrix": "reader",
+    "ReadBatches": "reader", "LocateRun": "reader", "Sql": "reader",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).

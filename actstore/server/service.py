@@ -28,6 +28,7 @@ from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
+from actstore.server.readers import Readers
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
@@ -80,6 +81,8 @@ class ActStoreService:
         self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
         self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost
         self.plan_cka_matrix = self.costs.cka_matrix
+        readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
+        self.read_batches, self.locate_run, self.sql = readers.batches, readers.locate, readers.sql
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:

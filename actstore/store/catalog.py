@@ -100,6 +100,12 @@ class Catalog:
                 raise
         return backups.publish(staged, self.path, keep)
 
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, with its own transactions, for the read-only
+        SQL endpoint (`store.catalog_sql`); the caller closes it."""
+        with self._lock:
+            return self._con.cursor()
+
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
         with self._lock:
             return self._con.execute(sql, params).fetchall()
