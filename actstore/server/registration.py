@@ -30,8 +30,9 @@ T = TypeVar("T")
 # What a caller is told about a file on the server it cannot use, by kind: the general
 # requirements only, never what the file holds (its header, its values) or why in detail.
 _UNUSABLE = {
-    "dataset": "is not a usable dataset file: it must be a .csv (with a header row), .jsonl, .json or .npz file, "
-               "UTF-8 text, with the columns the request names",
+    "dataset": "is not a usable dataset file: it must be a .csv (with a header row), .jsonl, .json, .npz, "
+               ".parquet or .arrow file or a Hugging Face save_to_disk folder, with the columns (of the types) "
+               "the request names",
     "model": "is not a model folder the server can load: it must be a Hugging Face model folder (config.json, "
              "weights and, for text, a tokenizer) of a supported architecture",
 }
@@ -94,7 +95,8 @@ class Registrar:
             return load()
         p = server_path(path, kind)
         try:
-            usable = (p.is_dir() if kind == "model" else p.is_file()) and os.access(p, os.R_OK)
+            usable = (p.is_dir() if kind == "model" else p.is_file() or ds.is_dataset_folder(p)) \
+                and os.access(p, os.R_OK)
         except (OSError, ValueError):  # a name too long, a NUL byte
             usable = False
         if not usable:
@@ -150,7 +152,8 @@ class Registrar:
         elif source.path:
             data = self._from_server_path(source.path, "dataset", lambda: ds.load_file(
                 server_path(source.path, "dataset"), text_column=source.text_column,
-                label_column=source.label_column, id_column=source.id_column, group_column=source.group_column))
+                label_column=source.label_column, id_column=source.id_column, group_column=source.group_column,
+                split=source.split))
             if source.limit:
                 data = data.take(range(min(source.limit, data.n)))
         else:
