@@ -17,6 +17,7 @@ from actstore.options import (
     DATASETS,
     ENTROPY,
     GC,
+    IMPORTS,
     LENS,
     SERVE,
     SIMILARITY,
@@ -130,6 +131,7 @@ def test_choices_match_what_the_server_knows():
     from actstore.store.keys import POOLINGS, STORAGE_DTYPES
     from actstore.training import METHODS, WEIGHT_SCHEMES
     from actstore.training.recipes import RECIPES
+    from actstore.workers.importers import FORMATS
 
     assert CAPTURE.pooling.choices == POOLINGS
     assert CAPTURE.dtype.choices == STORAGE_DTYPES
@@ -137,6 +139,8 @@ def test_choices_match_what_the_server_knows():
     assert TRAIN.weights.choices == WEIGHT_SCHEMES
     assert TRAIN.recipe.choices == tuple(RECIPES)
     assert DATASETS.augment_method.choices == AUGMENT_METHODS
+    assert IMPORTS.pooling.choices == POOLINGS and IMPORTS.dtype.choices == STORAGE_DTYPES
+    assert IMPORTS.format.choices == FORMATS
     assert SIMILARITY.batch_size.minimum == MIN_HSIC_SAMPLES
     assert ENTROPY.metric.choices == tuple(k.lower() for k in pb.EntropyRequest.Metric.keys()[1:])
     fields = Settings.model_fields
@@ -172,6 +176,7 @@ CLI = {
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], {"test_fraction", "seed"}),
     "gc": ([GC], set(GC)),
+    "import": ([IMPORTS], set(IMPORTS)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -250,6 +255,8 @@ CLIENT = {
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "submit_import": (IMPORTS, set(IMPORTS)),
+    "import_activations": (IMPORTS, set(IMPORTS)),
 }
 
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import imports_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore.client.imports import ImportsMixin
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -121,7 +122,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client:
+class Client(ImportsMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -143,6 +144,7 @@ class Client:
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
+        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -285,11 +287,7 @@ class Client:
                 progress: bool = False) -> CaptureResult:
         """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
         job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
-        if not job.finished:
-            joined = job.joined
-            job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
-            job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.target, job=job)
+        return self._run_of(job, progress, f"capture {model}")
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,

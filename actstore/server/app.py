@@ -12,9 +12,10 @@ from grpc_reflection.v1alpha import reflection
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import imports_pb2, imports_pb2_grpc, tokens_pb2, tokens_pb2_grpc
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, Unavailable
+from actstore.server.import_servicer import ImportsServicer
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.service import ActStoreService
 from actstore.server.servicer import (
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
                  for name in ("Catalog", "Capture", "Query", "Integrity", "Housekeeping")] + [
-    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
+    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name,
+    imports_pb2.DESCRIPTOR.services_by_name["Imports"].full_name]
 
 
 @dataclass
@@ -94,6 +96,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
     rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
     rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
+    imports_pb2_grpc.add_ImportsServicer_to_server(ImportsServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

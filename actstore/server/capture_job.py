@@ -22,7 +22,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.store import datasets as ds
-from actstore.store.array_store import RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.catalog import (
     Catalog,
     DatasetRecord,
@@ -154,41 +154,54 @@ class CaptureJobs:
 
     def _capture(self, job: JobState, opened: OpenRun) -> None:
         record, layout = opened.record, opened.layout
-        missing = sorted(set(range(layout.num_shards)) - opened.recorded)
-        done = layout.num_shards - len(missing)
-        job.progress(done, layout.num_shards, "shards",
-                     f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
         plan = CapturePlan(run_key=record.run_key, dataset_path=opened.dataset.path, pooling=layout.pooling,
                            max_len=record.max_len, batch_size=self.settings.capture_batch_size, layout=layout)
         actors = self.pool.acquire(opened.model.digest, opened.model.path)
-
-        def collect(_shard: int, ref) -> None:
-            nonlocal done
-            rows = get_or_raise(ref, lambda cause: Unavailable(
-                f"a capture worker failed: {cause}; the shards stored so far are kept: submit the capture "
-                "again to resume"))
-            self.catalog.record_shard(pa.table(rows))
-            done += 1
-            job.progress(done, layout.num_shards, "shards")
-
         # one more than a replica works on at once: the next shard is already there when a slot frees
         in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
-            complete = run_windowed(missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
-                                    in_flight * len(actors), collect, job.cancel_requested)
+            complete = fill_shards(self.catalog, job, record, layout, opened.recorded,
+                                   lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
+                                   in_flight * len(actors), "a capture worker failed", "capture")
             broken = False
-        except ActStoreError as exc:
-            # the run says so (not `running` forever); its stored shards stay, and submitting the
-            # capture again resumes it
-            if not isinstance(exc, Cancelled):
-                self.catalog.set_run_status(record.run_key, "failed")
-            raise
         finally:
             self.pool.release(opened.model.digest, broken=broken)
         if not complete:
-            raise Cancelled(f"capture of run {record.run_key[:12]} cancelled after {done} of "
-                            f"{layout.num_shards} shards; submit it again to resume")
-        self.arrays.write_means(record.run_key)
-        self.catalog.commit_run(record)
-        self.arrays.mark_committed(record.run_key)  # after the catalog: the store never claims more
+            raise Cancelled(f"capture of run {record.run_key[:12]} cancelled; submit it again to resume")
+        commit(self.catalog, self.arrays, record)
+
+
+def fill_shards(catalog: Catalog, job: JobState, record: RunRecord, layout: RunLayout, recorded: set[int],
+                submit, width: int, failure: str, what: str) -> bool:
+    """Write the shards not yet recorded (``submit(shard)`` is the ref of a task that writes one and
+    returns its chunk rows) and record each as it arrives, at most ``width`` in flight. False when
+    the job was cancelled; a failure marks the run failed (its stored shards stay: submitting the
+    same request again resumes it)."""
+    missing = sorted(set(range(layout.num_shards)) - recorded)
+    done = layout.num_shards - len(missing)
+    job.progress(done, layout.num_shards, "shards",
+                 f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
+
+    def collect(_shard: int, ref) -> None:
+        nonlocal done
+        rows = get_or_raise(ref, lambda cause: Unavailable(
+            f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
+        catalog.record_shard(pa.table(rows))
+        done += 1
+        job.progress(done, layout.num_shards, "shards")
+
+    try:
+        return run_windowed(missing, submit, width, collect, job.cancel_requested)
+    except ActStoreError as exc:
+        # the run says so (not `running` forever)
+        if not isinstance(exc, Cancelled):
+            catalog.set_run_status(record.run_key, "failed")
+        raise
+
+
+def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
+    """The layer means, then the catalog's commit, then the store's marker: the store never claims more."""
+    arrays.write_means(record.run_key)
+    catalog.commit_run(record)
+    arrays.mark_committed(record.run_key)
