@@ -7,6 +7,7 @@ INVALID_ARGUMENTs, and a flipped byte in an imported shard is DATA_LOSS."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -168,6 +169,19 @@ def test_a_flipped_byte_in_an_imported_shard_is_data_loss(setup, module_server, 
     flip_chunk(module_server, run, shard=1, layer=2)
     with pytest.raises(DataLoss, match=r"shard 1 layer 2"):
         client.cka(run)
+    # a repair drops the damaged shard; the same import again rewrites it
+    assert client.verify([run], repair=True).runs[0].damaged_shards == [1]
+    again = client.import_activations(folder, model="tiny-gpt2", dataset="toy", pooling="cls")
+    assert again.run_key == run and not again.cache_hit and again.job.done == 3
+    assert np.allclose(client.cka(run, refresh=True).biased, cka_matrix(layers), atol=1e-10)
+
+
+def test_the_docs_show_every_format_and_the_tests_examples():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "import.md").read_text()
+    for needed in ("## Format `arrays`", "## Format `vllm`", "## Format `saelens`", "npy_folder", "write_vllm",
+                   "write_saelens", "sample_ids.json", "layer.<k>", "hidden_states", "token_ids",
+                   "blocks.<i>.hook_resid_pre", "eagle_aux_hidden_state_layer_ids", '"source"'):
+        assert needed in text, needed
 
 
 def test_nan_is_counted_as_a_capture_counts_it(setup, tmp_path):
