@@ -1,7 +1,8 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
 One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
-BATCHES, SQL). The CLI builds its flags from them (default, choices, and help that shows the default), the client
+BATCHES, SQL, IMPORTS). The CLI builds its flags from them (default, choices, and help that shows
+the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
 client agree with the tables.
@@ -34,8 +35,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "SQL", "STITCH", "TABLES",
-    "TRAIN",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "SERVE", "SIMILARITY", "SQL", "STITCH",
+    "TABLES", "TRAIN",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -317,5 +318,19 @@ SQL = Table(
            default_text="the server's sql_max_rows", limit="sql_max_rows"),
 )
 
+IMPORTS = Table(
+    "imports",
+    Option("format", str, None, choices=("arrays", "vllm", "saelens"),
+           help="the files' layout (docs/import.md): arrays = layer_<k>.npy / .safetensors, vllm = "
+                "extract_hidden_states sidecars, saelens = a cached-activations dataset",
+           default_text="detected from the files"),
+    Option("pooling", str, None, choices=CAPTURE.pooling.choices,
+           help="per-token sources (vllm, saelens): pool each sample's tokens (cls = the first) or keep them "
+                "all (tokens); arrays: the pooling they were made with",
+           default_text=CAPTURE.pooling.default_text),
+    Option("dtype", str, None, choices=CAPTURE.dtype.choices, help="storage dtype",
+           default_text="the source's (float64 is stored as float32)"),
+)
+
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC, BATCHES, SQL)}
+                                                   SERVE, GC, BATCHES, SQL, IMPORTS)}

@@ -18,6 +18,7 @@ from actstore.options import (
     DATASETS,
     ENTROPY,
     GC,
+    IMPORTS,
     LENS,
     SERVE,
     SIMILARITY,
@@ -132,6 +133,7 @@ def test_choices_match_what_the_server_knows():
     from actstore.store.keys import POOLINGS, STORAGE_DTYPES
     from actstore.training import METHODS, WEIGHT_SCHEMES
     from actstore.training.recipes import RECIPES
+    from actstore.workers.importers import FORMATS
 
     assert CAPTURE.pooling.choices == POOLINGS
     assert CAPTURE.dtype.choices == STORAGE_DTYPES
@@ -139,6 +141,8 @@ def test_choices_match_what_the_server_knows():
     assert TRAIN.weights.choices == WEIGHT_SCHEMES
     assert TRAIN.recipe.choices == tuple(RECIPES)
     assert DATASETS.augment_method.choices == AUGMENT_METHODS
+    assert IMPORTS.pooling.choices == POOLINGS and IMPORTS.dtype.choices == STORAGE_DTYPES
+    assert IMPORTS.format.choices == FORMATS
     assert SIMILARITY.batch_size.minimum == MIN_HSIC_SAMPLES
     assert ENTROPY.metric.choices == tuple(k.lower() for k in pb.EntropyRequest.Metric.keys()[1:])
     fields = Settings.model_fields
@@ -175,6 +179,7 @@ CLI = {
     "stitch": ([STITCH], {"test_fraction", "seed"}),
     "gc": ([GC], set(GC)),
     "sql": ([SQL], {"limit"}),
+    "import": ([IMPORTS], set(IMPORTS)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -257,6 +262,8 @@ CLIENT = {
     "batches": (BATCHES, set(BATCHES)),
     "torch_dataset": (BATCHES, set(BATCHES) - {"epoch"}),  # the epoch is set per epoch: set_epoch
     "sql": (SQL, {"limit"}),
+    "submit_import": (IMPORTS, set(IMPORTS)),
+    "import_activations": (IMPORTS, set(IMPORTS)),
 }
 
 

@@ -99,15 +99,17 @@ def add_commands(command) -> None:
     p.add_argument("--name", help="alias (default: the builtin or folder name)")
 
     p = command("register-dataset", cmd_register_dataset, "register a dataset (file, builtin, or texts)",
-                "Files: .csv/.jsonl/.json (texts, optional labels/ids/groups) or .npz (images/x, labels/y).\n"
-                "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
-    p.add_argument("path", nargs="?", help="a dataset file on the server's file system")
+                "Files: .csv/.jsonl/.json/.parquet/.arrow (texts, optional labels/ids/groups), a Hugging Face\n"
+                "save_to_disk folder (the same columns; --split picks a split of a DatasetDict; a ClassLabel\n"
+                "label column keeps its class names) or .npz (images/x, labels/y). --limit keeps the first N\n"
+                "rows of a file. Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
+    p.add_argument("path", nargs="?", help="a dataset file or Hugging Face dataset folder on the server's file system")
     p.add_argument("--builtin", help="a builtin dataset name")
     p.add_argument("--text", action="append", help="an inline text (repeat)")
     p.add_argument("--name", help="alias (default: the builtin or file name)")
     add_option(p, DATASETS, "limit")
     add_option(p, DATASETS, "seed")
-    p.add_argument("--split", help="train | test where the builtin has splits")
+    p.add_argument("--split", help="train | test where the builtin has splits; a split of a DatasetDict folder")
     add_option(p, DATASETS, "text_column")
     p.add_argument("--label-column")
     p.add_argument("--id-column")

@@ -22,8 +22,15 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import planning_pb2_grpc, readers_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import (
+    imports_pb2_grpc,
+    planning_pb2_grpc,
+    readers_pb2_grpc,
+    tokens_pb2,
+    tokens_pb2_grpc,
+)
 from actstore.client.frames import Listing
+from actstore.client.imports import ImportsMixin
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
@@ -126,7 +133,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin, ReadersMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -151,6 +158,7 @@ class Client(PlanningMixin, ReadersMixin):
         self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
         self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata)
         self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
+        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -299,11 +307,7 @@ class Client(PlanningMixin, ReadersMixin):
         for the block index; several sites come from one forward pass, one run each
         (`result.runs` maps site -> run key)."""
         job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
-        if not job.finished:
-            joined = job.joined
-            job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
-            job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.run_keys[0] if job.run_keys else job.target, job=job)
+        return self._run_of(job, progress, f"capture {model}")
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,

@@ -28,10 +28,11 @@ METHOD_ROLES = {
     "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
     "PlanCapture": "writer", "PlanCKAMatrix": "reader",
     "ReadBatches": "reader", "LocateRun": "reader", "Sql": "reader",
+    "SubmitImport": "writer",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).
-SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset")
+SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset", "SubmitImport")
 
 
 def hash_token(token: str) -> str:

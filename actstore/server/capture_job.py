@@ -27,7 +27,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.store import datasets as ds
-from actstore.store.array_store import RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.catalog import (
     Catalog,
     DatasetRecord,
@@ -203,48 +203,63 @@ class CaptureJobs:
 
     def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
         first, layout = opened[0], opened[0].layout
-        missing = sorted(set(range(layout.num_shards)) - set.intersection(*(o.recorded for o in opened)))
-        needs = {shard: tuple(o.record.run_key for o in opened if shard not in o.recorded) for shard in missing}
-        done = layout.num_shards - len(missing)
-        job.progress(done, layout.num_shards, "shards",
-                     f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
         plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, pooling=layout.pooling,
                            max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
         actors = self.pool.acquire(first.model.digest, first.model.path)
-
-        def collect(_shard: int, ref) -> None:
-            nonlocal done
-            runs = get_or_raise(ref, lambda cause: Unavailable(
-                f"a capture worker failed: {cause}; the shards stored so far are kept: submit the capture "
-                "again to resume"))
-            for rows in runs:
-                self.catalog.record_shard(pa.table(rows))
-            done += 1
-            job.progress(done, layout.num_shards, "shards")
-
         # one more than a replica works on at once: the next shard is already there when a slot frees
         in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
-            complete = run_windowed(
-                missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard, needs[shard]),
-                in_flight * len(actors), collect, job.cancel_requested)
+            complete = fill_shards(self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
+                                   lambda shard, keys: actors[shard % len(actors)].capture.remote(plan, shard, keys),
+                                   in_flight * len(actors), "a capture worker failed", "capture")
             broken = False
-        except ActStoreError as exc:
-            # the runs say so (not `running` forever); their stored shards stay, and submitting the
-            # capture again resumes them
-            if not isinstance(exc, Cancelled):
-                for o in opened:
-                    self.catalog.set_run_status(o.record.run_key, "failed")
-            raise
         finally:
             self.pool.release(first.model.digest, broken=broken)
         if not complete:
-            raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled after {done} of "
-                            f"{layout.num_shards} shards; submit it again to resume")
+            raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
         for o in opened:
-            self.arrays.write_means(o.record.run_key)
-            self.arrays.write_layer_stats(o.record.run_key)
-            self.catalog.commit_run(o.record)
-            self.arrays.mark_committed(o.record.run_key)  # after the catalog: the store never claims more
+            commit(self.catalog, self.arrays, o.record)
+
+
+def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
+                recorded: list[set[int]], submit, width: int, failure: str, what: str) -> bool:
+    """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
+    the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each as it
+    arrives, at most ``width`` in flight. ``submit(shard, keys)`` is the ref of a task that writes
+    that shard of the runs ``keys`` (those that lack it) and returns their chunk rows, one table
+    per run. False when the job was cancelled; a failure marks the runs failed (their stored shards
+    stay: submitting the same request again resumes them)."""
+    missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
+    needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
+    done = layout.num_shards - len(missing)
+    job.progress(done, layout.num_shards, "shards",
+                 f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
+
+    def collect(shard: int, ref) -> None:
+        nonlocal done
+        tables = get_or_raise(ref, lambda cause: Unavailable(
+            f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
+        for rows in tables:
+            catalog.record_shard(pa.table(rows))
+        done += 1
+        job.progress(done, layout.num_shards, "shards")
+
+    try:
+        return run_windowed(missing, lambda shard: submit(shard, needs[shard]), width, collect, job.cancel_requested)
+    except ActStoreError as exc:
+        # the runs say so (not `running` forever)
+        if not isinstance(exc, Cancelled):
+            for record in records:
+                catalog.set_run_status(record.run_key, "failed")
+        raise
+
+
+def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
+    """The layer means and statistics, then the catalog's commit, then the store's marker: the store
+    never claims more."""
+    arrays.write_means(record.run_key)
+    arrays.write_layer_stats(record.run_key)
+    catalog.commit_run(record)
+    arrays.mark_committed(record.run_key)

@@ -24,6 +24,7 @@ from actstore.server.backup_schedule import BackupSchedule
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
+from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.planning import CostPlanner
@@ -38,7 +39,7 @@ from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
 from actstore.workers import cluster
 
-__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "RunDescription", "TrainRequest"]
+__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "ImportRequest", "RunDescription", "TrainRequest"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class ActStoreService:
         self.registrar = Registrar(self.catalog, self.store, self.settings)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
+        self.imports = ImportJobs(self.catalog, self.store, self.jobs, self.registrar, self.settings,
+                                  self.captures.submissions)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)
         self.similarity = self.queries.similarity
         self.entropy = self.queries.entropy
@@ -171,6 +174,9 @@ class ActStoreService:
     # ---- jobs ---------------------------------------------------------------------------------
     def submit_capture(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
         return self.captures.submit(request, principal)
+
+    def submit_import(self, request: ImportRequest, principal: str | None = None) -> JobSnapshot:
+        return self.imports.submit(request, principal)
 
     def submit_train(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
         return self.training.submit(request, principal)

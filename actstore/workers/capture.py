@@ -24,7 +24,7 @@ import torch
 
 from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import ModelAdapter
-from actstore.store.array_store import RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 
@@ -150,20 +150,23 @@ class ShardCapturer:
                 values, token_ids = self._tokens(plan, sites, start, stop)
             else:
                 values = self._pooled(plan, sites, start, stop)
-        return [self._write(plan, key, shard, values[site], token_ids) for site, key in wanted]
+        return [store_shard(self.arrays, key, shard, layout.dtype, values[site], token_ids) for site, key in wanted]
 
-    def _write(self, plan: CapturePlan, run_key: str, shard: int, values: torch.Tensor,
-               token_ids: np.ndarray | None) -> dict[str, list]:
-        layout = plan.layout
-        stored = to_storage(values, layout.dtype)
-        numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
-        numbers = numbers.astype(np.float32, copy=False)
-        sums = numbers.sum(axis=0, dtype=np.float64)
-        self.arrays.write_shard(run_key, shard, stored, sums, token_ids)
-        rows = chunk_metadata(run_key, shard, stored, numbers)
-        self.arrays.write_shard_stats(run_key, shard, LayerStats.empty(numbers.shape[1]).update(numbers).to_dict())
-        self.arrays.write_chunk_rows(run_key, shard, rows)
-        return rows
+
+def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
+                token_ids: np.ndarray | None = None) -> dict[str, list]:
+    """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
+    layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
+    catalog records (a capture's and an import's shards take this one path)."""
+    stored = to_storage(values, dtype)
+    numbers = stored if dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
+    numbers = numbers.astype(np.float32, copy=False)
+    sums = numbers.sum(axis=0, dtype=np.float64)
+    arrays.write_shard(run_key, shard, stored, sums, token_ids)
+    rows = chunk_metadata(run_key, shard, stored, numbers)
+    arrays.write_shard_stats(run_key, shard, LayerStats.empty(numbers.shape[1]).update(numbers).to_dict())
+    arrays.write_chunk_rows(run_key, shard, rows)
+    return rows
 
 
 def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:

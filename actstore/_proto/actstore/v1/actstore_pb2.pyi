@@ -533,7 +533,7 @@ class RegisterDatasetRequest(_message.Message):
     AUGMENT_VIEWS_FIELD_NUMBER: _builtins.int
     AUGMENT_METHOD_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """.csv / .jsonl / .json / .npz on the server's file system"""
+    """.csv / .jsonl / .json / .npz / .parquet / .arrow or a save_to_disk folder on the server"""
     builtin: _builtins.str
     """rotten-tomatoes | fashion-mnist | digits | mnist-5k | austen"""
     name: _builtins.str
