@@ -9,6 +9,9 @@ Implements METRICS.md, section "Similarity between two representations", one fam
   feature-space `moments` or the stored rows and their `gram` strips.
 - `cosine`: sample-wise cosine similarity, COS (Jiang et al. 2024), one-pass and streamed.
 - `knn`: mutual kNN alignment (Huh et al. 2024).
+- `shape`: orthogonal Procrustes distances and the angular shape metric (Williams et al. 2021);
+  `cca`: CCA, SVCCA, PWCCA; both from second moments, streamed by `streamed_measures`
+  (`MomentMeasures`), named by the similarity-repository identifiers.
 - `stats`: quantiles from streamed histograms. `inputs`: sample identity and block checks.
 
 A "block" is one layer of one run: a matrix with one row per sample. Every product is formed from
@@ -18,6 +21,7 @@ as sim`); the names below are its public surface.
 
 from __future__ import annotations
 
+from .cca import cca_similarity
 from .cka import hsic_unbiased, hsic_unbiased_gram, linear_cka, linear_cka_debiased
 from .cosine import CosineAccumulator, CosineStats, samplewise_cosine
 from .gram import GRAM_STRIP_BYTES, StoredRows, gram_strip_products, gram_strips
@@ -25,7 +29,9 @@ from .inputs import MIN_HSIC_SAMPLES, check_same_samples
 from .knn import mutual_knn
 from .minibatch import MinibatchCKA, MinibatchCKAAccumulator, minibatch_cka
 from .moments import FeatureMoments
+from .shape import procrustes_distance, shape_metric
 from .stats import QUANTILE_LEVELS, histogram_quantiles
+from .streamed_measures import STREAMED_MEASURES, MomentMeasure, MomentMeasures, identifier, moment_measure
 from .streaming import (
     CKAMatrices,
     SimilarityAccumulator,
@@ -49,20 +55,28 @@ __all__ = [
     "CKAMatrices",
     "CosineAccumulator",
     "CosineStats",
+    "STREAMED_MEASURES",
     "MinibatchCKA",
+    "MomentMeasure",
+    "MomentMeasures",
     "MinibatchCKAAccumulator",
     "SimilarityAccumulator",
     "check_same_samples",
     "choose_cka_mode",
+    "cca_similarity",
     "cka_mode_costs",
     "gram_strip_products",
     "gram_strips",
     "histogram_quantiles",
+    "identifier",
+    "moment_measure",
     "hsic_unbiased",
     "hsic_unbiased_gram",
     "linear_cka",
     "linear_cka_debiased",
     "minibatch_cka",
+    "procrustes_distance",
     "mutual_knn",
     "samplewise_cosine",
+    "shape_metric",
 ]
