@@ -204,7 +204,11 @@ STREAMED_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclide
                      "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
                      "svcca-var=0.99-score", "pwcca-score")
 """Measures from streamed moments (any n; also the cross-model job's `--measure`)."""
-MEASURES = STREAMED_MEASURES
+MEASURES = STREAMED_MEASURES + (
+    "rsa-rdm=cosine-compare=pearson", "rsa-rdm=cosine-compare=spearman", "rsa-rdm=euclidean-compare=pearson",
+    "rsa-rdm=euclidean-compare=spearman", "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score",
+    "cka-kernel=(rbf-sigma={sigma})-hsic=song-score", "mutual_knn-topk={topk}", "cycle_knn-topk={topk}",
+    "cknna-topk={topk}")
 """Every measure of a MEASURE query, by its nacloos/similarity-repository identifier."""
 
 SIMILARITY = Table(
@@ -214,7 +218,7 @@ SIMILARITY = Table(
     Option("batch_size", int, None, minimum=4, help="minibatch CKA: rows per batch (required)"),
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
-    Option("k", int, 10, minimum=1, help="mutual kNN: neighbours"),
+    Option("k", int, 10, minimum=1, help="kNN measures (mutual kNN, cycle kNN, CKNNA): neighbours"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
     Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
     Option("alpha", float, 1.0, minimum=0, maximum=1,

@@ -73,3 +73,58 @@ def pwcca_reference(x: np.ndarray, y: np.ndarray) -> float:
     rho, variates, _ = canonical_reference(x, y)
     weights = np.abs(variates[:, : len(rho)].T @ (x - x.mean(axis=0))).sum(axis=1)
     return float(weights @ rho / weights.sum())
+
+
+def rsa_reference(x: np.ndarray, y: np.ndarray, rdm: str, compare: str) -> float:
+    """scipy's pdist RDMs ('cosine' or 'euclidean'), compared by scipy.stats' pearsonr/spearmanr."""
+    from scipy.spatial.distance import pdist
+    from scipy.stats import pearsonr, spearmanr
+
+    correlation = pearsonr if compare == "pearson" else spearmanr
+    return float(correlation(pdist(x, rdm), pdist(y, rdm))[0])
+
+
+def rbf_cka_reference(x: np.ndarray, y: np.ndarray, fraction: float, debiased: bool) -> float:
+    """Kornblith et al. 2019's notebook written out: scipy's cdist, the median over the full matrix
+    of squared distances, an explicit centring matrix (biased) or the zero-diagonal unbiased HSIC."""
+    from scipy.spatial.distance import cdist
+
+    from tests.formulas import hsic_u_numpy
+
+    def gram(m: np.ndarray) -> np.ndarray:
+        squares = cdist(m, m, "sqeuclidean")
+        return np.exp(-squares / (2 * fraction**2 * np.median(squares)))
+
+    k, l_ = gram(x), gram(y)
+    if debiased:
+        return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))
+    h = np.eye(len(x)) - 1.0 / len(x)
+    kc, lc = h @ k @ h, h @ l_ @ h
+    return float(np.sum(kc * lc) / np.sqrt(np.sum(kc * kc) * np.sum(lc * lc)))
+
+
+def _knn_sets(m: np.ndarray, k: int) -> list[set[int]]:
+    """Each row's k most cosine-similar other rows, by a full sort (no ties in random data)."""
+    unit = m / np.linalg.norm(m, axis=1, keepdims=True)
+    similarity = unit @ unit.T
+    return [set(int(j) for j in np.argsort(-np.where(np.arange(len(m)) == i, -np.inf, row))[:k])
+            for i, row in enumerate(similarity)]
+
+
+def knn_reference(x: np.ndarray, y: np.ndarray, k: int, kind: str) -> float:
+    """Huh et al. 2024 written out with Python sets: mutual kNN, cycle kNN, or CKNNA (the masked
+    kernels' CKA with the explicit zero-diagonal unbiased HSIC)."""
+    from tests.formulas import hsic_u_numpy
+
+    a_sets, b_sets = _knn_sets(x, k), _knn_sets(y, k)
+    n = len(x)
+    if kind == "mutual_knn":
+        return float(np.mean([len(a_sets[i] & b_sets[i]) / k for i in range(n)]))
+    if kind == "cycle_knn":
+        return float(np.mean([any(i in a_sets[j] for j in b_sets[i]) for i in range(n)]))
+    ka = (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (x / np.linalg.norm(x, axis=1, keepdims=True)).T
+    kb = (y / np.linalg.norm(y, axis=1, keepdims=True)) @ (y / np.linalg.norm(y, axis=1, keepdims=True)).T
+    mask = lambda sets: np.array([[j in sets[i] for j in range(n)] for i in range(n)], float)  # noqa: E731
+    ma, mb = mask(a_sets), mask(b_sets)
+    both = ma * mb
+    return hsic_u_numpy(both * ka, both * kb) / np.sqrt(hsic_u_numpy(ma * ka, ma * ka) * hsic_u_numpy(mb * kb, mb * kb))

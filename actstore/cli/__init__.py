@@ -9,7 +9,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
     catalog   register-model, register-dataset, models, datasets, runs, describe, delete, read
     jobs      capture, train, verify, jobs, watch, cancel
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
-    measures  similarity (Procrustes, shape metric, CCA, SVCCA, PWCCA, ... by identifier)
+    measures  similarity (Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier)
     layers    entropy, residual-norm, lens, nc1
 """
 

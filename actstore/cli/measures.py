@@ -1,5 +1,6 @@
-"""`actstore similarity MEASURE RUN_A [RUN_B]`: the similarity measures beyond CKA, named by their
-similarity-repository identifiers (definitions with sources: docs/metrics.md)."""
+"""`actstore similarity MEASURE RUN_A [RUN_B]`: the similarity measures beyond CKA (streamed:
+Procrustes, shape metric, CCA, SVCCA, PWCCA; in memory: RSA, RBF CKA, the kNN family), named by
+their similarity-repository identifiers (definitions with sources: docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,17 @@ named by its nacloos/similarity-repository identifier so results compare across 
   svcca-var=0.99-score            CCA on the top principal directions (99% of the variance)
   pwcca-score                     projection-weighted CCA (Morcos et al. 2018)
 
-All of these are computed from streamed second moments (any n, memory O(d^2)). Distances are
-0 for identical representations (up to the measure's invariances); scores are 1.
+These come from streamed second moments (any n, memory O(d^2)). In memory (n up to the
+server's matrix limit, O(n^2)):
+
+  rsa-rdm={cosine,euclidean}-compare={pearson,spearman}
+                                  correlation of two dissimilarity matrices (RSA)
+  cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score (or hsic=song-score, debiased)
+                                  RBF-kernel CKA, sigma = --sigma-fraction x median distance
+  mutual_knn-topk={topk}, cycle_knn-topk={topk}, cknna-topk={topk}
+                                  nearest-neighbour alignment (Huh et al. 2024), -k neighbours
+
+Distances are 0 for identical representations (up to the measure's invariances); scores are 1.
 
 Examples:
   actstore similarity procrustes-distance=angular RUN_A RUN_B --plot procrustes.png
@@ -42,7 +52,7 @@ def cmd_similarity(args) -> int:
 
 
 def add_commands(command) -> None:
-    p = command("similarity", cmd_similarity, "Procrustes, shape metric, CCA, SVCCA, PWCCA ... between layers",
+    p = command("similarity", cmd_similarity, "Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier",
                 DESCRIPTION)
     add_option(p, SIMILARITY, "measure", "measure", metavar="MEASURE", help="the measure's identifier (see above)")
     _pair_args(p)

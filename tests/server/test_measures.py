@@ -14,8 +14,11 @@ from actstore.options import STREAMED_MEASURES
 from tests.factories import sentences
 from tests.measure_formulas import (
     cca_reference,
+    knn_reference,
     procrustes_reference,
     pwcca_reference,
+    rbf_cka_reference,
+    rsa_reference,
     shape_metric_reference,
     svcca_reference,
 )
@@ -64,6 +67,37 @@ def test_each_streamed_measure_equals_the_formula_on_the_stored_rows(client, run
     assert result.provenance.options["measure"] == measure
     assert result.layers_a == [0, 2] and result.layers_b == [1, 2] and result.scalars["n"] == 96
     assert ("alpha" in result.provenance.options) == ("{alpha}" in measure)
+
+
+IN_MEMORY = {
+    "rsa-rdm=cosine-compare=spearman": (lambda x, y: rsa_reference(x, y, "cosine", "spearman"),
+                                        "rsa-rdm=cosine-compare=spearman"),
+    "rsa-rdm=euclidean-compare=pearson": (lambda x, y: rsa_reference(x, y, "euclidean", "pearson"),
+                                          "rsa-rdm=euclidean-compare=pearson"),
+    "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score": (lambda x, y: rbf_cka_reference(x, y, 0.5, False),
+                                                          "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score"),
+    "cknna-topk={topk}": (lambda x, y: knn_reference(x, y, 6, "cknna"), "cknna-topk=6"),
+    "cycle_knn-topk={topk}": (lambda x, y: knn_reference(x, y, 6, "cycle_knn"), "cycle_knn-topk=6"),
+}
+
+
+@pytest.mark.parametrize("measure", list(IN_MEMORY))
+def test_in_memory_measures_equal_the_formulas_on_the_stored_rows(client, runs, measure):
+    reference, identifier = IN_MEMORY[measure]
+    result = client.measure(measure, runs[0], runs[1], layers_a=[0, 2], layers_b=[2], sigma_fraction=0.5, k=6)
+    xs, ys = layers_of(client, runs[0]), layers_of(client, runs[1])
+    np.testing.assert_allclose(result.values, [[reference(xs[0], ys[2])], [reference(xs[2], ys[2])]],
+                               rtol=1e-7, atol=1e-9)
+    assert result.provenance.metric == identifier and result.provenance.options["identifier"] == identifier
+    assert ("sigma_fraction" in result.provenance.options) == ("rbf" in measure)
+    assert ("k" in result.provenance.options) == ("knn" in measure)
+
+
+def test_in_memory_measures_are_refused_by_the_matrix_job(client, runs):
+    with pytest.raises(InvalidArgument, match="ask for rsa-rdm=cosine-compare=pearson between run pairs"):
+        client.measure_matrix(runs, "rsa-rdm=cosine-compare=pearson")
+    with pytest.raises(InvalidArgument, match="k=96 must be between 1 and n-1=95"):
+        client.measure("cknna-topk={topk}", runs[0], k=96)
 
 
 def test_cached_and_parameters_key_the_cache(client, runs):

@@ -3,8 +3,11 @@
 
 Streamed measures (Procrustes, the shape metric, CCA, SVCCA, PWCCA) map `MomentMeasures` over the
 shards, tiled like feature-space CKA to `max_accumulator_bytes`, and finalize the named measure for
-every layer pair. The result's provenance names the measure by its identifier (parameters filled
-in), and its options record them, so the cache keys on them.
+every layer pair. In-memory measures (RSA, RBF CKA, the kNN family) run in one task that prepares
+each layer once (its RDM, kernel or rows) and compares every pair, refused with RESOURCE_EXHAUSTED
+when the prepared layers would exceed `max_accumulator_bytes`. The result's provenance names the
+measure by its identifier (parameters filled in), and its options record the parameters the
+measure uses, so the cache keys on them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.metrics.similarity import in_memory_measures as in_memory
 from actstore.options import SIMILARITY, STREAMED_MEASURES, from_wire, resolve
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
@@ -47,6 +51,8 @@ class MeasurePlanner(SimilarityPlanner):
                 measure: str, alpha: float = 1.0, **_unused) -> MetricResult:
         """The len(la) x len(lb) matrix of `measure` between layers of run A and run B (default A)."""
         a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
+        if measure in in_memory.IN_MEMORY_MEASURES:
+            return self._in_memory(a, b, la, lb, refresh, measure, **_unused)
         if measure not in STREAMED_MEASURES:
             raise InvalidArgument(f"measure {measure!r} is not one of {', '.join(SIMILARITY.measure.choices)}")
         options = {"layers_a": la, "layers_b": lb, **streamed_options(measure, alpha)}
@@ -68,3 +74,31 @@ class MeasurePlanner(SimilarityPlanner):
         if np.isnan(values).any():
             notes.append("NaN where a layer is constant over the samples (the measure is undefined)")
         return {"values": values}, {"n": float(a.rows)}, notes
+
+    def _in_memory(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], refresh: bool, measure: str,
+                   sigma_fraction: float = 1.0, k: int = 10) -> MetricResult:
+        pairwise = in_memory.pairwise_measure(measure, sigma_fraction, k)
+        options = {"layers_a": la, "layers_b": lb, "measure": measure, "identifier": pairwise.identifier}
+        if measure in in_memory.RBF_MEASURES:
+            options["sigma_fraction"] = sigma_fraction
+        if measure in in_memory.KNN_MEASURES:
+            options["k"] = k
+            if not SIMILARITY.k.minimum <= k < a.rows:
+                raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
+        if a.rows < 4:
+            raise InvalidArgument(f"{measure} needs n >= 4 samples, the runs hold {a.rows}")
+        width = max(a.width, b.width)
+        need = (in_memory.nbytes_per_layer(pairwise, a.rows, width) * (len(lb) + 1)
+                + in_memory.nbytes_working(pairwise, a.rows, width))
+        self.checks.check_memory(need, f"{measure} over {len(lb) + 1} prepared layers of n={a.rows}",
+                                 "ask for fewer layers of run B, use fewer samples, or a streamed measure")
+
+        def compute():
+            values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, pairwise.compare, pairwise.prepare)
+            notes = [f"{pairwise.identifier} over all {a.rows} samples in memory"]
+            if np.isnan(values).any():
+                notes.append("NaN where a layer's dissimilarities or kernel are constant (undefined)")
+            return {"values": values}, {"n": float(a.rows)}, notes
+
+        return self.results.cached_or_compute(pairwise.identifier, sim.DEFINITION_VERSION, options,
+                                              [a.run_key, b.run_key], refresh, compute)
