@@ -35,8 +35,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "SERVE", "SIMILARITY", "SQL", "STITCH",
-    "TABLES", "TRAIN",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "SERVE", "SIMILARITY", "SQL",
+    "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -201,6 +201,17 @@ def duration_seconds(text: str) -> float:
 
 
 # ---- the tables ---------------------------------------------------------------------------------
+STREAMED_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclidean",
+                     "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
+                     "svcca-var=0.99-score", "pwcca-score")
+"""Measures from streamed moments (any n; also the cross-model job's `--measure`)."""
+MEASURES = STREAMED_MEASURES + (
+    "rsa-rdm=cosine-compare=pearson", "rsa-rdm=cosine-compare=spearman", "rsa-rdm=euclidean-compare=pearson",
+    "rsa-rdm=euclidean-compare=spearman", "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score",
+    "cka-kernel=(rbf-sigma={sigma})-hsic=song-score", "mutual_knn-topk={topk}", "cycle_knn-topk={topk}",
+    "cknna-topk={topk}")
+"""Every measure of a MEASURE query, by its nacloos/similarity-repository identifier."""
+
 SIMILARITY = Table(
     "similarity",
     Option("center", str, "global-mean", choices=("global-mean", "none"),
@@ -208,8 +219,13 @@ SIMILARITY = Table(
     Option("batch_size", int, None, minimum=4, help="minibatch CKA: rows per batch (required)"),
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
-    Option("k", int, 10, minimum=1, help="mutual kNN: neighbours"),
+    Option("k", int, 10, minimum=1, help="kNN measures (mutual kNN, cycle kNN, CKNNA): neighbours"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
+    Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
+    Option("alpha", float, 1.0, minimum=0, maximum=1,
+           help="shape metric: partial whitening, 1 = none (Procrustes), 0 = full (CCA-like)"),
+    Option("sigma_fraction", float, 1.0, minimum=0, exclusive=True,
+           help="RBF CKA: kernel bandwidth as a fraction of the median pairwise distance"),
 )
 
 ENTROPY = Table(

@@ -31,6 +31,7 @@ from actstore._proto.actstore.v1 import (
 )
 from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
+from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
@@ -60,8 +61,8 @@ from actstore.wire import from_ndarray
 __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
            "COSResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
-           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunLocation", "RunVerdict", "SqlResult",
-           "VerifyReport"]
+           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunLocation", "RunVerdict",
+           "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -133,7 +134,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin, ReadersMixin, ImportsMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's

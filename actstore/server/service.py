@@ -75,6 +75,7 @@ class ActStoreService:
                                   self.captures.submissions)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)
         self.similarity = self.queries.similarity
+        self.measure = self.queries.measure
         self.entropy = self.queries.entropy
         self.residual_norm = self.queries.residual_norm
         self.lens = self.queries.lens
@@ -107,7 +108,7 @@ class ActStoreService:
             if job.status in ("done", "failed", "cancelled"):
                 continue
             if job.kind == "cka-matrix":
-                records, key, options = cka_job.plan(self.queries.parts, job.request["runs"])
+                records, key, options = cka_job.plan(self.queries.parts, **job.request)
                 self.jobs.start("cka-matrix", key, job.request,
                                 lambda state, r=records, k=key, o=options: cka_job.run(self.queries.parts, state,
                                                                                        r, k, o),
@@ -181,9 +182,10 @@ class ActStoreService:
     def submit_train(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
         return self.training.submit(request, principal)
 
-    def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None) -> JobSnapshot:
-        records, key, options = cka_job.plan(self.queries.parts, runs)
-        request = {"runs": [r.run_key for r in records]}
+    def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None,
+                          measure: str = "", alpha: float = 1.0) -> JobSnapshot:
+        records, key, options = cka_job.plan(self.queries.parts, runs, measure, alpha)
+        request = {"runs": [r.run_key for r in records], **({"measure": measure, "alpha": alpha} if measure else {})}
         if not refresh and self.catalog.result_record(key) is not None:
             return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
         state, joined = self.jobs.start("cka-matrix", key, request,

@@ -11,6 +11,7 @@ from actstore.errors import InvalidArgument
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
+from actstore.server.planners.measures import measure_params
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -168,6 +169,10 @@ class QueryServicer(rpc.QueryServicer):
 
     def Similarity(self, request, context):
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
+        if metric == "measure":
+            return result_proto(self.service.measure(request.run_a, request.run_b, list(request.layers_a),
+                                                     list(request.layers_b), request.refresh,
+                                                     **measure_params(request)))
         # only the options the metric uses are resolved; the others pass through, unread
         center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
         if metric == "cos":
@@ -196,8 +201,9 @@ class QueryServicer(rpc.QueryServicer):
                                                 from_wire(STITCH, "seed", request.seed), request.refresh))
 
     def SubmitCKAMatrix(self, request, context):
+        measure = measure_params(request) if request.measure else {}
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
-                                                        principal=current_principal.get()))
+                                                        principal=current_principal.get(), **measure))
 
     def Lens(self, request, context):
         return result_proto(self.service.lens(

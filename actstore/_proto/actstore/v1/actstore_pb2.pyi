@@ -970,6 +970,8 @@ class SimilarityRequest(_message.Message):
         """Nguyen et al. 2021, over equal batches of batch_size rows"""
         MUTUAL_KNN: SimilarityRequest._Metric.ValueType  # 4
         """Huh et al. 2024, k nearest neighbours"""
+        MEASURE: SimilarityRequest._Metric.ValueType  # 5
+        """the measure named by `measure` (a similarity-repository identifier)"""
 
     class Metric(_Metric, metaclass=_MetricEnumTypeWrapper): ...
     METRIC_UNSPECIFIED: SimilarityRequest.Metric.ValueType  # 0
@@ -982,6 +984,8 @@ class SimilarityRequest(_message.Message):
     """Nguyen et al. 2021, over equal batches of batch_size rows"""
     MUTUAL_KNN: SimilarityRequest.Metric.ValueType  # 4
     """Huh et al. 2024, k nearest neighbours"""
+    MEASURE: SimilarityRequest.Metric.ValueType  # 5
+    """the measure named by `measure` (a similarity-repository identifier)"""
 
     METRIC_FIELD_NUMBER: _builtins.int
     RUN_A_FIELD_NUMBER: _builtins.int
@@ -993,6 +997,9 @@ class SimilarityRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REMAINDER_FIELD_NUMBER: _builtins.int
     K_FIELD_NUMBER: _builtins.int
+    MEASURE_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
+    SIGMA_FRACTION_FIELD_NUMBER: _builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
     run_a: _builtins.str
     run_b: _builtins.str
@@ -1007,6 +1014,12 @@ class SimilarityRequest(_message.Message):
     """MINIBATCH_CKA: drop (default) | merge the short final batch"""
     k: _builtins.int
     """MUTUAL_KNN: neighbours (default 10)"""
+    measure: _builtins.str
+    """MEASURE: e.g. procrustes-distance=angular, cca-squared_score (docs/metrics.md)"""
+    alpha: _builtins.float
+    """MEASURE shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
+    sigma_fraction: _builtins.float
+    """MEASURE RBF CKA: bandwidth / median distance; 0 means the default"""
     @_builtins.property
     def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all layers 0..L"""
@@ -1026,12 +1039,17 @@ class SimilarityRequest(_message.Message):
         batch_size: _builtins.int = ...,
         remainder: _builtins.str = ...,
         k: _builtins.int = ...,
+        measure: _builtins.str = ...,
+        alpha: _builtins.float | None = ...,
+        sigma_fraction: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
+    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
 
 Global___SimilarityRequest: _TypeAlias = SimilarityRequest  # noqa: Y015
 
@@ -1224,7 +1242,13 @@ class CKAMatrixRequest(_message.Message):
 
     RUNS_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    MEASURE_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
     refresh: _builtins.bool
+    measure: _builtins.str
+    """empty: linear CKA; else a streamed measure (procrustes-distance=angular, ...)"""
+    alpha: _builtins.float
+    """shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
     @_builtins.property
     def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """run keys or prefixes, same samples in the same order"""
@@ -1234,12 +1258,16 @@ class CKAMatrixRequest(_message.Message):
         *,
         runs: _abc.Iterable[_builtins.str] | None = ...,
         refresh: _builtins.bool = ...,
+        measure: _builtins.str = ...,
+        alpha: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
+    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
 
 Global___CKAMatrixRequest: _TypeAlias = CKAMatrixRequest  # noqa: Y015
 
