@@ -9,6 +9,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
     catalog   register-model, register-dataset, models, datasets, runs, describe, delete, read
     jobs      capture, train, verify, jobs, watch, cancel
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
+    diagnostics  outliers (and the --bootstrap / --null / feature flags of cka and cos)
     layers    entropy, residual-norm, lens, nc1
 """
 
@@ -18,13 +19,13 @@ import argparse
 import logging
 import sys
 
-from actstore.cli import admin, catalog, compare, jobs, layers, upkeep
+from actstore.cli import admin, catalog, compare, diagnostics, jobs, layers, upkeep
 from actstore.cli.common import DEFAULT_ADDRESS, DESCRIPTION, connect, connection_options, parse_layers
 from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, compare, layers, upkeep)
+GROUPS = (admin, catalog, jobs, compare, diagnostics, layers, upkeep)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,10 @@ from grpc_reflection.v1alpha import reflection
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import diagnostics_pb2, diagnostics_pb2_grpc, tokens_pb2, tokens_pb2_grpc
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, Unavailable
+from actstore.server.diagnostics_servicer import DiagnosticsServicer
 from actstore.server.interceptors import ServiceInterceptor
 from actstore.server.service import ActStoreService
 from actstore.server.servicer import (
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
                  for name in ("Catalog", "Capture", "Query", "Integrity", "Housekeeping")] + [
-    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
+    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name,
+    diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name]
 
 
 @dataclass
@@ -92,6 +94,7 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
     tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
+    diagnostics_pb2_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(service), server)
     rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
     rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
     health_servicer = health.HealthServicer()

@@ -24,6 +24,7 @@ from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.jobs import JobManager, JobSnapshot
+from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.registration import DatasetSource, Registrar
@@ -72,6 +73,8 @@ class ActStoreService:
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        diagnostics = DiagnosticsPlanner(self.queries.parts)
+        self.similarity_stats, self.outliers = diagnostics.similarity_stats, diagnostics.outliers
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
