@@ -14,8 +14,9 @@ row index) only), the CKA of the resampled multiset in which row i appears `w_ri
   The zero diagonal removes each copy's pairing with itself but not with its other copies, so a
   replicate is only an approximation of a fresh sample's HSIC_u (docs/metrics.md).
 
-Only `w^T (K o L) w` needs the n x n Grams: it is summed over strips of rows (O(n^2 R) per block
-pair, on top of the O(n^2 D) Grams); `Kw = Xc (Xc^T w)` costs O(n d R). Weights of all ones give
+Only `w^T (K o L) w` needs the n x n Grams: it is summed over strips of rows of their upper
+triangle (n^2 R / 2 per block pair, on top of the n^2 D / 2 of the Grams); `Kw = Xc (Xc^T w)`
+costs O(n d R). Weights of all ones give
 the point estimate through the same formulas.
 
 The permutation null compares A with B's rows permuted (`resampling.null_permutation`, a seeded
@@ -170,16 +171,21 @@ class ResampledCKA:
 
     def _hadamard_quadratics(self, centred: dict, weights: np.ndarray, used: list[int],
                              products: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-        """`w_r^T (K_a o K_b) w_r` for every product pair and weight row, over strips of rows."""
+        """`w_r^T (K_a o K_b) w_r` for every product pair and weight row, over strips of rows of
+        the upper triangle (the product is symmetric: a strip's part right of its diagonal square
+        counts twice, the square once), as `gram.gram_strip_products` walks it."""
         n = len(weights[0])
         quadratic = {p: np.zeros(len(weights)) for p in products}
         height = _strip_height(n, len(used), self.strip_bytes)
         for first in range(0, n, height):
             last = min(first + height, n)
-            grams = {b: centred[b][first:last] @ centred[b].T for b in used}
+            grams = {b: centred[b][first:last] @ centred[b][first:].T for b in used}  # (strip, n - first)
+            strip_weights = weights[:, first:last]
             for a, b in products:
-                projected = (grams[a] * grams[b]) @ weights.T  # (strip, R+1)
-                quadratic[(a, b)] += np.einsum("ri,ir->r", weights[:, first:last], projected)
+                hadamard = grams[a] * grams[b]
+                right = np.einsum("ri,ir->r", strip_weights, hadamard @ weights[:, first:].T)
+                square = np.einsum("ri,ir->r", strip_weights, hadamard[:, : last - first] @ strip_weights.T)
+                quadratic[(a, b)] += 2 * right - square
         return quadratic
 
     def _null(self, centred: dict, diagonal: dict, self_biased: dict, self_hsic: dict, n: int
