@@ -128,3 +128,16 @@ def test_cli_prints_intervals_and_draws_error_bars(module_server, client, runs, 
     assert main([*address, "outliers", runs["gpt2"], "--top-k", "2", "--plot", str(tmp_path / "o.png")]) == 0
     out = capsys.readouterr().out
     assert "severity" in out and (tmp_path / "o.png").stat().st_size
+
+
+def test_demo_section_on_tiny_models(client, runs, tmp_path):
+    """The demo's standardised cross-model section, on the tiny models (the packaged SmolLM2 is too
+    heavy for the test suite): its plots and a report paragraph that counts the dark layers."""
+    from actstore.demo import _standardised_section, dark_columns
+
+    assert dark_columns(np.array([[0.9, 0.1, 0.5], [0.2, 0.3, 0.1]])).tolist() == [1]
+    plain = client.cka(runs["bert"], runs["gpt2"]).biased
+    text = _standardised_section(client, tmp_path, ("bert", runs["bert"]), ("gpt2", runs["gpt2"]), plain)
+    assert text.startswith("## Outlier dimensions and the cross-model matrix")
+    assert "outlier severity" in text and ("light up" in text or "No layer of the plain matrix is dark" in text)
+    assert (tmp_path / "outliers_b.png").stat().st_size and (tmp_path / "cka_cross_standardised.png").stat().st_size

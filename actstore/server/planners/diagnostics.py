@@ -88,14 +88,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
 
     def similarity_stats(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                          center: str, refresh: bool, opts: StatsOptions) -> MetricResult:
-        a = self.checks.committed_run(run_a)
-        b = self.checks.committed_run(run_b) if run_b else a
-        la = self.checks.check_layers(a, layers_a, "layer")
-        lb = self.checks.check_layers(b, layers_b, "layer")
-        self.checks.check_matrix(len(la), len(lb))
-        self.checks.check_same_samples(a, b)
-        self.checks.check_finite(a, la)
-        self.checks.check_finite(b, lb)
+        a, b, la, lb = self._checked_pair(run_a, run_b, layers_a, layers_b)
         too_wide = [d for d in opts.exclude_dims if d >= min(a.width, b.width)]
         if too_wide:
             raise InvalidArgument(f"exclude_dims {too_wide[0]} is out of range: the layers have "
