@@ -36,7 +36,7 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
     "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "SERVE", "SIMILARITY", "SQL",
-    "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN",
+    "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -228,6 +228,24 @@ SIMILARITY = Table(
            help="RBF CKA: kernel bandwidth as a fraction of the median pairwise distance"),
 )
 
+UNCERTAINTY = Table(
+    "uncertainty",
+    Option("bootstrap", int, 0, minimum=0, help="Poisson-bootstrap replicates for percentile intervals (0: none)",
+           limit="max_bootstrap_replicates"),
+    Option("ci", float, 0.95, minimum=0, maximum=1, exclusive=True, help="confidence level of the intervals"),
+    Option("seed", int, 0, minimum=0, help="seed of the bootstrap weights and the null's permutations"),
+    Option("null", int, 0, minimum=0, help="CKA: permutations of B's rows for the null and the calibrated score "
+           "(0: none)", limit="max_null_permutations"),
+    Option("standardize", bool, False, help="z-score every dimension (over all samples) before comparing"),
+    Option("exclude_dims", int, None, minimum=0, many=True, help="leave these dimensions out, e.g. 12,301",
+           default_text="none"),
+    Option("exclude_outliers", bool, False, help="leave each layer's outlier dimensions out (RMS outlier_sigmas stds "
+           "above the other dimensions', clipped, and >= 2x the median RMS: docs/metrics.md)"),
+    Option("outlier_sigmas", float, 3.0, minimum=0, exclusive=True,
+           help="outlier rule: standard deviations of the dimensions' RMS above their mean"),
+    Option("top_k", int, 5, minimum=1, help="outliers: dimensions listed per layer, by |mean|/std"),
+)
+
 ENTROPY = Table(
     "entropy",
     Option("metric", str, None, choices=("dataset_entropy", "prompt_entropy", "effective_rank", "curvature",
@@ -349,4 +367,4 @@ IMPORTS = Table(
 )
 
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC, BATCHES, SQL, IMPORTS)}
+                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY)}

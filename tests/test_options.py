@@ -26,6 +26,7 @@ from actstore.options import (
     STITCH,
     TABLES,
     TRAIN,
+    UNCERTAINTY,
     Option,
     from_wire,
     resolve,
@@ -168,8 +169,11 @@ CLI = {
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
-    "cka": ([SIMILARITY], {"debiased"}),
-    "cos": ([SIMILARITY], {"center"}),
+    "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
+                                        "exclude_dims", "exclude_outliers", "outlier_sigmas"}),
+    "cos": ([SIMILARITY, UNCERTAINTY], {"center", "bootstrap", "ci", "seed", "standardize", "exclude_dims",
+                                        "exclude_outliers", "outlier_sigmas"}),
+    "outliers": ([UNCERTAINTY], {"top_k", "outlier_sigmas"}),
     "minibatch-cka": ([SIMILARITY], {"batch_size", "remainder"}),
     "knn": ([SIMILARITY], {"k"}),
     "cka-matrix": ([SIMILARITY], {"debiased", "measure", "alpha"}),
@@ -223,7 +227,8 @@ def test_cli_flags_match_the_tables(command):
             continue
         if option.many:
             assert action.default is None  # the server's default, shown in the help
-            assert action.type("0.5,0.9") == [option.type(v) for v in ("0.5", "0.9")]
+            sample = "0.5,0.9" if option.type is float else "12,301"
+            assert action.type(sample) == [option.type(v) for v in sample.split(",")]
         else:
             assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
             assert action.type in (option.type, None if option.type is str else option.type), action
@@ -267,6 +272,9 @@ CLIENT = {
     "sql": (SQL, {"limit"}),
     "submit_import": (IMPORTS, set(IMPORTS)),
     "import_activations": (IMPORTS, set(IMPORTS)),
+    "cka_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k"}),
+    "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null"}),
+    "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from actstore.cli import dryrun
+from actstore.cli import diagnostics, dryrun
 from actstore.cli.common import add_option, connect, output_options, parse_layers
 from actstore.options import SIMILARITY, STITCH, STREAMED_MEASURES
 
@@ -35,6 +35,8 @@ def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, 
 
 
 def cmd_cka(args) -> int:
+    if diagnostics.wanted(args):
+        return diagnostics.cmd_cka_stats(args)
     with connect(args) as client:
         result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
                             layers_b=parse_layers(args.layers_b), refresh=args.refresh)
@@ -46,6 +48,8 @@ def cmd_cka(args) -> int:
 
 
 def cmd_cos(args) -> int:
+    if diagnostics.wanted(args):
+        return diagnostics.cmd_cos_stats(args)
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
                             layers_b=parse_layers(args.layers_b), center=args.center, refresh=args.refresh)
@@ -132,9 +136,11 @@ def add_commands(command) -> None:
     p = command("cka", cmd_cka, "linear CKA between the layers of one or two runs")
     _pair_args(p)
     add_option(p, SIMILARITY, "debiased")
+    diagnostics.add_stats_flags(p, "cka")
     p = command("cos", cmd_cos, "sample-wise cosine similarity between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "center")
+    diagnostics.add_stats_flags(p, "cos")
 
     p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
     _pair_args(p)

@@ -29,6 +29,7 @@ from actstore._proto.actstore.v1 import (
     tokens_pb2,
     tokens_pb2_grpc,
 )
+from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
 from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
 from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
@@ -59,10 +60,10 @@ from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, S
 from actstore.wire import from_ndarray
 
 __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
-           "COSResult", "CaptureResult", "DatasetInfo",
+           "CKAStatsResult", "COSResult", "COSStatsResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
-           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunLocation", "RunVerdict",
-           "SqlResult", "VerifyReport"]
+           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "QueryAnswer", "RunInfo",
+           "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -134,7 +135,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's

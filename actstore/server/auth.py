@@ -29,6 +29,7 @@ METHOD_ROLES = {
     "PlanCapture": "writer", "PlanCKAMatrix": "reader",
     "ReadBatches": "reader", "LocateRun": "reader", "Sql": "reader",
     "SubmitImport": "writer",
+    "SimilarityStats": "reader", "Outliers": "reader",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).

@@ -26,6 +26,7 @@ from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
+from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
@@ -87,6 +88,8 @@ class ActStoreService:
         self.plan_cka_matrix = self.costs.cka_matrix
         readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
         self.read_batches, self.locate_run, self.sql = readers.batches, readers.locate, readers.sql
+        diagnostics = DiagnosticsPlanner(self.queries.parts)
+        self.similarity_stats, self.outliers = diagnostics.similarity_stats, diagnostics.outliers
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:

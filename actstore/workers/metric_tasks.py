@@ -54,6 +54,8 @@ def accumulate(store: StoreHandle, sources: list[tuple[str, list[int]]],
         blocks = []
         for run_key, layers in sources:
             blocks.extend(arrays.read_layers(run_key, layers, start, stop))
+        if hasattr(accumulator, "seek"):  # resampling accumulators key their weights on the global row
+            accumulator.seek(start)
         accumulator.update(blocks, *(() if labels is None else (labels[start:stop],)))
     return accumulator
 
