@@ -225,6 +225,9 @@ ENTROPY = Table(
     Option("seed", int, 0, minimum=0, help="DiME permutation seed"),
     Option("exp", bool, False, help="LiDAR: report exp(entropy)"),
     Option("temperature", float, 0.1, minimum=0, exclusive=True, help="InfoNCE temperature"),
+    Option("preset", str, "none", choices=("none", "skean2025"),
+           help="a reference pipeline by name: skean2025 = the Layer by Layer code (token-level run; "
+                "dataset_entropy, prompt_entropy, curvature; docs/metrics.md)"),
 )
 
 LENS = Table(

@@ -367,15 +367,17 @@ class Client:
                 clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
                 abs_cos: bool = ENTROPY.abs_cos.default, permutations: int = ENTROPY.permutations.default,
                 seed: int = ENTROPY.seed.default, exp: bool = ENTROPY.exp.default,
-                temperature: float = ENTROPY.temperature.default, refresh: bool = False) -> LayerValues:
+                temperature: float = ENTROPY.temperature.default, preset: str = ENTROPY.preset.default,
+                refresh: bool = False) -> LayerValues:
         """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
         dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
-        infonce, dime, lidar (pooled runs of an augmented dataset)."""
+        infonce, dime, lidar (pooled runs of an augmented dataset). preset="skean2025" reproduces the
+        Layer by Layer reference code from a token-level run (docs/metrics.md, Reference presets)."""
         metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
         request = pb.EntropyRequest(
             metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
             normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
-            permutations=permutations, seed=seed, exp=exp, temperature=temperature, refresh=refresh)
+            permutations=permutations, seed=seed, exp=exp, temperature=temperature, preset=preset, refresh=refresh)
         answer = QueryAnswer.from_proto(self._query.Entropy(request))
         return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
                            answer.provenance, answer.notes)

@@ -1043,6 +1043,7 @@ class EntropyRequest(_message.Message):
     EXP_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    PRESET_FIELD_NUMBER: _builtins.int
     metric: Global___EntropyRequest.Metric.ValueType
     run: _builtins.str
     alpha: _builtins.float
@@ -1064,6 +1065,8 @@ class EntropyRequest(_message.Message):
     temperature: _builtins.float
     """INFONCE: default 0.1"""
     refresh: _builtins.bool
+    preset: _builtins.str
+    """none (default) | skean2025: a reference pipeline by name, from a token-level run"""
     @_builtins.property
     def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all"""
@@ -1084,10 +1087,11 @@ class EntropyRequest(_message.Message):
         exp: _builtins.bool = ...,
         temperature: _builtins.float = ...,
         refresh: _builtins.bool = ...,
+        preset: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
