@@ -266,6 +266,8 @@ TRAIN = Table(
     Option("smoke", bool, False, help="the recipe's tiny size (seconds)"),
     Option("alternating", bool, False, help="aligned: last-layer CE on odd steps"),
     Option("weights", str, "linear", choices=("linear", "uniform"), help="aligned layer weights"),
+    Option("beta", float, None, minimum=0, help="ce-reg: weight of the cosine regulariser",
+           default_text="the recipe's"),
 )
 
 DATASETS = Table(

@@ -158,7 +158,7 @@ def test_cli_roles_are_the_servers():
 # command -> the tables its flags come from, and the option names it must have
 CLI = {
     "serve": ([SERVE], {"metric_device"}),
-    "experiment": ([TRAIN, LENS], {"recipe", "seed", "steps", "smoke", "epsilon"}),
+    "experiment": ([TRAIN, LENS], {"recipe", "steps", "smoke", "epsilon", "beta"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
     "train": ([TRAIN], set(TRAIN)),

@@ -294,16 +294,17 @@ class Client:
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
-              progress: bool = False) -> ModelInfo:
+              beta: float | None = TRAIN.beta.default, progress: bool = False) -> ModelInfo:
         """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
-        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (the name without
-        @step follows the newest). Returns the final model. Resubmitting resumes a stopped run."""
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (RECIPE-METHOD-betaB-sSEED
+        with an explicit `beta`; the name without @step follows the newest). Returns the final model.
+        Resubmitting resumes a stopped run."""
         job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
             recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
-            weights=weights)))
+            weights=weights, **({} if beta is None else {"beta": beta}))))
         if not job.finished:
             self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
-        name = f"{recipe}{'-smoke' if smoke else ''}-{method}-s{seed}"
+        name = f"{recipe}{'-smoke' if smoke else ''}-{method}{'' if beta is None else f'-beta{beta:g}'}-s{seed}"
         return next(m for m in self.models() if name in m.aliases)
 
     def cancel(self, job_id: str) -> JobInfo:

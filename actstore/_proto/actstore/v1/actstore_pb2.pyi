@@ -1302,6 +1302,7 @@ class TrainRequest(_message.Message):
     SMOKE_FIELD_NUMBER: _builtins.int
     ALTERNATING_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
+    BETA_FIELD_NUMBER: _builtins.int
     recipe: _builtins.str
     """vit-fmnist | minilm-rt | gpt2-austen"""
     method: _builtins.str
@@ -1315,6 +1316,8 @@ class TrainRequest(_message.Message):
     """aligned: last-layer CE on odd steps, aligned loss on even steps"""
     weights: _builtins.str
     """aligned layer weights: linear (default) | uniform"""
+    beta: _builtins.float
+    """ce-reg: weight of the cosine regulariser; unset: the recipe's"""
     def __init__(
         self,
         *,
@@ -1325,12 +1328,15 @@ class TrainRequest(_message.Message):
         smoke: _builtins.bool = ...,
         alternating: _builtins.bool = ...,
         weights: _builtins.str = ...,
+        beta: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "beta", b"beta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternating", b"alternating", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__beta: _TypeAlias = _typing.Literal["beta"]  # noqa: Y015
+    _WhichOneofArgType__beta: _TypeAlias = _typing.Literal["_beta", b"_beta"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__beta) -> _WhichOneofReturnType__beta | None: ...
 
 Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
 
