@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     max_matrix_cells: int = Field(4_000_000, description="largest result matrix a query may ask")
     max_dime_permutations: int = Field(10_000, ge=1, description="most DiME permutations one query may ask")
     max_augment_views: int = Field(64, ge=2, description="most augmented views of each text a dataset may ask")
+    max_stitch_tune_steps: int = Field(10_000, ge=1, description="most tuning steps one stitching query may ask")
     max_running_jobs: int = Field(16, ge=1, description="jobs running at once")
     max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
     read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")

@@ -245,7 +245,10 @@ STITCH = Table(
     "stitch",
     Option("test_fraction", float, 0.25, minimum=0, maximum=1, exclusive=True,
            help="held-out prompts for the penalty"),
-    Option("seed", int, 0, minimum=0, help="split seed"),
+    Option("seed", int, 0, minimum=0, help="split seed (and the tuning batches' shuffle)"),
+    Option("tune_steps", int, 0, minimum=0, help="Adam steps of the affine map on B's task loss after the "
+           "least-squares fit (0: no tuning)", limit="max_stitch_tune_steps"),
+    Option("tune_lr", float, 1e-3, minimum=0, exclusive=True, help="learning rate of the tuning steps"),
 )
 
 CAPTURE = Table(

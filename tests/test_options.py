@@ -170,7 +170,7 @@ CLI = {
     "entropy": ([ENTROPY], set(ENTROPY)),
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
-    "stitch": ([STITCH], {"test_fraction", "seed"}),
+    "stitch": ([STITCH], set(STITCH)),
     "gc": ([GC], set(GC)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not

@@ -410,12 +410,15 @@ class Client:
 
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
                test_fraction: float = STITCH.test_fraction.default, seed: int = STITCH.seed.default,
+               tune_steps: int = STITCH.tune_steps.default, tune_lr: float = STITCH.tune_lr.default,
                refresh: bool = False) -> QueryAnswer:
         """Stitch run A's layer into run B's model at layer_b (token-level runs, same tokenisation):
-        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2."""
+        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2;
+        with tune_steps > 0 also tuned_penalty, tuned_stitched_loss and the training loss before and
+        after tuning (train_stitched_loss, tuned_train_stitched_loss)."""
         return QueryAnswer.from_proto(self._query.Stitch(pb.StitchRequest(
             run_a=run_a, layer_a=layer_a, run_b=run_b, layer_b=layer_b, test_fraction=test_fraction, seed=seed,
-            refresh=refresh)))
+            tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:

@@ -187,7 +187,8 @@ class QueryServicer(rpc.QueryServicer):
     def Stitch(self, request, context):
         return result_proto(self.service.stitch(request.run_a, request.layer_a, request.run_b, request.layer_b,
                                                 from_wire(STITCH, "test_fraction", request.test_fraction),
-                                                from_wire(STITCH, "seed", request.seed), request.refresh))
+                                                from_wire(STITCH, "seed", request.seed), request.refresh,
+                                                tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,

@@ -1140,6 +1140,8 @@ class StitchRequest(_message.Message):
     TEST_FRACTION_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    TUNE_STEPS_FIELD_NUMBER: _builtins.int
+    TUNE_LR_FIELD_NUMBER: _builtins.int
     run_a: _builtins.str
     """token-level runs of the same dataset with identical tokenisation"""
     layer_a: _builtins.int
@@ -1149,6 +1151,10 @@ class StitchRequest(_message.Message):
     """held-out prompts for the penalty; default 0.25"""
     seed: _builtins.int
     refresh: _builtins.bool
+    tune_steps: _builtins.int
+    """Adam steps of the map on B's task loss after the least-squares fit; 0: none"""
+    tune_lr: _builtins.float
+    """their learning rate; 0 means the default 1e-3"""
     def __init__(
         self,
         *,
@@ -1159,10 +1165,12 @@ class StitchRequest(_message.Message):
         test_fraction: _builtins.float = ...,
         seed: _builtins.int = ...,
         refresh: _builtins.bool = ...,
+        tune_steps: _builtins.int = ...,
+        tune_lr: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
