@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     max_bootstrap_replicates: int = Field(2_000, ge=1, description="most bootstrap replicates one similarity "
                                           "query may ask")
     max_null_permutations: int = Field(2_000, ge=1, description="most permutations of a similarity query's null")
+    max_stitch_tune_steps: int = Field(10_000, ge=1, description="most tuning steps one stitching query may ask")
     max_running_jobs: int = Field(16, ge=1, description="jobs running at once")
     max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
     read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")

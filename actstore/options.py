@@ -261,6 +261,9 @@ ENTROPY = Table(
     Option("seed", int, 0, minimum=0, help="DiME permutation seed"),
     Option("exp", bool, False, help="LiDAR: report exp(entropy)"),
     Option("temperature", float, 0.1, minimum=0, exclusive=True, help="InfoNCE temperature"),
+    Option("preset", str, "none", choices=("none", "skean2025"),
+           help="a reference pipeline by name: skean2025 = the Layer by Layer code (token-level run; "
+                "dataset_entropy, prompt_entropy, curvature; docs/metrics.md)"),
 )
 
 LENS = Table(
@@ -278,7 +281,10 @@ STITCH = Table(
     "stitch",
     Option("test_fraction", float, 0.25, minimum=0, maximum=1, exclusive=True,
            help="held-out prompts for the penalty"),
-    Option("seed", int, 0, minimum=0, help="split seed"),
+    Option("seed", int, 0, minimum=0, help="split seed (and the tuning batches' shuffle)"),
+    Option("tune_steps", int, 0, minimum=0, help="Adam steps of the affine map on B's task loss after the "
+           "least-squares fit (0: no tuning)", limit="max_stitch_tune_steps"),
+    Option("tune_lr", float, 1e-3, minimum=0, exclusive=True, help="learning rate of the tuning steps"),
 )
 
 CAPTURE = Table(
@@ -303,6 +309,8 @@ TRAIN = Table(
     Option("smoke", bool, False, help="the recipe's tiny size (seconds)"),
     Option("alternating", bool, False, help="aligned: last-layer CE on odd steps"),
     Option("weights", str, "linear", choices=("linear", "uniform"), help="aligned layer weights"),
+    Option("beta", float, None, minimum=0, help="ce-reg: weight of the cosine regulariser",
+           default_text="the recipe's"),
 )
 
 DATASETS = Table(

@@ -165,7 +165,7 @@ def test_cli_roles_are_the_servers():
 # command -> the tables its flags come from, and the option names it must have
 CLI = {
     "serve": ([SERVE], {"metric_device"}),
-    "experiment": ([TRAIN, LENS], {"recipe", "seed", "steps", "smoke", "epsilon"}),
+    "experiment": ([TRAIN, LENS], {"recipe", "steps", "smoke", "epsilon", "beta"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
@@ -181,7 +181,7 @@ CLI = {
     "entropy": ([ENTROPY], set(ENTROPY)),
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
-    "stitch": ([STITCH], {"test_fraction", "seed"}),
+    "stitch": ([STITCH], set(STITCH)),
     "gc": ([GC], set(GC)),
     "sql": ([SQL], {"limit"}),
     "import": ([IMPORTS], set(IMPORTS)),

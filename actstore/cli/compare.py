@@ -111,7 +111,7 @@ def cmd_cka_matrix(args) -> int:
 def cmd_stitch(args) -> int:
     with connect(args) as client:
         answer = client.stitch(args.run_a, args.layer_a, args.run_b, args.layer_b, test_fraction=args.test_fraction,
-                               seed=args.seed, refresh=args.refresh)
+                               seed=args.seed, tune_steps=args.tune_steps, tune_lr=args.tune_lr, refresh=args.refresh)
     if args.json:
         print(json.dumps(answer.scalars))
         return 0
@@ -119,6 +119,10 @@ def cmd_stitch(args) -> int:
     print(f"stitch A layer {args.layer_a} -> B layer {args.layer_b}: penalty {s['penalty']:.4f} "
           f"(B's loss {s['own_loss']:.4f} -> {s['stitched_loss']:.4f} through the stitch); fit R^2 on held-out "
           f"tokens {s['test_r2']:.3f}")
+    if "tuned_penalty" in s:
+        print(f"after {int(s['tune_steps'])} tuning steps: penalty {s['tuned_penalty']:.4f} (B's loss through the "
+              f"stitch {s['tuned_stitched_loss']:.4f}; on the training prompts {s['train_stitched_loss']:.4f} -> "
+              f"{s['tuned_train_stitched_loss']:.4f})")
     for note in answer.notes:
         print(f"note: {note}")
     return 0
@@ -171,4 +175,6 @@ def add_commands(command) -> None:
     p.add_argument("layer_b", type=int)
     add_option(p, STITCH, "test_fraction")
     add_option(p, STITCH, "seed")
+    add_option(p, STITCH, "tune_steps")
+    add_option(p, STITCH, "tune_lr")
     output_options(p, plot=None)

@@ -41,7 +41,8 @@ def cmd_capture(args) -> int:
 def cmd_train(args) -> int:
     with connect(args) as client:
         model = client.train(args.recipe, args.method, seed=args.seed, steps=args.steps, smoke=args.smoke,
-                             alternating=args.alternating, weights=args.weights, progress=not args.quiet)
+                             alternating=args.alternating, weights=args.weights, beta=args.beta,
+                             progress=not args.quiet)
     print(f"trained: model {model.digest[:12]} ({', '.join(model.aliases)}); every checkpoint is registered")
     return 0
 
@@ -123,6 +124,7 @@ def add_commands(command) -> None:
     add_option(p, TRAIN, "smoke")
     add_option(p, TRAIN, "alternating")
     add_option(p, TRAIN, "weights")
+    add_option(p, TRAIN, "beta")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     p = command("verify", cmd_verify, "read every chunk of runs and report what is damaged (a scrub)",

@@ -314,16 +314,17 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
-              progress: bool = False) -> ModelInfo:
+              beta: float | None = TRAIN.beta.default, progress: bool = False) -> ModelInfo:
         """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
-        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (the name without
-        @step follows the newest). Returns the final model. Resubmitting resumes a stopped run."""
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (RECIPE-METHOD-betaB-sSEED
+        with an explicit `beta`; the name without @step follows the newest). Returns the final model.
+        Resubmitting resumes a stopped run."""
         job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
             recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
-            weights=weights)))
+            weights=weights, **({} if beta is None else {"beta": beta}))))
         if not job.finished:
             self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
-        name = f"{recipe}{'-smoke' if smoke else ''}-{method}-s{seed}"
+        name = f"{recipe}{'-smoke' if smoke else ''}-{method}{'' if beta is None else f'-beta{beta:g}'}-s{seed}"
         return next(m for m in self.models() if name in m.aliases)
 
     def cancel(self, job_id: str) -> JobInfo:
@@ -388,15 +389,17 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                 clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
                 abs_cos: bool = ENTROPY.abs_cos.default, permutations: int = ENTROPY.permutations.default,
                 seed: int = ENTROPY.seed.default, exp: bool = ENTROPY.exp.default,
-                temperature: float = ENTROPY.temperature.default, refresh: bool = False) -> LayerValues:
+                temperature: float = ENTROPY.temperature.default, preset: str = ENTROPY.preset.default,
+                refresh: bool = False) -> LayerValues:
         """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
         dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
-        infonce, dime, lidar (pooled runs of an augmented dataset)."""
+        infonce, dime, lidar (pooled runs of an augmented dataset). preset="skean2025" reproduces the
+        Layer by Layer reference code from a token-level run (docs/metrics.md, Reference presets)."""
         metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
         request = pb.EntropyRequest(
             metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
             normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
-            permutations=permutations, seed=seed, exp=exp, temperature=temperature, refresh=refresh)
+            permutations=permutations, seed=seed, exp=exp, temperature=temperature, preset=preset, refresh=refresh)
         answer = QueryAnswer.from_proto(self._query.Entropy(request))
         return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
                            answer.provenance, answer.notes)
@@ -428,12 +431,15 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
 
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
                test_fraction: float = STITCH.test_fraction.default, seed: int = STITCH.seed.default,
+               tune_steps: int = STITCH.tune_steps.default, tune_lr: float = STITCH.tune_lr.default,
                refresh: bool = False) -> QueryAnswer:
         """Stitch run A's layer into run B's model at layer_b (token-level runs, same tokenisation):
-        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2."""
+        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2;
+        with tune_steps > 0 also tuned_penalty, tuned_stitched_loss and the training loss before and
+        after tuning (train_stitched_loss, tuned_train_stitched_loss)."""
         return QueryAnswer.from_proto(self._query.Stitch(pb.StitchRequest(
             run_a=run_a, layer_a=layer_a, run_b=run_b, layer_b=layer_b, test_fraction=test_fraction, seed=seed,
-            refresh=refresh)))
+            tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:

@@ -8,7 +8,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
-from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire, resolve
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.planners.measures import measure_params
@@ -156,7 +156,8 @@ class CaptureServicer(rpc.CaptureServicer):
             TrainRequest(recipe=request.recipe, method=from_wire(TRAIN, "method", request.method) or "",
                          seed=from_wire(TRAIN, "seed", request.seed),
                          steps=from_wire(TRAIN, "steps", request.steps) or 0, smoke=request.smoke,
-                         alternating=request.alternating, weights=from_wire(TRAIN, "weights", request.weights)),
+                         alternating=request.alternating, weights=from_wire(TRAIN, "weights", request.weights),
+                         beta=resolve(TRAIN, "beta", request.beta) if request.HasField("beta") else None),
             principal=current_principal.get()))
 
     def ListJobs(self, request, context):
@@ -198,7 +199,8 @@ class QueryServicer(rpc.QueryServicer):
     def Stitch(self, request, context):
         return result_proto(self.service.stitch(request.run_a, request.layer_a, request.run_b, request.layer_b,
                                                 from_wire(STITCH, "test_fraction", request.test_fraction),
-                                                from_wire(STITCH, "seed", request.seed), request.refresh))
+                                                from_wire(STITCH, "seed", request.seed), request.refresh,
+                                                tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
         measure = measure_params(request) if request.measure else {}

@@ -1113,6 +1113,7 @@ class EntropyRequest(_message.Message):
     EXP_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    PRESET_FIELD_NUMBER: _builtins.int
     metric: Global___EntropyRequest.Metric.ValueType
     run: _builtins.str
     alpha: _builtins.float
@@ -1134,6 +1135,8 @@ class EntropyRequest(_message.Message):
     temperature: _builtins.float
     """INFONCE: default 0.1"""
     refresh: _builtins.bool
+    preset: _builtins.str
+    """none (default) | skean2025: a reference pipeline by name, from a token-level run"""
     @_builtins.property
     def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all"""
@@ -1154,10 +1157,11 @@ class EntropyRequest(_message.Message):
         exp: _builtins.bool = ...,
         temperature: _builtins.float = ...,
         refresh: _builtins.bool = ...,
+        preset: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1206,6 +1210,8 @@ class StitchRequest(_message.Message):
     TEST_FRACTION_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    TUNE_STEPS_FIELD_NUMBER: _builtins.int
+    TUNE_LR_FIELD_NUMBER: _builtins.int
     run_a: _builtins.str
     """token-level runs of the same dataset with identical tokenisation"""
     layer_a: _builtins.int
@@ -1215,6 +1221,10 @@ class StitchRequest(_message.Message):
     """held-out prompts for the penalty; default 0.25"""
     seed: _builtins.int
     refresh: _builtins.bool
+    tune_steps: _builtins.int
+    """Adam steps of the map on B's task loss after the least-squares fit; 0: none"""
+    tune_lr: _builtins.float
+    """their learning rate; 0 means the default 1e-3"""
     def __init__(
         self,
         *,
@@ -1225,10 +1235,12 @@ class StitchRequest(_message.Message):
         test_fraction: _builtins.float = ...,
         seed: _builtins.int = ...,
         refresh: _builtins.bool = ...,
+        tune_steps: _builtins.int = ...,
+        tune_lr: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1378,6 +1390,7 @@ class TrainRequest(_message.Message):
     SMOKE_FIELD_NUMBER: _builtins.int
     ALTERNATING_FIELD_NUMBER: _builtins.int
     WEIGHTS_FIELD_NUMBER: _builtins.int
+    BETA_FIELD_NUMBER: _builtins.int
     recipe: _builtins.str
     """vit-fmnist | minilm-rt | gpt2-austen"""
     method: _builtins.str
@@ -1391,6 +1404,8 @@ class TrainRequest(_message.Message):
     """aligned: last-layer CE on odd steps, aligned loss on even steps"""
     weights: _builtins.str
     """aligned layer weights: linear (default) | uniform"""
+    beta: _builtins.float
+    """ce-reg: weight of the cosine regulariser; unset: the recipe's"""
     def __init__(
         self,
         *,
@@ -1401,12 +1416,15 @@ class TrainRequest(_message.Message):
         smoke: _builtins.bool = ...,
         alternating: _builtins.bool = ...,
         weights: _builtins.str = ...,
+        beta: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "beta", b"beta"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alternating", b"alternating", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__beta: _TypeAlias = _typing.Literal["beta"]  # noqa: Y015
+    _WhichOneofArgType__beta: _TypeAlias = _typing.Literal["_beta", b"_beta"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__beta) -> _WhichOneofReturnType__beta | None: ...
 
 Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
 
