@@ -13,6 +13,7 @@ at server start, resumed) capture finishes by computing only its missing shards.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, replace
 
@@ -40,6 +41,8 @@ from actstore.store.keys import run_key, run_spec, site_of
 from actstore.workers.capture import CapturePlan, token_offsets
 
 log = logging.getLogger(__name__)
+
+TOKEN_BATCHES_PER_TASK = 4  # full forward batches one token-level capture task runs (shards_per_task)
 
 
 @dataclass(frozen=True)
@@ -207,13 +210,15 @@ class CaptureJobs:
                            max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
         actors = self.pool.acquire(first.model.digest, first.model.path)
-        # one more than a replica works on at once: the next shard is already there when a slot frees
+        # one more than a replica works on at once: the next task is already there when a slot frees
         in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
-            complete = fill_shards(self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
-                                   lambda shard, keys: actors[shard % len(actors)].capture.remote(plan, shard, keys),
-                                   in_flight * len(actors), "a capture worker failed", "capture")
+            complete = fill_shards(
+                self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
+                lambda shards, keys: actors[shards[0] % len(actors)].capture.remote(plan, shards, keys),
+                in_flight * len(actors), "a capture worker failed", "capture",
+                shards_per_task(layout, self.settings.capture_batch_size))
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
@@ -223,31 +228,53 @@ class CaptureJobs:
             commit(self.catalog, self.arrays, o.record)
 
 
+def shards_per_task(layout: RunLayout, batch_size: int) -> int:
+    """Consecutive shards one capture task computes, so its forward passes run full batches.
+
+    A pooled shard holds `shard_rows` samples, so one shard fills a batch once shard_rows >=
+    batch_size. A token-level shard holds `shard_rows` tokens: with ~26 tokens a review, a 256-token
+    shard is ~10 prompts, and a task per shard ran batches of 10 (and recomputed the prompts that
+    straddle its ends), at half the rate of 32-prompt batches (measured). A task then spans enough
+    shards for `TOKEN_BATCHES_PER_TASK` full batches, and writes each shard whole as before."""
+    prompts_per_shard = layout.shard_rows * layout.n / max(layout.rows, 1)
+    wanted = batch_size * (TOKEN_BATCHES_PER_TASK if layout.pooling == "tokens" else 1)
+    return max(1, math.ceil(wanted / prompts_per_shard))
+
+
 def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
-                recorded: list[set[int]], submit, width: int, failure: str, what: str) -> bool:
+                recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1) -> bool:
     """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
-    the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each as it
-    arrives, at most ``width`` in flight. ``submit(shard, keys)`` is the ref of a task that writes
-    that shard of the runs ``keys`` (those that lack it) and returns their chunk rows, one table
-    per run. False when the job was cancelled; a failure marks the runs failed (their stored shards
-    stay: submitting the same request again resumes them)."""
+    the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each task's
+    shards as it finishes, at most ``width`` tasks in flight. ``submit(shards, keys)`` is the ref
+    of a task that writes the consecutive ``shards`` (at most ``per_task``) of the runs ``keys``
+    (those that lack them) and returns their chunk rows, one table per shard and run. False when
+    the job was cancelled; a failure marks the runs failed (their stored shards stay: submitting
+    the same request again resumes them)."""
     missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
     needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
+    tasks: list[tuple[int, ...]] = []
+    for shard in missing:  # runs of consecutive shards that the same runs lack
+        last = tasks[-1] if tasks else ()
+        if last and shard == last[-1] + 1 and needs[shard] == needs[last[0]] and len(last) < per_task:
+            tasks[-1] = last + (shard,)
+        else:
+            tasks.append((shard,))
     done = layout.num_shards - len(missing)
     job.progress(done, layout.num_shards, "shards",
                  f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
 
-    def collect(shard: int, ref) -> None:
+    def collect(shards: tuple[int, ...], ref) -> None:
         nonlocal done
         tables = get_or_raise(ref, lambda cause: Unavailable(
             f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
         for rows in tables:
             catalog.record_shard(pa.table(rows))
-        done += 1
+        done += len(shards)
         job.progress(done, layout.num_shards, "shards")
 
     try:
-        return run_windowed(missing, lambda shard: submit(shard, needs[shard]), width, collect, job.cancel_requested)
+        return run_windowed(tasks, lambda shards: submit(shards, needs[shards[0]]), width, collect,
+                            job.cancel_requested)
     except ActStoreError as exc:
         # the runs say so (not `running` forever)
         if not isinstance(exc, Cancelled):

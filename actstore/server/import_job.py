@@ -132,7 +132,7 @@ class ImportJobs:
                           dataset_path=dataset_path, pooling=layout.pooling, layout=layout)
         task = ray.remote(num_cpus=1)(import_shard).options(scheduling_strategy=self._here())
         if not fill_shards(self.catalog, job, [record], layout, [recorded],
-                           lambda shard, _keys: task.remote(self.store, plan, shard),
+                           lambda shards, _keys: task.remote(self.store, plan, shards[0]),
                            self.settings.capture_concurrent_shards + 1, "an import task failed", "import"):
             raise Cancelled(f"import of run {record.run_key[:12]} cancelled; submit it again to resume")
         commit(self.catalog, self.arrays, record)

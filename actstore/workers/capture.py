@@ -1,16 +1,17 @@
-"""Capture: run a model over a dataset and write every layer's hidden states, one shard a task.
+"""Capture: run a model over a dataset and write every layer's hidden states, a few shards a task.
 
-A `ShardCapturer` holds one model replica. `capture(shard)` computes the rows of that shard,
-writes the whole shard (writers own whole shards) and returns the chunk metadata that the job
-manager records in the catalog after the write: write-then-commit. Rewriting a shard with the
-same content is harmless, so a retried or resumed task may recompute a shard.
+A `ShardCapturer` holds one model replica. `capture(shards)` computes the rows of one or more
+consecutive shards in full batches (`capture_job.shards_per_task`), writes each shard whole
+(writers own whole shards) and returns the chunk metadata that the job manager records in the
+catalog after the write: write-then-commit. Rewriting a shard with the same content is harmless,
+so a retried or resumed task may recompute a shard.
 
 Several capture sites (`CapturePlan.sites`) come from one forward pass: each site is its own run,
-laid out alike, and a shard task writes shard k of every site's run that still needs it.
+laid out alike, and a task writes its shards of every site's run that still needs them.
 
 Pooled runs: shard k holds samples [k*S, (k+1)*S). Token-level runs: shard k holds token rows
 [k*S, (k+1)*S) of the concatenation of every prompt's non-pad tokens; the prompts that straddle a
-shard boundary are computed by both neighbours, and each writes only its own rows.
+task's ends are computed by both neighbouring tasks, and each writes only its own rows.
 """
 
 from __future__ import annotations
@@ -137,12 +138,14 @@ class ShardCapturer:
         token_ids = np.concatenate(ids)[begin: begin + (stop - start)] if ids else None
         return {site: torch.cat(p)[begin: begin + (stop - start)] for site, p in parts.items()}, token_ids
 
-    def capture(self, plan: CapturePlan, shard: int, run_keys: tuple[str, ...] | None = None) -> list[dict[str, list]]:
-        """Compute shard `shard` of every site's run (of those in `run_keys`, when given) in one pass
-        and write it; returns each run's chunk rows."""
+    def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
+                ) -> list[dict[str, list]]:
+        """Compute the consecutive `shards` of every site's run (of those in `run_keys`, when given)
+        in one pass of full batches, and write each shard whole; returns the chunk rows, one table
+        per shard and run."""
         wanted = [(site, key) for site, key in plan.runs if run_keys is None or key in run_keys]
         layout = plan.layout
-        start, stop = layout.shard_range(shard)
+        start, stop = layout.shard_range(shards[0])[0], layout.shard_range(shards[-1])[1]
         token_ids = None
         sites = [site for site, _ in wanted]
         with self._compute:
@@ -150,7 +153,13 @@ class ShardCapturer:
                 values, token_ids = self._tokens(plan, sites, start, stop)
             else:
                 values = self._pooled(plan, sites, start, stop)
-        return [store_shard(self.arrays, key, shard, layout.dtype, values[site], token_ids) for site, key in wanted]
+        tables = []
+        for shard in shards:
+            lo, hi = (bound - start for bound in layout.shard_range(shard))
+            ids = token_ids[lo:hi] if token_ids is not None else None
+            tables += [store_shard(self.arrays, key, shard, layout.dtype, values[site][lo:hi], ids)
+                       for site, key in wanted]
+        return tables
 
 
 def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
