@@ -158,3 +158,8 @@ def test_a_multi_site_capture_resumes_and_single_sites_join_it(module_client, da
     again = client.capture("bert", "bigger", site="attn_out")
     assert again.run_key == runs["attn_out"]
     np.testing.assert_array_equal(client.read_activations(again.run_key, 2)[0], values)
+
+
+def test_too_many_sites_are_refused(module_client, data):
+    with pytest.raises(InvalidArgument, match="17 sites in one capture: at most 16"):
+        module_client.submit_capture("llama", "texts", site=[f"model.layers.*.s{i}" for i in range(17)])
