@@ -115,8 +115,10 @@ def _pattern(model: nn.Module, block_names: list[str], site: str) -> ResolvedSit
     prefix = f"{model.base_model_prefix}." if getattr(model, "base_model_prefix", "") else ""
     all_names = [name for name, _ in model.named_modules()]
     found: dict[int, str] = {}
-    for name in all_names:  # a pattern may also be written relative to the backbone
-        match = regex.match(name) or (regex.match(name[len(prefix):]) if prefix and name.startswith(prefix) else None)
+    for name in all_names:  # a pattern may be written with or without the backbone's prefix (bert., vit.)
+        other = (name.removeprefix(prefix) if name.startswith(prefix) else prefix + name) if prefix else name
+        spellings = (name, other)
+        match = next((m for m in map(regex.match, spellings) if m), None)
         if match:
             found[int(match.group(1))] = name
     if not found:

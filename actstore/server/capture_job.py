@@ -43,6 +43,7 @@ from actstore.workers.capture import CapturePlan, token_offsets
 log = logging.getLogger(__name__)
 
 TOKEN_BATCHES_PER_TASK = 4  # full forward batches one token-level capture task runs (shards_per_task)
+MAX_SITES = 16  # runs one capture writes from one forward pass (each shard holds all of them at once)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,9 @@ class CaptureJobs:
     def _sites(self, requested: tuple[str, ...], model: ModelRecord) -> list[ResolvedSite]:
         """The requested sites (resid_post when none), each resolved to its modules in the model."""
         sites = split_sites(list(requested))
+        if len(sites) > MAX_SITES:
+            raise InvalidArgument(f"{len(sites)} sites in one capture: at most {MAX_SITES} (each is a run written "
+                                  "from the same forward pass); split them over several captures")
         if sites == [RESID_POST]:  # today's capture: no need to look inside the model
             return [ResolvedSite(RESID_POST, ())]
         return resolve_in_folder(self.store.local(model.path), sites)

@@ -127,3 +127,39 @@ def test_layer_statistics_are_those_of_the_stored_values(module_client, data):
 def test_a_bad_site_is_invalid_argument(module_client, data, site, message):
     with pytest.raises(InvalidArgument, match=message):
         module_client.submit_capture("llama", "texts", site=site)
+
+
+def test_a_multi_site_capture_resumes_and_single_sites_join_it(module_client, data):
+    client = module_client
+    client.register_dataset(texts=sentences(400, seed=11), name="bigger")
+    job = client.submit_capture("bert", "bigger", site="resid_post,attn_out")
+    runs = dict(zip(job.sites, job.run_keys))
+    joined = client.submit_capture("bert", "bigger", site="attn_out")  # its run is being captured: join
+    assert joined.joined and joined.job_id == job.job_id
+    for state in client.watch(job.job_id):
+        if state.done >= 3:
+            client.cancel(job.job_id)
+            break
+    with pytest.raises(Exception, match="cancelled"):
+        client.wait(job.job_id)
+    partial = [client.describe(key) for key in runs.values()]
+    assert all(p.status == "running" and 0 < p.recorded_shards < p.num_shards for p in partial)
+    resumed = client.submit_capture("bert", "bigger", site="resid_post,attn_out")
+    assert resumed.job_id != job.job_id and dict(zip(resumed.sites, resumed.run_keys)) == runs
+    first = next(s for s in client.watch(resumed.job_id) if s.total)
+    assert first.done >= min(p.recorded_shards for p in partial), "stored shards must not be computed again"
+    client.wait(resumed.job_id)
+    assert all(client.describe(key).recorded_shards == 50 for key in runs.values())
+    # the same numbers as a capture of one site alone
+    alone = client.capture("bert", "bigger", site="mlp_out,attn_out")  # attn_out stored: only mlp_out runs
+    assert alone.job.target == alone.runs["mlp_out"] and alone.runs["attn_out"] == runs["attn_out"]
+    values = client.read_activations(runs["attn_out"], 2)[0]
+    client.delete_run(runs["attn_out"])
+    again = client.capture("bert", "bigger", site="attn_out")
+    assert again.run_key == runs["attn_out"]
+    np.testing.assert_array_equal(client.read_activations(again.run_key, 2)[0], values)
+
+
+def test_too_many_sites_are_refused(module_client, data):
+    with pytest.raises(InvalidArgument, match="17 sites in one capture: at most 16"):
+        module_client.submit_capture("llama", "texts", site=[f"model.layers.*.s{i}" for i in range(17)])

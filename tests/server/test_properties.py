@@ -60,11 +60,14 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
     texts = st.builds(pb.TextList, texts=st.lists(TEXT, max_size=4), labels=st.lists(INT64, max_size=4),
                       sample_ids=st.lists(TEXT, max_size=4), label_names=st.lists(TEXT, max_size=3))
     # a delete or a capture must not touch the runs the other requests read
+    sites = st.lists(TEXT | st.sampled_from(["attn_out", "mlp_out", "*", "encoder.layer.*", "encoder.layer.*.output",
+                                             "encoder.layer.*.intermediate.dense", ",", "resid_post,*"]), max_size=3)
     not_a_run = TEXT.filter(lambda s: not any(r.startswith(s) for r in world.runs))
     messages = {
         "Catalog/ListModels": st.just(pb.ListModelsRequest()),
         "Catalog/ListDatasets": st.just(pb.ListDatasetsRequest()),
-        "Catalog/ListRuns": st.builds(pb.ListRunsRequest, model=TEXT | st.just("bert"), dataset=TEXT, status=TEXT),
+        "Catalog/ListRuns": st.builds(pb.ListRunsRequest, model=TEXT | st.just("bert"), dataset=TEXT, status=TEXT,
+                                      site=TEXT),
         "Catalog/DescribeRun": st.builds(pb.DescribeRunRequest, run=runs),
         "Catalog/RegisterModel": st.builds(pb.RegisterModelRequest, path=path, name=alias)
         | st.builds(pb.RegisterModelRequest, builtin=TEXT, name=alias),
@@ -74,7 +77,11 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
         | st.builds(pb.RegisterDatasetRequest, builtin=TEXT, split=TEXT, limit=INT64),
         "Catalog/DeleteRun": st.builds(pb.DeleteRunRequest, run=not_a_run),
         "Capture/SubmitCapture": st.builds(pb.CaptureRequest, model=st.just("bert") | TEXT, dataset=not_a_run,
-                                           pooling=TEXT, dtype=TEXT, max_len=INT32),
+                                           pooling=TEXT, dtype=TEXT, max_len=INT32, sites=sites),
+        "Planning/PlanCapture": st.builds(pb.CaptureRequest, model=st.just("bert") | TEXT,
+                                          dataset=st.just("toy") | TEXT, pooling=TEXT | st.just("mean"), dtype=TEXT,
+                                          max_len=INT32, sites=sites),
+        "Planning/PlanCKAMatrix": st.builds(pb.CKAMatrixRequest, runs=st.lists(runs, max_size=3)),
         "Capture/WatchJob": st.builds(pb.WatchJobRequest, job_id=TEXT),
         "Capture/CancelJob": st.builds(pb.CancelJobRequest, job_id=TEXT),
         "Capture/GetJob": st.builds(pb.GetJobRequest, job_id=TEXT),
