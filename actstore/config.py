@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     max_stitch_tune_steps: int = Field(10_000, ge=1, description="most tuning steps one stitching query may ask")
     max_running_jobs: int = Field(16, ge=1, description="jobs running at once")
     max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
-    read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")
+    read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations or ReadBatches message")
     batch_buffer_bytes: int = Field(512 * MiB, ge=1, description="memory one ReadBatches stream's shuffle buffer "
                                     "may hold (buffer shards x shard rows x layers x width x item size)")
     sql_max_rows: int = Field(10_000, ge=1, description="rows one read-only SQL query may return")
