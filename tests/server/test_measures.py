@@ -152,3 +152,52 @@ def test_similarity_command(client, runs, module_server, tmp_path):
     text = ok(actstore("cka-matrix", *runs, "--measure", "procrustes-distance=angular", "--plot", str(plot),
                        server=module_server))
     assert "procrustes-distance=angular matrix" in text and plot.exists()
+
+
+def test_the_servicer_resolves_measure_options_through_the_table():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import QueryServicer
+    from tests.test_options import _call, _Recorder
+
+    query = QueryServicer(_Recorder())
+    request = pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cca-score")
+    name, args, kwargs = _call(query, "Similarity", request)
+    assert name == "measure" and args[0] == "r"
+    assert kwargs == {"measure": "cca-score", "alpha": 1.0, "sigma_fraction": 1.0, "k": 10}
+    request.alpha = 0.0  # proto3 optional: 0 is a value (full whitening), not "not given"
+    assert _call(query, "Similarity", request)[2]["alpha"] == 0.0
+    _, _, kwargs = _call(query, "SubmitCKAMatrix", pb.CKAMatrixRequest(runs=["r"], measure="pwcca-score"))
+    assert kwargs["measure"] == "pwcca-score" and kwargs["alpha"] == 1.0
+    with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
+        query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cka"), None)
+
+
+def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_cluster, tiny_models, client, runs):
+    """A server whose limit holds only a few prepared layers answers in groups, the same numbers;
+    one that cannot hold two is refused with RESOURCE_EXHAUSTED."""
+    from actstore.client import Client
+    from actstore.errors import ResourceExhausted
+    from actstore.server.app import start_server
+    from tests.conftest import make_settings
+
+    n, width = 96, 16
+    per_layer, working = 8 * n * n, 8 * n * n * 4 + 8 * n * width * 2
+    expected = client.measure("rsa-rdm=cosine-compare=pearson", runs[0], runs[1]).values
+    for limit, group in [(working + 3 * per_layer, 2), (working + per_layer, None)]:
+        running = start_server(make_settings(tmp_path / f"store-{limit}", max_accumulator_bytes=limit))
+        try:
+            with Client(f"127.0.0.1:{running.port}") as small:
+                for name in ("bert", "gpt2"):
+                    small.register_model(tiny_models[name], name=name)
+                small.register_dataset(texts=sentences(96, seed=11), name="measures")
+                keys = [small.capture(name, "measures", pooling="mean").run_key for name in ("bert", "gpt2")]
+                assert keys == runs
+                if group is None:
+                    with pytest.raises(ResourceExhausted, match="two prepared layers"):
+                        small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                    continue
+                answer = small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                np.testing.assert_allclose(answer.values, expected, rtol=1e-12)
+                assert f"in groups of {group}" in answer.notes[0]
+        finally:
+            running.stop()
