@@ -22,6 +22,7 @@ from tests.measure_formulas import (
     shape_metric_reference,
     svcca_reference,
 )
+from tests.server.test_cka_matrix_job import slow_server  # noqa: F401  (a fixture)
 from tests.test_cli import actstore, ok
 
 ALPHA = 0.25
@@ -201,3 +202,30 @@ def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_clus
                 assert f"in groups of {group}" in answer.notes[0]
         finally:
             running.stop()
+
+
+def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server):  # noqa: F811 (the fixture)
+    """The matrix job with a streamed measure checkpoints tiles of `values` like the CKA job: a
+    cancelled job resumes from them and ends equal to the pairwise queries."""
+    c, runs, store = slow_server
+    job = c.submit_measure_matrix(runs, "cca-score")
+    cancelled = False
+    for final in c.watch(job.job_id):
+        if not cancelled and final.total and final.total // 3 <= final.done < final.total:
+            c.cancel(job.job_id)
+            cancelled = True
+    if final.status == "done":
+        pytest.fail("the job finished before the cancel landed: the setup is not slow enough to test resuming")
+    assert final.status == "cancelled" and any((store / "partials" / job.target).iterdir())
+    resumed = c.submit_measure_matrix(runs, "cca-score")
+    assert resumed.target == job.target and resumed.job_id != job.job_id
+    events = list(c.watch(resumed.job_id))
+    first = next(e for e in events if e.total)
+    assert "resuming" in first.message or first.done > 0
+    assert events[-1].status == "done" and not (store / "partials" / job.target).exists()
+    result = c.measure_matrix(runs, "cca-score")
+    assert result.provenance.cached and result.identifier == "cca-score"
+    for i, run_i in enumerate(runs):
+        for j, run_j in enumerate(runs):
+            np.testing.assert_allclose(result.block(i, j), c.measure("cca-score", run_i, run_j).values,
+                                       rtol=1e-9, atol=1e-12)
