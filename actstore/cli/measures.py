@@ -45,7 +45,12 @@ def cmd_similarity(args) -> int:
                                 layers_b=parse_layers(args.layers_b), alpha=args.alpha,
                                 sigma_fraction=args.sigma_fraction, k=args.k, refresh=args.refresh)
     name = result.provenance.metric
-    bounds = (0.0, 1.0) if name.endswith("score") else (0.0, None)
+    if "-distance=" in name:
+        bounds = (0.0, None)
+    elif name.endswith("score") and "hsic=song" not in name:  # debiased CKA can go below 0
+        bounds = (0.0, 1.0)
+    else:  # correlations (RSA), debiased CKA, kNN fractions: the colour scale follows the values
+        bounds = (None, None)
     show_matrix(name, result.values, result.layers_a, result.layers_b, result.provenance, result.notes, args,
                 f"{name}, n={int(result.scalars['n'])}", bounds)
     return 0

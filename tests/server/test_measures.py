@@ -22,6 +22,7 @@ from tests.measure_formulas import (
     shape_metric_reference,
     svcca_reference,
 )
+from tests.server.test_cka_matrix_job import slow_server  # noqa: F401  (a fixture)
 from tests.test_cli import actstore, ok
 
 ALPHA = 0.25
@@ -152,3 +153,79 @@ def test_similarity_command(client, runs, module_server, tmp_path):
     text = ok(actstore("cka-matrix", *runs, "--measure", "procrustes-distance=angular", "--plot", str(plot),
                        server=module_server))
     assert "procrustes-distance=angular matrix" in text and plot.exists()
+
+
+def test_the_servicer_resolves_measure_options_through_the_table():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import QueryServicer
+    from tests.test_options import _call, _Recorder
+
+    query = QueryServicer(_Recorder())
+    request = pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cca-score")
+    name, args, kwargs = _call(query, "Similarity", request)
+    assert name == "measure" and args[0] == "r"
+    assert kwargs == {"measure": "cca-score", "alpha": 1.0, "sigma_fraction": 1.0, "k": 10}
+    request.alpha = 0.0  # proto3 optional: 0 is a value (full whitening), not "not given"
+    assert _call(query, "Similarity", request)[2]["alpha"] == 0.0
+    _, _, kwargs = _call(query, "SubmitCKAMatrix", pb.CKAMatrixRequest(runs=["r"], measure="pwcca-score"))
+    assert kwargs["measure"] == "pwcca-score" and kwargs["alpha"] == 1.0
+    with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
+        query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cka"), None)
+
+
+def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_cluster, tiny_models, client, runs):
+    """A server whose limit holds only a few prepared layers answers in groups, the same numbers;
+    one that cannot hold two is refused with RESOURCE_EXHAUSTED."""
+    from actstore.client import Client
+    from actstore.errors import ResourceExhausted
+    from actstore.server.app import start_server
+    from tests.conftest import make_settings
+
+    n, width = 96, 16
+    per_layer, working = 8 * n * n, 8 * n * n * 4 + 8 * n * width * 2
+    expected = client.measure("rsa-rdm=cosine-compare=pearson", runs[0], runs[1]).values
+    for limit, group in [(working + 3 * per_layer, 2), (working + per_layer, None)]:
+        running = start_server(make_settings(tmp_path / f"store-{limit}", max_accumulator_bytes=limit))
+        try:
+            with Client(f"127.0.0.1:{running.port}") as small:
+                for name in ("bert", "gpt2"):
+                    small.register_model(tiny_models[name], name=name)
+                small.register_dataset(texts=sentences(96, seed=11), name="measures")
+                keys = [small.capture(name, "measures", pooling="mean").run_key for name in ("bert", "gpt2")]
+                assert keys == runs
+                if group is None:
+                    with pytest.raises(ResourceExhausted, match="two prepared layers"):
+                        small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                    continue
+                answer = small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                np.testing.assert_allclose(answer.values, expected, rtol=1e-12)
+                assert f"in groups of {group}" in answer.notes[0]
+        finally:
+            running.stop()
+
+
+def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server):  # noqa: F811 (the fixture)
+    """The matrix job with a streamed measure checkpoints tiles of `values` like the CKA job: a
+    cancelled job resumes from them and ends equal to the pairwise queries."""
+    c, runs, store = slow_server
+    job = c.submit_measure_matrix(runs, "cca-score")
+    cancelled = False
+    for final in c.watch(job.job_id):
+        if not cancelled and final.total and final.total // 3 <= final.done < final.total:
+            c.cancel(job.job_id)
+            cancelled = True
+    if final.status == "done":
+        pytest.fail("the job finished before the cancel landed: the setup is not slow enough to test resuming")
+    assert final.status == "cancelled" and any((store / "partials" / job.target).iterdir())
+    resumed = c.submit_measure_matrix(runs, "cca-score")
+    assert resumed.target == job.target and resumed.job_id != job.job_id
+    events = list(c.watch(resumed.job_id))
+    first = next(e for e in events if e.total)
+    assert "resuming" in first.message or first.done > 0
+    assert events[-1].status == "done" and not (store / "partials" / job.target).exists()
+    result = c.measure_matrix(runs, "cca-score")
+    assert result.provenance.cached and result.identifier == "cca-score"
+    for i, run_i in enumerate(runs):
+        for j, run_j in enumerate(runs):
+            np.testing.assert_allclose(result.block(i, j), c.measure("cca-score", run_i, run_j).values,
+                                       rtol=1e-9, atol=1e-12)

@@ -3,9 +3,10 @@
 
 Streamed measures (Procrustes, the shape metric, CCA, SVCCA, PWCCA) map `MomentMeasures` over the
 shards, tiled like feature-space CKA to `max_accumulator_bytes`, and finalize the named measure for
-every layer pair. In-memory measures (RSA, RBF CKA, the kNN family) run in one task that prepares
-each layer once (its RDM, kernel or rows) and compares every pair, refused with RESOURCE_EXHAUSTED
-when the prepared layers would exceed `max_accumulator_bytes`. The result's provenance names the
+every layer pair. In-memory measures (RSA, RBF CKA, the kNN family) run in tasks that prepare each
+layer (its RDM, kernel or rows) and compare every pair, B's layers in groups whose prepared forms fit
+`max_accumulator_bytes` (A's layers are prepared again per group); refused with RESOURCE_EXHAUSTED
+when not even two prepared layers fit. The result's provenance names the
 measure by its identifier (parameters filled in), and its options record the parameters the
 measure uses, so the cache keys on them.
 """
@@ -20,6 +21,7 @@ from actstore.metrics.similarity import in_memory_measures as in_memory
 from actstore.options import SIMILARITY, STREAMED_MEASURES, from_wire, resolve
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
+from actstore.server.tiling import chunks
 from actstore.store.catalog import RunRecord
 
 
@@ -88,14 +90,17 @@ class MeasurePlanner(SimilarityPlanner):
         if a.rows < 4:
             raise InvalidArgument(f"{measure} needs n >= 4 samples, the runs hold {a.rows}")
         width = max(a.width, b.width)
-        need = (in_memory.nbytes_per_layer(pairwise, a.rows, width) * (len(lb) + 1)
-                + in_memory.nbytes_working(pairwise, a.rows, width))
-        self.checks.check_memory(need, f"{measure} over {len(lb) + 1} prepared layers of n={a.rows}",
-                                 "ask for fewer layers of run B, use fewer samples, or a streamed measure")
+        per_layer = in_memory.nbytes_per_layer(pairwise, a.rows, width)
+        working = in_memory.nbytes_working(pairwise, a.rows, width)
+        self.checks.check_memory(2 * per_layer + working, f"{measure} over two prepared layers of n={a.rows}",
+                                 "use fewer samples, or a streamed measure")
+        # B's layers are prepared once per group and held while A's layers go by: as many as fit
+        group = max(1, min(len(lb), (self.sizing.limit - working) // per_layer - 1))
 
         def compute():
-            values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, pairwise.compare, pairwise.prepare)
-            notes = [f"{pairwise.identifier} over all {a.rows} samples in memory"]
+            values = np.hstack([self.executor.evaluate_pairs(a.run_key, la, b.run_key, part, pairwise.compare,
+                                                             pairwise.prepare) for part in chunks(lb, group)])
+            notes = [f"{pairwise.identifier} over all {a.rows} samples in memory, B's layers in groups of {group}"]
             if np.isnan(values).any():
                 notes.append("NaN where a layer's dissimilarities or kernel are constant (undefined)")
             return {"values": values}, {"n": float(a.rows)}, notes

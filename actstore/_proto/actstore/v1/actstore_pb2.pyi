@@ -1013,7 +1013,7 @@ class SimilarityRequest(_message.Message):
     remainder: _builtins.str
     """MINIBATCH_CKA: drop (default) | merge the short final batch"""
     k: _builtins.int
-    """MUTUAL_KNN: neighbours (default 10)"""
+    """MUTUAL_KNN and the MEASURE kNN family (mutual_knn, cycle_knn, cknna): neighbours (default 10)"""
     measure: _builtins.str
     """MEASURE: e.g. procrustes-distance=angular, cca-squared_score (docs/metrics.md)"""
     alpha: _builtins.float
