@@ -100,14 +100,20 @@ def test_memory_limit_names_the_size(tmp_path, ray_cluster, tiny_models):
     from actstore.server.app import start_server
     from tests.conftest import make_settings
 
-    running = start_server(make_settings(tmp_path / "store", max_accumulator_bytes=20_000))
+    running = start_server(make_settings(tmp_path / "store", max_accumulator_bytes=40_000))
     try:
         with Client(f"127.0.0.1:{running.port}") as c:
             c.register_model(tiny_models["bert"], name="bert")
             c.register_dataset(texts=sentences(40, seed=5), name="toy40")
             run = c.capture("bert", "toy40", pooling="mean").run_key
-            with pytest.raises(ResourceExhausted, match=r"would hold [\d.]+ KiB in memory, over the 19.53 KiB"):
+            with pytest.raises(ResourceExhausted, match=r"would hold [\d.]+ KiB in memory, over the 39.06 KiB"):
                 c.cka_stats(run, layers_a=[1], layers_b=[2], bootstrap=200)
+            # without resampling, standardised CKA takes the plain query's tiled path
+            standard = c.cka_stats(run, standardize=True)
+            z = [(x - x.mean(0)) / x.std(0) for x in (rows(c, run, layer) for layer in range(4))]
+            np.testing.assert_allclose(standard.biased, [[cka_numpy(p, q) for q in z] for p in z], atol=1e-9)
+            assert any("tile(s)" in note and not note.startswith("computed in feature space over 40 rows in 1 ")
+                       for note in standard.notes), standard.notes
     finally:
         running.stop()
 

@@ -161,31 +161,25 @@ class DiagnosticsPlanner(SimilarityPlanner):
         if transforms is not None:
             widths = [t.width for t in transforms]
         pairs = [(i, j) for i in ia for j in ib]
-        if opts.bootstrap or opts.null:
-            itemsize = 8 if transforms is not None else row_itemsize(a, b)
-            self.checks.check_memory(
-                ResampledCKA.estimate_peak_nbytes(widths, pairs, a.rows, opts.bootstrap, opts.null, itemsize),
-                f"CKA with {opts.bootstrap} bootstrap replicates and {opts.null} permutations over "
-                f"{len(pairs)} layer pair(s) (the rows and their Gram strips, n={a.rows})",
-                "ask for fewer layer pairs, fewer replicates or permutations, or a run with fewer samples")
-            accumulator = ResampledCKA(widths, pairs, opts.bootstrap, opts.null, opts.seed)
-        else:
-            mode = self.sizing.mode(widths, a.rows, 8 if transforms is not None else row_itemsize(a, b))
-            self.checks.check_memory(self.sizing.nbytes(widths, mode, a.rows, 8), "standardised CKA of these layers",
-                                     "ask for fewer layers")
-            accumulator = sim.SimilarityAccumulator(widths, mode)
-        if transforms is not None:
-            accumulator = TransformedAccumulator(accumulator, transforms)
-        total = self.executor.map_reduce(a.rows, sources, accumulator)
-        shape = (len(la), len(lb))
         excluded = {"excluded_a": self._excluded_rows([layer_of[i] for i in ia], [dropped[i] for i in ia]),
                     "excluded_b": self._excluded_rows([layer_of[j] for j in ib], [dropped[j] for j in ib])}
         notes = self._notes(opts, excluded["excluded_a"], excluded["excluded_b"])
-        if not (opts.bootstrap or opts.null):
-            matrices = total.finalize(strip_map=self.executor.gram_strip_map)
-            arrays = {"biased": matrices.biased[np.ix_(ia, ib)], "debiased": matrices.debiased[np.ix_(ia, ib)]}
-            return {**arrays, **excluded}, {"n": float(a.rows)}, notes
-        stats = total.finalize()
+        if not (opts.bootstrap or opts.null):  # the plain query's tiled path, on transformed rows
+            keyed = None if transforms is None else {
+                (run, layer): t for (run, layer), t in zip([(r, x) for r, ls in sources for x in ls], transforms)}
+            arrays, scalars, plain_notes = self._cka(a, b, la, lb, keyed)
+            return {**arrays, **excluded}, scalars, plain_notes + notes
+        itemsize = 8 if transforms is not None else row_itemsize(a, b)
+        self.checks.check_memory(
+            ResampledCKA.estimate_peak_nbytes(widths, pairs, a.rows, opts.bootstrap, opts.null, itemsize),
+            f"CKA with {opts.bootstrap} bootstrap replicates and {opts.null} permutations over "
+            f"{len(pairs)} layer pair(s) (the rows and their Gram strips, n={a.rows})",
+            "ask for fewer layer pairs, fewer replicates or permutations, or a run with fewer samples")
+        accumulator = ResampledCKA(widths, pairs, opts.bootstrap, opts.null, opts.seed)
+        if transforms is not None:
+            accumulator = TransformedAccumulator(accumulator, transforms)
+        stats = self.executor.map_reduce(a.rows, sources, accumulator).finalize()
+        shape = (len(la), len(lb))
         arrays = {"biased": stats.biased.reshape(shape), "debiased": stats.debiased.reshape(shape), **excluded}
         for variant in ("biased", "debiased"):
             if opts.bootstrap:

@@ -9,6 +9,7 @@ import numpy as np
 
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.metrics.similarity.features import TransformedAccumulator
 from actstore.options import SIMILARITY, from_wire, resolve
 from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
@@ -109,25 +110,39 @@ class SimilarityPlanner(Planner):
         return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
                 [len(la) + j for j in range(len(lb))])
 
-    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
+    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str, itemsize: int):
         """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
         widest = [a.width] * len(la) + [b.width] * len(lb)
-        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, row_itemsize(a, b))
+        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, itemsize)
         return [(tile_a, tile_b) for tile_a in chunks(la, size) for tile_b in chunks(lb, size)]
 
-    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]):
+    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], transforms: dict | None = None):
+        """Biased and debiased CKA of la x lb, tiled to the memory limit. `transforms` maps (run key,
+        layer) to a `features.FeatureTransform` applied to that block's rows first (float64 rows)."""
+        def blocks_of(sources):
+            return [(run, layer) for run, layers in sources for layer in layers]
+
+        def widths_of(sources):
+            return [transforms[run, layer].width if transforms else a.width if run == a.run_key else b.width
+                    for run, layer in blocks_of(sources)]
+
+        def accumulator(sources):
+            inner = sim.SimilarityAccumulator(widths_of(sources), mode)
+            if transforms is None:
+                return inner
+            return TransformedAccumulator(inner, [transforms[block] for block in blocks_of(sources)])
+
         sources, _, _ = self._blocks(a, b, la, lb)
-        mode = self.sizing.mode([a.width if run == a.run_key else b.width for run, layers in sources for _ in layers],
-                             a.rows, row_itemsize(a, b))
+        itemsize = row_itemsize(a, b) if transforms is None else 8
+        mode = self.sizing.mode(widths_of(sources), a.rows, itemsize)
         biased = np.empty((len(la), len(lb)))
         debiased = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self._tiles(a, b, la, lb, mode)
+        tiles = self._tiles(a, b, la, lb, mode, itemsize)
         for tile_a, tile_b in tiles:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
-            widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
-            total = self.executor.map_reduce(a.rows, sources, sim.SimilarityAccumulator(widths, mode))
+            total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
             matrices = total.finalize(strip_map=self.executor.gram_strip_map)
             rows = [pos_a[x] for x in tile_a]
             cols = [pos_b[x] for x in tile_b]
