@@ -255,3 +255,19 @@ def test_imports_from_server_paths_follow_the_register_path_rule(tmp_path, ray_c
                 writer.import_activations(folder, model="tiny-gpt2", dataset="toy")
     finally:
         running.stop()
+
+
+def test_the_cli_imports_and_says_what_it_did(setup, module_server, tmp_path):
+    from tests.test_cli import actstore, ok
+
+    folder = npy_folder(tmp_path / "cli", layered(np.random.default_rng(8), N))
+    first = ok(actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset", "toy", "--pooling", "last", "-q",
+                        server=module_server))
+    assert first.startswith("run ") and "(imported)" in first
+    assert "(cache hit: already stored)" in ok(actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset",
+                                                        "toy", "--pooling", "last", "-q", server=module_server))
+    refused = actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset", "toy", "--pooling", "tokens",
+                       server=module_server)
+    assert refused.returncode == 2 and "error (INVALID_ARGUMENT)" in refused.stderr and "Traceback" not in \
+        refused.stderr
+    assert "extract_hidden_states" in ok(actstore("import", "--help"))
