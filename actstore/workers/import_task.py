@@ -48,9 +48,10 @@ class ImportPlan:
     layout: RunLayout
 
 
-def _open(store: StoreHandle, path: str, fmt: str | None, dataset_path: str) -> tuple[ImportSource, list[str]]:
+def _open(store: StoreHandle, path: str, fmt: str | None, dataset_path: str, check: bool = True
+          ) -> tuple[ImportSource, list[str]]:
     ids = load_dataset(store.local(dataset_path)).sample_ids
-    return open_source(Path(path), fmt, ids), ids
+    return open_source(Path(path), fmt, ids, check), ids
 
 
 def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path: str) -> SourceSummary:
@@ -74,7 +75,7 @@ def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path:
 
 def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> dict[str, list]:
     """Read, check and write shard ``shard``; returns its catalog rows."""
-    source, _ = _open(store, plan.path, plan.format, plan.dataset_path)
+    source, _ = _open(store, plan.path, plan.format, plan.dataset_path, check=False)
     arrays = store.open()
     layout = plan.layout
     start, stop = layout.shard_range(shard)
@@ -87,7 +88,7 @@ def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> dict[str, 
         values = source.pooled_rows(start, stop)
     expected = (stop - start, layout.num_states, layout.width)
     if tuple(values.shape) != expected:  # the files changed since the import was inspected
-        raise InvalidArgument(f"{source.describe()}: shard {shard} reads as {tuple(values.shape)}, not {expected}: "
+        raise InvalidArgument(f"{plan.path}: shard {shard} reads as {tuple(values.shape)}, not {expected}: "
                               "the files changed during the import; import them again")
     return store_shard(arrays, plan.run_key, shard, layout.dtype, values, token_ids)
 

@@ -38,9 +38,7 @@ class ImportSource(ABC):
     files: list[Path]  # every file the import reads, in a fixed order (digested)
     sample_ids: list[str] | None = None  # what the source says about its rows, in row order
 
-    @property
-    def per_token(self) -> bool:
-        return self.token_counts() is not None
+    per_token: bool = False  # holds every token of every sample (token_counts, token_blocks)
 
     def token_counts(self) -> np.ndarray | None:
         """Tokens of each sample (int64, n) for a source that holds every token; None if pooled."""
