@@ -48,10 +48,9 @@ class ImportPlan:
     layout: RunLayout
 
 
-def _open(store: StoreHandle, path: str, fmt: str | None, dataset_path: str, check: bool = True
-          ) -> tuple[ImportSource, list[str]]:
+def _open(store: StoreHandle, path: str, fmt: str | None, dataset_path: str) -> tuple[ImportSource, list[str]]:
     ids = load_dataset(store.local(dataset_path)).sample_ids
-    return open_source(Path(path), fmt, ids, check), ids
+    return open_source(Path(path), fmt, ids), ids
 
 
 def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path: str) -> SourceSummary:
@@ -75,7 +74,9 @@ def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path:
 
 def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> dict[str, list]:
     """Read, check and write shard ``shard``; returns its catalog rows."""
-    source, _ = _open(store, plan.path, plan.format, plan.dataset_path, check=False)
+    # checked at submit: only a vllm folder needs the sample ids again (its files are named by them)
+    ids = load_dataset(store.local(plan.dataset_path)).sample_ids if plan.format == "vllm" else []
+    source = open_source(Path(plan.path), plan.format, ids, check=False)
     arrays = store.open()
     layout = plan.layout
     start, stop = layout.shard_range(shard)

@@ -85,8 +85,9 @@ def pool_blocks(blocks: Sequence[tuple[torch.Tensor, np.ndarray | None]], poolin
 
 def as_float32(values, where: str) -> torch.Tensor:
     """A float tensor or array as a float32 torch tensor (float64 narrowed)."""
-    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(values))
-    check_float(dtype_name(tensor.dtype), where)
+    check_float(dtype_name(values.dtype), where)
+    # a copy of a numpy slice: memory-mapped sources are read-only, which torch does not wrap
+    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.array(values))
     return tensor.float()
 
 
