@@ -13,6 +13,7 @@ import pytest
 
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
+    BATCHES,
     CAPTURE,
     DATASETS,
     ENTROPY,
@@ -21,9 +22,11 @@ from actstore.options import (
     LENS,
     SERVE,
     SIMILARITY,
+    SQL,
     STITCH,
     TABLES,
     TRAIN,
+    UNCERTAINTY,
     Option,
     from_wire,
     resolve,
@@ -162,20 +165,25 @@ def test_cli_roles_are_the_servers():
 # command -> the tables its flags come from, and the option names it must have
 CLI = {
     "serve": ([SERVE], {"metric_device"}),
-    "experiment": ([TRAIN, LENS], {"recipe", "seed", "steps", "smoke", "epsilon"}),
+    "experiment": ([TRAIN, LENS], {"recipe", "steps", "smoke", "epsilon", "beta"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
-    "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
+    "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
-    "cka": ([SIMILARITY], {"debiased"}),
-    "cos": ([SIMILARITY], {"center"}),
+    "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
+                                        "exclude_dims", "exclude_outliers", "outlier_sigmas"}),
+    "cos": ([SIMILARITY, UNCERTAINTY], {"center", "bootstrap", "ci", "seed", "standardize", "exclude_dims",
+                                        "exclude_outliers", "outlier_sigmas"}),
+    "outliers": ([UNCERTAINTY], {"top_k", "outlier_sigmas"}),
     "minibatch-cka": ([SIMILARITY], {"batch_size", "remainder"}),
     "knn": ([SIMILARITY], {"k"}),
-    "cka-matrix": ([SIMILARITY], {"debiased"}),
+    "cka-matrix": ([SIMILARITY], {"debiased", "measure", "alpha"}),
+    "similarity": ([SIMILARITY], {"measure", "alpha", "sigma_fraction", "k"}),
     "entropy": ([ENTROPY], set(ENTROPY)),
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
-    "stitch": ([STITCH], {"test_fraction", "seed"}),
+    "stitch": ([STITCH], set(STITCH)),
     "gc": ([GC], set(GC)),
+    "sql": ([SQL], {"limit"}),
     "import": ([IMPORTS], set(IMPORTS)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
@@ -196,7 +204,7 @@ def test_every_command_is_covered_or_has_no_table_options():
             continue
         dests = {a.dest for a in parser._actions} - {"address", "store", "token", "verbose", "help"}
         # a command outside CLI may share a name with an option only by coincidence of meaning
-        assert not dests & names - {"run", "name", "seed"}, (command, dests & names)
+        assert not dests & names - {"run", "name", "seed", "site"}, (command, dests & names)
 
 
 @pytest.mark.parametrize("command", list(CLI))
@@ -219,7 +227,8 @@ def test_cli_flags_match_the_tables(command):
             continue
         if option.many:
             assert action.default is None  # the server's default, shown in the help
-            assert action.type("0.5,0.9") == [0.5, 0.9]
+            sample = "0.5,0.9" if option.type is float else "12,301"
+            assert action.type(sample) == [option.type(v) for v in sample.split(",")]
         else:
             assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
             assert action.type in (option.type, None if option.type is str else option.type), action
@@ -246,17 +255,26 @@ CLIENT = {
     "register_dataset": (DATASETS, {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "submit_capture": (CAPTURE, set(CAPTURE)),
     "capture": (CAPTURE, set(CAPTURE)),
+    "plan_capture": (CAPTURE, set(CAPTURE)),
     "train": (TRAIN, set(TRAIN)),
     "cos": (SIMILARITY, {"center"}),
     "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),
     "mutual_knn": (SIMILARITY, {"k"}),
+    "measure": (SIMILARITY, {"measure", "alpha", "sigma_fraction", "k"}),
+    "measure_matrix": (SIMILARITY, {"measure", "alpha"}),
     "entropy": (ENTROPY, set(ENTROPY)),
     "lens": (LENS, {"epsilon", "taus", "heads"}),
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "batches": (BATCHES, set(BATCHES)),
+    "torch_dataset": (BATCHES, set(BATCHES) - {"epoch"}),  # the epoch is set per epoch: set_epoch
+    "sql": (SQL, {"limit"}),
     "submit_import": (IMPORTS, set(IMPORTS)),
     "import_activations": (IMPORTS, set(IMPORTS)),
+    "cka_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k"}),
+    "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null"}),
+    "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
 }
 
 
@@ -346,6 +364,17 @@ def test_the_servicer_fills_in_the_tables_defaults():
     source = args[0]
     assert (source.limit, source.seed, source.text_column, source.augment_views, source.augment_method) == \
         (None, 0, "text", 0, "word-dropout")
+
+
+def test_the_readers_servicer_fills_in_the_tables_defaults():
+    from actstore._proto.actstore.v1 import readers_pb2 as pb
+    from actstore.server.readers_servicer import ReadersServicer
+
+    readers = ReadersServicer(_Recorder())
+    _, args, kwargs = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
+    assert args == ("r", []) and kwargs == {**BATCHES.defaults(), "batch_size": 4, "shuffle": False}
+    _, args, _ = _call(readers, "Sql", pb.SqlRequest(query="SELECT 1"))
+    assert args[:2] == ("SELECT 1", None)  # None: the server's sql_max_rows
 
 
 def test_the_servicer_refuses_what_the_tables_refuse():

@@ -10,7 +10,10 @@ One module per command group; each has `add_commands(command)`, which adds its s
     jobs      capture, train, verify, jobs, watch, cancel
     imports   import
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
+    measures  similarity (Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier)
+    diagnostics  outliers (and the --bootstrap / --null / feature flags of cka and cos)
     layers    entropy, residual-norm, lens, nc1
+    readers   sql
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import argparse
 import logging
 import sys
 
-from actstore.cli import admin, catalog, compare, imports, jobs, layers, upkeep
+from actstore.cli import admin, catalog, compare, diagnostics, imports, jobs, layers, measures, readers, upkeep
 from actstore.cli.common import DEFAULT_ADDRESS, DESCRIPTION, connect, connection_options, parse_layers
 from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, imports, compare, layers, upkeep)
+GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, upkeep, readers)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import signal
 import threading
 from pathlib import Path
 
-from actstore.cli.common import add_option, connect, print_table, server_address
+from actstore.cli.common import add_option, connect, int_list, print_table, server_address
 from actstore.options import LENS, SERVE, TRAIN
 
 ROLES = ("reader", "writer", "admin")  # actstore.server.auth.ROLES, without importing the server
@@ -72,7 +72,8 @@ def cmd_experiment(args) -> int:
     from actstore.experiment import run_experiment
 
     run_experiment(args.recipe, Path(args.out or f"actstore-experiment-{args.recipe}"), smoke=args.smoke,
-                   seed=args.seed, steps=args.steps, store=args.store, address=args.address, epsilon=args.epsilon)
+                   seeds=args.seeds, steps=args.steps, store=args.store, address=args.address, epsilon=args.epsilon,
+                   beta=args.beta)
     return 0
 
 
@@ -111,13 +112,16 @@ def add_commands(command) -> None:
     p.add_argument("--n", type=int, default=300, help="number of reviews (default 300)")
 
     p = command("experiment", cmd_experiment, "aligned vs standard training: train, capture, lens, report",
-                "Trains standard, aligned, multi-exit and ce-reg models with one recipe, seed and budget,\n"
-                "captures the held-out set, and writes accuracy / COS / saturation plots, effective depths,\n"
-                "the multi-exit table and a verdict on each of the paper's claims.")
+                "Trains standard, aligned, multi-exit and ce-reg models with one recipe and budget for every\n"
+                "seed of --seeds, captures the held-out set, and writes accuracy / COS / saturation plots,\n"
+                "effective depths, the multi-exit table and each of the paper's claims with its mean and\n"
+                "spread over the seeds. A claim reproduces only if it holds on every seed; it does not if it\n"
+                "fails on any seed; otherwise it is not testable.")
     p.add_argument("--recipe", default="vit-fmnist", choices=list(TRAIN.recipe.choices),
                    help="the training recipe (default vit-fmnist)")
     p.add_argument("--out", help="output folder (default ./actstore-experiment-RECIPE)")
     add_option(p, TRAIN, "smoke", help="tiny sizes (seconds), for tests")
-    add_option(p, TRAIN, "seed")
+    p.add_argument("--seeds", type=int_list, default=[0], help="training seeds, e.g. 0,1,2 (default 0)")
     add_option(p, TRAIN, "steps", extra_help="per method")
+    add_option(p, TRAIN, "beta")
     add_option(p, LENS, "epsilon")

@@ -45,6 +45,9 @@ def _list_of(kind: type):
     return parse
 
 
+int_list = _list_of(int)  # e.g. --seeds 0,1,2
+
+
 def add_option(p: argparse.ArgumentParser, table: Table, name: str, *flags: str, extra_help: str = "",
                **kwargs) -> argparse.Action:
     """A flag for `table[name]`: its default, choices, type and help (with the default) come from

@@ -34,7 +34,8 @@ def cmd_entropy(args) -> int:
         result = client.entropy(args.metric.replace("-", "_"), args.run, layers=parse_layers(args.layers),
                                 alpha=args.alpha, normalization=args.normalization, clamp=args.clamp,
                                 convention=args.convention, abs_cos=args.abs_cos, permutations=args.permutations,
-                                seed=args.seed, exp=args.exp, temperature=args.temperature, refresh=args.refresh)
+                                seed=args.seed, exp=args.exp, temperature=args.temperature, preset=args.preset,
+                                refresh=args.refresh)
     show_curve(args.metric, result.layers, result.values, result.provenance, result.notes, args)
     return 0
 

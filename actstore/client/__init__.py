@@ -22,8 +22,19 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import imports_pb2_grpc, tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import (
+    imports_pb2_grpc,
+    planning_pb2_grpc,
+    readers_pb2_grpc,
+    tokens_pb2,
+    tokens_pb2_grpc,
+)
+from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
+from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
+from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
+from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
+from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -48,9 +59,11 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
-           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
-           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
+__all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
+           "CKAStatsResult", "COSResult", "COSStatsResult", "CaptureResult", "DatasetInfo",
+           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
+           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "QueryAnswer", "RunInfo",
+           "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -122,7 +135,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(ImportsMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -144,6 +157,9 @@ class Client(ImportsMixin):
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
+        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
+        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata)
+        self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
         self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata)
         self._server = None
 
@@ -206,15 +222,17 @@ class Client(ImportsMixin):
                                                label_names=list(label_names or [])))
         return DatasetInfo.from_proto(self._catalog.RegisterDataset(request))
 
-    def models(self) -> list[ModelInfo]:
-        return [ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models]
+    def models(self) -> Listing[ModelInfo]:
+        return Listing(ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models)
 
-    def datasets(self) -> list[DatasetInfo]:
-        return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
+    def datasets(self) -> Listing[DatasetInfo]:
+        return Listing(DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets)
 
-    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None) -> list[RunInfo]:
-        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "")
-        return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
+    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None,
+             site: str | None = None) -> Listing[RunInfo]:
+        """Runs, optionally only those of a model, a dataset, a status and a capture site."""
+        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "", site=site or "")
+        return Listing(RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs)
 
     def describe(self, run: str) -> RunInfo:
         return RunInfo.from_proto(self._catalog.DescribeRun(pb.DescribeRunRequest(run=run)))
@@ -251,9 +269,10 @@ class Client(ImportsMixin):
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
-                       max_len: int | None = CAPTURE.max_len.default) -> JobInfo:
-        request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                                    max_len=max_len or 0)
+                       max_len: int | None = CAPTURE.max_len.default,
+                       site: Sequence[str] | str | None = None) -> JobInfo:
+        """`site`: one site, a list, or a comma-separated string (see `capture`)."""
+        request = capture_request(model, dataset, pooling, dtype, max_len, site)
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
@@ -284,24 +303,28 @@ class Client(ImportsMixin):
 
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                progress: bool = False) -> CaptureResult:
-        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
-        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
+                site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
+        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it.
+        `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
+        for the block index; several sites come from one forward pass, one run each
+        (`result.runs` maps site -> run key)."""
+        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
         return self._run_of(job, progress, f"capture {model}")
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
-              progress: bool = False) -> ModelInfo:
+              beta: float | None = TRAIN.beta.default, progress: bool = False) -> ModelInfo:
         """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
-        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (the name without
-        @step follows the newest). Returns the final model. Resubmitting resumes a stopped run."""
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (RECIPE-METHOD-betaB-sSEED
+        with an explicit `beta`; the name without @step follows the newest). Returns the final model.
+        Resubmitting resumes a stopped run."""
         job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
             recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
-            weights=weights)))
+            weights=weights, **({} if beta is None else {"beta": beta}))))
         if not job.finished:
             self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
-        name = f"{recipe}{'-smoke' if smoke else ''}-{method}-s{seed}"
+        name = f"{recipe}{'-smoke' if smoke else ''}-{method}{'' if beta is None else f'-beta{beta:g}'}-s{seed}"
         return next(m for m in self.models() if name in m.aliases)
 
     def cancel(self, job_id: str) -> JobInfo:
@@ -310,8 +333,9 @@ class Client(ImportsMixin):
     def job(self, job_id: str) -> JobInfo:
         return JobInfo.from_proto(self._capture.GetJob(pb.GetJobRequest(job_id=job_id)))
 
-    def jobs(self, status: str | None = None) -> list[JobInfo]:
-        return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
+    def jobs(self, status: str | None = None) -> Listing[JobInfo]:
+        jobs = self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs
+        return Listing(JobInfo.from_proto(j) for j in jobs)
 
     # ---- integrity ----------------------------------------------------------------------------
     def submit_verify(self, runs: Sequence[str] = (), *, all_runs: bool = False, repair: bool = False) -> JobInfo:
@@ -365,15 +389,17 @@ class Client(ImportsMixin):
                 clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
                 abs_cos: bool = ENTROPY.abs_cos.default, permutations: int = ENTROPY.permutations.default,
                 seed: int = ENTROPY.seed.default, exp: bool = ENTROPY.exp.default,
-                temperature: float = ENTROPY.temperature.default, refresh: bool = False) -> LayerValues:
+                temperature: float = ENTROPY.temperature.default, preset: str = ENTROPY.preset.default,
+                refresh: bool = False) -> LayerValues:
         """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
         dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
-        infonce, dime, lidar (pooled runs of an augmented dataset)."""
+        infonce, dime, lidar (pooled runs of an augmented dataset). preset="skean2025" reproduces the
+        Layer by Layer reference code from a token-level run (docs/metrics.md, Reference presets)."""
         metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
         request = pb.EntropyRequest(
             metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
             normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
-            permutations=permutations, seed=seed, exp=exp, temperature=temperature, refresh=refresh)
+            permutations=permutations, seed=seed, exp=exp, temperature=temperature, preset=preset, refresh=refresh)
         answer = QueryAnswer.from_proto(self._query.Entropy(request))
         return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
                            answer.provenance, answer.notes)
@@ -405,12 +431,15 @@ class Client(ImportsMixin):
 
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
                test_fraction: float = STITCH.test_fraction.default, seed: int = STITCH.seed.default,
+               tune_steps: int = STITCH.tune_steps.default, tune_lr: float = STITCH.tune_lr.default,
                refresh: bool = False) -> QueryAnswer:
         """Stitch run A's layer into run B's model at layer_b (token-level runs, same tokenisation):
-        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2."""
+        scalars penalty (B's loss through the stitch minus its own), own_loss, stitched_loss, test_r2;
+        with tune_steps > 0 also tuned_penalty, tuned_stitched_loss and the training loss before and
+        after tuning (train_stitched_loss, tuned_train_stitched_loss)."""
         return QueryAnswer.from_proto(self._query.Stitch(pb.StitchRequest(
             run_a=run_a, layer_a=layer_a, run_b=run_b, layer_b=layer_b, test_fraction=test_fraction, seed=seed,
-            refresh=refresh)))
+            tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:

@@ -38,4 +38,4 @@ class ImportsMixin:
             joined = job.joined
             job = self.wait(job.job_id, progress=progress, description=description)
             job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.target, job=job)
+        return CaptureResult(run_key=job.run_keys[0] if job.run_keys else job.target, job=job)

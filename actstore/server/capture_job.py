@@ -1,6 +1,10 @@
 """Capture jobs: validate a request, open its run once, deal the missing shards to warm model
 replicas through the windowed dispatcher, record each shard, and commit.
 
+A capture of several sites (`--site resid_post,mlp_out`) is one job over one forward pass per
+batch, writing one run per site (each laid out as a single-site run): the job reports every
+site's run key (`JobSnapshot.run_keys`, in the order of `sites`).
+
 A shard is recorded in the catalog only after its arrays were written, and the run is committed
 only when every shard is recorded, so a crash at any moment leaves a run that a resubmitted (or,
 at server start, resumed) capture finishes by computing only its missing shards.
@@ -17,6 +21,7 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.modeling.sites import RESID_POST, ResolvedSite, resolve_in_folder, split_sites
 from actstore.options import CAPTURE, from_wire
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
@@ -31,7 +36,7 @@ from actstore.store.catalog import (
     RunRecord,
 )
 from actstore.store.handle import StoreHandle
-from actstore.store.keys import run_key, run_spec
+from actstore.store.keys import run_key, run_spec, site_of
 from actstore.workers.capture import CapturePlan, token_offsets
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ class CaptureRequest:
     pooling: str = ""
     dtype: str = ""
     max_len: int = 0
+    sites: tuple[str, ...] = ()  # empty: resid_post
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,18 @@ class OpenRun:
     dataset: DatasetRecord
 
 
+@dataclass(frozen=True)
+class CaptureTarget:
+    """A validated capture request: its model, dataset, options and each site's run spec and key."""
+
+    model: ModelRecord
+    dataset: DatasetRecord
+    options: dict
+    sites: list[str]
+    specs: list[dict]
+    keys: list[str]
+
+
 class CaptureJobs:
     def __init__(self, catalog: Catalog, store: StoreHandle, jobs: JobManager, pool: CapturePool,
                  settings: Settings) -> None:
@@ -68,37 +86,63 @@ class CaptureJobs:
         self.settings = settings
         self.submissions = threading.Lock()
 
-    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+    def target(self, request: CaptureRequest) -> CaptureTarget:
+        """Check a request (InvalidArgument / NotFound) and name the run of each of its sites."""
         model = self.catalog.model(request.model)
         dataset = self.catalog.dataset(request.dataset)
-        spec = self._spec(request, model, dataset)
-        key = run_key(spec)
-        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": spec["pooling"],
-                       "dtype": spec["dtype"], "max_len": spec["max_len"]}
-        existing = self.catalog.find_run(key)
-        if existing is not None and existing.status == "committed":
-            return self.jobs.record_finished("capture", key, job_request, principal=principal)
-        with self.submissions:  # identical concurrent requests: the first opens the run, the rest join
+        options = self._spec(request, model, dataset)
+        sites = self._sites(request.sites, model)
+        specs = [run_spec(**options, site=site.site, modules=site.pattern) for site in sites]
+        return CaptureTarget(model, dataset, options, [site.site for site in sites], specs,
+                             [run_key(spec) for spec in specs])
+
+    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+        target = self.target(request)
+        model, dataset, options, specs, keys = target.model, target.dataset, target.options, target.specs, target.keys
+        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": options["pooling"],
+                       "dtype": options["dtype"], "max_len": options["max_len"], "sites": target.sites,
+                       "run_keys": keys}
+        todo = [(key, spec) for key, spec in zip(keys, specs)
+                if (found := self.catalog.find_run(key)) is None or found.status != "committed"]
+        if not todo:
+            return self.jobs.record_finished("capture", keys[0], job_request, principal=principal)
+        with self.submissions:  # identical concurrent requests: the first opens the runs, the rest join
+            live = [self.jobs.live_for(key) for key, _ in todo]
+            if all(job is not None for job in live):  # every run this needs is being captured already
+                return replace(live[0].snapshot, joined=True)
             # opened here, before the job is visible, so a failure to open is this call's error
-            opened = None if self.jobs.live_for(key) else self._open(key, spec, model, dataset)
-            state, joined = self.jobs.start(
-                "capture", key, job_request,
-                lambda job: self._capture(job, opened or self._open(key, spec, model, dataset)),
-                principal=principal)
+            mine = [(key, spec) for (key, spec), job in zip(todo, live) if job is None]
+            offsets: dict = {}
+            opened = [self._open(key, spec, model, dataset, offsets) for key, spec in mine]
+            if any(o.layout != opened[0].layout for o in opened):
+                raise InvalidArgument("the sites' runs were created with different layouts (a changed shard "
+                                      "size?): capture each of these sites on its own")
+            state, joined = self.jobs.start("capture", mine[0][0], job_request,
+                                            lambda job: self._capture(job, opened), principal=principal,
+                                            also=tuple(key for key, _ in mine[1:]))
         return replace(state.snapshot, joined=joined)
 
     def resume(self, job: JobRecord) -> bool:
         """Continue an unfinished capture job of an earlier server; False if nothing is left."""
-        run = self.catalog.find_run(job.target)
-        if run is None or run.status == "committed":
-            self.catalog.update_job(job.job_id, status="done" if run else "failed")
+        runs = [self.catalog.find_run(key) for key in job.request.get("run_keys") or [job.target]]
+        left = [run for run in runs if run is not None and run.status != "committed"]
+        if not left:
+            self.catalog.update_job(job.job_id, status="done" if all(runs) else "failed")
             return False
-        opened = self._open(run.run_key, run.spec, self.catalog.model(run.model_digest),
-                            self.catalog.dataset(run.dataset_digest))
-        self.jobs.start("capture", run.run_key, job.request, lambda state: self._capture(state, opened),
-                        job_id=job.job_id, principal=job.principal)
-        log.info("resuming capture job %s for run %s", job.job_id, run.run_key[:12])
+        model, dataset = self.catalog.model(left[0].model_digest), self.catalog.dataset(left[0].dataset_digest)
+        offsets: dict = {}
+        opened = [self._open(run.run_key, run.spec, model, dataset, offsets) for run in left]
+        self.jobs.start("capture", left[0].run_key, job.request, lambda state: self._capture(state, opened),
+                        job_id=job.job_id, principal=job.principal, also=tuple(run.run_key for run in left[1:]))
+        log.info("resuming capture job %s for run %s", job.job_id, left[0].run_key[:12])
         return True
+
+    def _sites(self, requested: tuple[str, ...], model: ModelRecord) -> list[ResolvedSite]:
+        """The requested sites (resid_post when none), each resolved to its modules in the model."""
+        sites = split_sites(list(requested))
+        if sites == [RESID_POST]:  # today's capture: no need to look inside the model
+            return [ResolvedSite(RESID_POST, ())]
+        return resolve_in_folder(self.store.local(model.path), sites)
 
     def _spec(self, request: CaptureRequest, model: ModelRecord, dataset: DatasetRecord) -> dict:
         # the table checks the choice and leaves the default to the model kind
@@ -121,15 +165,16 @@ class CaptureJobs:
             raise InvalidArgument(f"max_len {max_len} is more than model {request.model!r} can take "
                                   f"({model.max_positions} positions): ask for at most {model.max_positions}")
         max_len = max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
-        return run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
-                        pooling=pooling, max_len=max_len, dtype=dtype)
+        return dict(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
+                    pooling=pooling, max_len=max_len, dtype=dtype)
 
-    def _open(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> OpenRun:
-        """Create (or find) the run's arrays and catalog row; the run is visible as running from now on."""
+    def _open(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord, offsets: dict) -> OpenRun:
+        """Create (or find) the run's arrays and catalog row; the run is visible as running from now on.
+        `offsets` keeps a token-level capture's offsets for the other sites' runs of the same pass."""
         try:
             layout = self.arrays.layout(key)
         except NotFound:
-            layout = self._create_arrays(key, spec, model, dataset)
+            layout = self._create_arrays(key, spec, model, dataset, offsets)
         record, recorded = self.catalog.open_run(RunRecord(
             run_key=key, model_digest=model.digest, dataset_digest=dataset.digest, pooling=layout.pooling,
             dtype=layout.dtype, max_len=spec["max_len"], n=layout.n, rows=layout.rows,
@@ -138,13 +183,17 @@ class CaptureJobs:
         ))
         return OpenRun(record, layout, recorded, model, dataset)
 
-    def _create_arrays(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> RunLayout:
+    def _create_arrays(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord,
+                       known: dict) -> RunLayout:
         offsets = None
         rows = dataset.n
         if spec["pooling"] == "tokens":
-            task = ray.remote(num_cpus=1)(token_offsets).remote(self.store, model.path, dataset.path,
-                                                                 spec["max_len"])
-            offsets = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
+            if "offsets" not in known:
+                task = ray.remote(num_cpus=1)(token_offsets).remote(self.store, model.path, dataset.path,
+                                                                     spec["max_len"])
+                known["offsets"] = get_or_raise(task, lambda cause: Unavailable(
+                    f"tokenising the dataset failed: {cause}"))
+            offsets = known["offsets"]
             rows = int(offsets[-1])
         layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
@@ -152,56 +201,65 @@ class CaptureJobs:
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
         return layout
 
-    def _capture(self, job: JobState, opened: OpenRun) -> None:
-        record, layout = opened.record, opened.layout
-        plan = CapturePlan(run_key=record.run_key, dataset_path=opened.dataset.path, pooling=layout.pooling,
-                           max_len=record.max_len, batch_size=self.settings.capture_batch_size, layout=layout)
-        actors = self.pool.acquire(opened.model.digest, opened.model.path)
+    def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
+        first, layout = opened[0], opened[0].layout
+        plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, pooling=layout.pooling,
+                           max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
+                           sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
+        actors = self.pool.acquire(first.model.digest, first.model.path)
         # one more than a replica works on at once: the next shard is already there when a slot frees
         in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
-            complete = fill_shards(self.catalog, job, record, layout, opened.recorded,
-                                   lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
+            complete = fill_shards(self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
+                                   lambda shard, keys: actors[shard % len(actors)].capture.remote(plan, shard, keys),
                                    in_flight * len(actors), "a capture worker failed", "capture")
             broken = False
         finally:
-            self.pool.release(opened.model.digest, broken=broken)
+            self.pool.release(first.model.digest, broken=broken)
         if not complete:
-            raise Cancelled(f"capture of run {record.run_key[:12]} cancelled; submit it again to resume")
-        commit(self.catalog, self.arrays, record)
+            raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
+        for o in opened:
+            commit(self.catalog, self.arrays, o.record)
 
 
-def fill_shards(catalog: Catalog, job: JobState, record: RunRecord, layout: RunLayout, recorded: set[int],
-                submit, width: int, failure: str, what: str) -> bool:
-    """Write the shards not yet recorded (``submit(shard)`` is the ref of a task that writes one and
-    returns its chunk rows) and record each as it arrives, at most ``width`` in flight. False when
-    the job was cancelled; a failure marks the run failed (its stored shards stay: submitting the
-    same request again resumes it)."""
-    missing = sorted(set(range(layout.num_shards)) - recorded)
+def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
+                recorded: list[set[int]], submit, width: int, failure: str, what: str) -> bool:
+    """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
+    the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each as it
+    arrives, at most ``width`` in flight. ``submit(shard, keys)`` is the ref of a task that writes
+    that shard of the runs ``keys`` (those that lack it) and returns their chunk rows, one table
+    per run. False when the job was cancelled; a failure marks the runs failed (their stored shards
+    stay: submitting the same request again resumes them)."""
+    missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
+    needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
     done = layout.num_shards - len(missing)
     job.progress(done, layout.num_shards, "shards",
                  f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
 
-    def collect(_shard: int, ref) -> None:
+    def collect(shard: int, ref) -> None:
         nonlocal done
-        rows = get_or_raise(ref, lambda cause: Unavailable(
+        tables = get_or_raise(ref, lambda cause: Unavailable(
             f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
-        catalog.record_shard(pa.table(rows))
+        for rows in tables:
+            catalog.record_shard(pa.table(rows))
         done += 1
         job.progress(done, layout.num_shards, "shards")
 
     try:
-        return run_windowed(missing, submit, width, collect, job.cancel_requested)
+        return run_windowed(missing, lambda shard: submit(shard, needs[shard]), width, collect, job.cancel_requested)
     except ActStoreError as exc:
-        # the run says so (not `running` forever)
+        # the runs say so (not `running` forever)
         if not isinstance(exc, Cancelled):
-            catalog.set_run_status(record.run_key, "failed")
+            for record in records:
+                catalog.set_run_status(record.run_key, "failed")
         raise
 
 
 def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
-    """The layer means, then the catalog's commit, then the store's marker: the store never claims more."""
+    """The layer means and statistics, then the catalog's commit, then the store's marker: the store
+    never claims more."""
     arrays.write_means(record.run_key)
+    arrays.write_layer_stats(record.run_key)
     catalog.commit_run(record)
     arrays.mark_committed(record.run_key)

@@ -1,4 +1,6 @@
-"""The cross-model comparison job: the full CKA matrix of M runs over the same samples.
+"""The cross-model comparison job: the full CKA matrix of M runs over the same samples, or the
+matrix of any streamed measure (`options.STREAMED_MEASURES`: Procrustes, shape metric, CCA, SVCCA,
+PWCCA) from the same one pass over the data (`metrics.similarity.MomentMeasures`, feature space).
 
 All layers of all runs are blocks of one streaming accumulator, so the data is read once per
 tile (one tile when the accumulator fits the memory limit) and the cost is that of the per-block
@@ -11,6 +13,7 @@ reported per finished map task. Partial accumulators are checkpointed under
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 import shutil
@@ -21,9 +24,11 @@ import numpy as np
 
 from actstore.errors import Cancelled, InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.options import STREAMED_MEASURES
 from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
+from actstore.server.planners.measures import streamed_options
 from actstore.server.results import MetricResult, Provenance
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.atomic import atomic_write_bytes
@@ -36,10 +41,16 @@ CHECKPOINT_SECONDS = 20.0
 GROUPS_PER_TASK_SLOT = 4  # more map tasks than CPUs, so progress moves in small steps
 
 
-def plan(parts: QueryParts, runs: list[str]) -> tuple[list[RunRecord], str, dict]:
-    """Validate the request; returns the runs, the result key and the options."""
+def plan(parts: QueryParts, runs: list[str], measure: str = "", alpha: float = 1.0,
+         **_unused) -> tuple[list[RunRecord], str, dict]:
+    """Validate the request; returns the runs, the result key and the options. `measure`: empty
+    for linear CKA, else one of the streamed measures (its identifier goes in the options)."""
     if len(runs) < 1:
         raise InvalidArgument("give at least one run")
+    if measure and measure not in STREAMED_MEASURES:
+        raise InvalidArgument(f"the matrix job computes linear CKA or a streamed measure "
+                              f"({', '.join(STREAMED_MEASURES)}), not {measure!r}: ask for {measure} between run "
+                              "pairs instead")
     checks = parts.checks
     records = [checks.committed_run(r) for r in runs]
     if len({r.run_key for r in records}) != len(records):
@@ -50,12 +61,27 @@ def plan(parts: QueryParts, runs: list[str]) -> tuple[list[RunRecord], str, dict
     checks.check_matrix(total_blocks, total_blocks)
     for record in records:
         checks.check_finite(record, list(range(record.num_layers + 1)))
-    options = {"runs": len(records)}
-    key = result_key(METRIC, sim.DEFINITION_VERSION, options, [r.run_key for r in records])
+    options = {"runs": len(records), **(streamed_options(measure, alpha) if measure else {})}
+    key = result_key(_metric(options), sim.DEFINITION_VERSION, options, [r.run_key for r in records])
     return records, key, options
 
 
-def _tiles(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
+def _metric(options: dict) -> str:
+    """The result's metric name: linear CKA's, or the measure's identifier."""
+    return options.get("identifier", METRIC)
+
+
+def _finish(accumulator, options: dict, strip_map) -> dict[str, np.ndarray]:
+    """A tile's named matrices: biased and debiased CKA, or the measure's values."""
+    if "measure" not in options:
+        matrices = accumulator.finalize(strip_map=strip_map)
+        return {"biased": matrices.biased, "debiased": matrices.debiased}
+    blocks = list(range(len(accumulator.block_widths)))
+    measure = sim.moment_measure(options["measure"], options.get("alpha", 1.0))
+    return {"values": accumulator.finalize(measure, blocks, blocks)}
+
+
+def tile_groups(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
     """Groups of block indices; a tile is a pair of groups whose union fits the memory limit."""
     itemsize = row_itemsize(*[run for run, _ in blocks])
     size = parts.sizing.group_size(len(blocks), [run.width for run, _ in blocks], mode, rows, itemsize)
@@ -79,38 +105,43 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
     executor = parts.executor
     blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
     rows = records[0].rows
-    mode = parts.sizing.mode([run.width for run, _ in blocks], rows, row_itemsize(*records))
-    tiles = _tiles(parts, blocks, mode, rows)
+    measure = "measure" in options  # a streamed measure: always the feature-space moments
+    mode = "feature" if measure else parts.sizing.mode([run.width for run, _ in blocks], rows, row_itemsize(*records))
+    tiles = tile_groups(parts, blocks, mode, rows)
     groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
     partials = executor.store.path / "partials" / key
     partials.mkdir(parents=True, exist_ok=True)
     size = len(blocks)
-    biased, debiased = np.full((size, size), np.nan), np.full((size, size), np.nan)
+    matrices = {name: np.full((size, size), np.nan) for name in (("values",) if measure else ("biased", "debiased"))}
     progress = _Progress(job, len(tiles) * len(groups))
     for t, tile in enumerate(tiles):
         finished_tile = partials / f"tile-{t}.npz"
         if finished_tile.exists():
             with np.load(finished_tile) as saved:
-                biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = saved["biased"], saved["debiased"]
+                for name, matrix in matrices.items():
+                    matrix[np.ix_(tile, tile)] = saved[name]
             progress.advance(len(groups), publish=False)  # published with the next tile's first step
             continue
-        accumulator = _run_tile(parts, job, progress, _sources(blocks, tile), [blocks[i][0].width for i in tile],
-                                mode, groups, partials / f"tile-{t}.pkl", f"tile {t + 1}")
-        matrices = accumulator.finalize(strip_map=executor.gram_strip_map)
+        widths = [blocks[i][0].width for i in tile]
+        empty = sim.MomentMeasures(widths) if measure else sim.SimilarityAccumulator(widths, mode)
+        accumulator = _run_tile(parts, job, progress, _sources(blocks, tile), empty, groups,
+                                partials / f"tile-{t}.pkl", f"tile {t + 1}")
+        finished = _finish(accumulator, options, executor.gram_strip_map)
         with io.BytesIO() as buffer:
-            np.savez(buffer, biased=matrices.biased, debiased=matrices.debiased)
+            np.savez(buffer, **finished)
             atomic_write_bytes(finished_tile, buffer.getvalue())
         (partials / f"tile-{t}.pkl").unlink(missing_ok=True)
-        biased[np.ix_(tile, tile)], debiased[np.ix_(tile, tile)] = matrices.biased, matrices.debiased
+        for name, matrix in matrices.items():
+            matrix[np.ix_(tile, tile)] = finished[name]
     seconds = time.perf_counter() - started
     arrays = {
-        "biased": biased, "debiased": debiased,
+        **matrices,
         "block_run": np.array([records.index(r) for r, _ in blocks]),
         "block_layer": np.array([layer for _, layer in blocks]),
     }
     run_keys = [r.run_key for r in records]
     result = MetricResult(arrays, {"n": float(rows)},
-                          Provenance(METRIC, sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
+                          Provenance(_metric(options), sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
                           [f"{mode} space, {len(tiles)} tile(s), {len(groups)} map tasks per tile"])
     # the job runs only when no result is stored or the user asked to recompute (refresh)
     parts.results.store(result, replace=True)
@@ -130,15 +161,15 @@ class _Progress:
 
 
 def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: list[tuple[str, list[int]]],
-              widths: list[int], mode: str, groups: list, checkpoint: Path, name: str) -> sim.SimilarityAccumulator:
-    """Map and merge one tile's accumulator, resuming from and checkpointing to `checkpoint`."""
+              empty, groups: list, checkpoint: Path, name: str):
+    """Map and merge one tile's accumulator (`empty` is a fresh one), resuming from and
+    checkpointing to `checkpoint`."""
     executor = parts.executor
-    total, finished = sim.SimilarityAccumulator(widths, mode), set()
+    total, finished = copy.deepcopy(empty), set()
     if checkpoint.exists():
         total, finished = pickle.loads(checkpoint.read_bytes())
     progress.advance(len(finished), f"resuming from {len(finished)} stored partial results" if finished else "")
     submit = executor.device_task(accumulate)
-    empty = sim.SimilarityAccumulator(widths, mode)
     saved_at = time.monotonic()
 
     def collect(g: int, ref) -> None:

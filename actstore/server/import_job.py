@@ -131,8 +131,8 @@ class ImportJobs:
         plan = ImportPlan(run_key=record.run_key, path=path, format=record.spec["source"]["import"],
                           dataset_path=dataset_path, pooling=layout.pooling, layout=layout)
         task = ray.remote(num_cpus=1)(import_shard).options(scheduling_strategy=self._here())
-        if not fill_shards(self.catalog, job, record, layout, recorded,
-                           lambda shard: task.remote(self.store, plan, shard),
+        if not fill_shards(self.catalog, job, [record], layout, [recorded],
+                           lambda shard, _keys: task.remote(self.store, plan, shard),
                            self.settings.capture_concurrent_shards + 1, "an import task failed", "import"):
             raise Cancelled(f"import of run {record.run_key[:12]} cancelled; submit it again to resume")
         commit(self.catalog, self.arrays, record)

@@ -31,6 +31,7 @@ class TrainRequest:
     smoke: bool = False
     alternating: bool = False
     weights: str = ""
+    beta: float | None = None  # ce-reg; None: the recipe's
 
 
 class TrainingJobs:
@@ -51,6 +52,8 @@ class TrainingJobs:
         spec = {"recipe": request.recipe, "method": resolve(TRAIN, "method", request.method),
                 "seed": resolve(TRAIN, "seed", request.seed), "steps": steps, "smoke": request.smoke,
                 "alternating": request.alternating, "weights": from_wire(TRAIN, "weights", request.weights)}
+        if request.beta is not None:  # only when given, so the keys of earlier jobs stay as they were
+            spec["beta"] = resolve(TRAIN, "beta", request.beta)
         key = sha256_hex({"training": spec})
         state, joined = self.jobs.start("train", key, spec, lambda job: self._train(job, spec, key),
                                         principal=principal)
@@ -63,9 +66,10 @@ class TrainingJobs:
         resources = {"num_gpus": 1} if gpus else {"num_cpus": cluster.cluster_cpus()}
         task = ray.remote(max_retries=0, **resources)(run_training).remote(
             spec["recipe"], spec["method"], spec["seed"], spec["steps"], spec["smoke"], spec["alternating"],
-            spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus())
+            spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus(), spec.get("beta"))
         registered: set[str] = set()
-        name = f"{spec['recipe']}{'-smoke' if spec['smoke'] else ''}-{spec['method']}-s{spec['seed']}"
+        beta = f"-beta{spec['beta']:g}" if "beta" in spec else ""
+        name = f"{spec['recipe']}{'-smoke' if spec['smoke'] else ''}-{spec['method']}{beta}-s{spec['seed']}"
         while True:
             ready, _ = ray.wait([task], timeout=WAIT_SECONDS)
             if job.cancel_requested.is_set():

@@ -28,6 +28,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
+from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 
@@ -283,7 +284,8 @@ class ZarrArrayStore(ArrayStore):
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
-                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json"]
+                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
+                f"runs/{run_key}/layer_stats/{shard}.json"]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])
@@ -358,6 +360,28 @@ class ZarrArrayStore(ArrayStore):
             for column, cells in rows.items():
                 combined.setdefault(column, []).extend(cells)
         return combined
+
+    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
+        self._put(f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode())
+
+    def write_layer_stats(self, run_key: str) -> dict | None:
+        layout = self.layout(run_key)
+        total = LayerStats.empty(layout.num_states)
+        for shard in range(layout.num_shards):
+            payload = self._get(f"runs/{run_key}/layer_stats/{shard}.json")
+            if payload is None:  # a shard written before statistics existed: the run has none
+                return None
+            try:
+                total.merge(LayerStats.from_dict(json.loads(payload)))
+            except (ValueError, KeyError) as exc:
+                raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
+        stats = total.finalize()
+        with self._reported():
+            self._group(run_key, mode="r+").attrs.update({"layer_stats": stats})
+        return stats
+
+    def layer_stats(self, run_key: str) -> dict | None:
+        return self._group(run_key).attrs.asdict().get("layer_stats")
 
     def mark_committed(self, run_key: str) -> None:
         self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())

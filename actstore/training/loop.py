@@ -271,7 +271,7 @@ def train(
     resume: bool = True,
     alternating: bool = False,
     weights: str = "linear",
-    beta: float = obj.DEFAULT_BETA,
+    beta: float | None = None,
     stop_at: int | None = None,
     keep_training_states: bool = False,
 ) -> TrainResult:
@@ -286,7 +286,7 @@ def train(
     computed) and, at a checkpoint, ``"checkpoint"`` and ``"eval"``. ``stop_at`` ends the call
     after that step (checkpointed) as if interrupted; a later call resumes. ``device``: default
     CUDA when available, else CPU. ``weights``: "linear" | "uniform" (lambda_l); ``beta``: the
-    ce-reg coefficient; ``alternating``: see ``objectives.objective_for_step``.
+    ce-reg coefficient (None: ``recipe.beta``); ``alternating``: see ``objectives.objective_for_step``.
     """
     t_start = time.perf_counter()
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
@@ -299,6 +299,7 @@ def train(
         stop_at = _check_int("stop_at", stop_at, 1)
     if weights not in obj.WEIGHT_SCHEMES:
         raise InvalidArgument(f"unknown weights {weights!r}; use one of {', '.join(obj.WEIGHT_SCHEMES)}")
+    beta = recipe.beta if beta is None else beta
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta >= 0):
         raise InvalidArgument(f"beta must be a finite number >= 0, got {beta!r}")
     if device is None:

@@ -58,6 +58,7 @@ class Recipe:
     eval_size: int
     checkpoint_every: int
     train_limit: int | None = None  # None: the whole training split
+    beta: float = 1.0  # ce-reg: weight of the cosine regulariser (objectives.DEFAULT_BETA unless tuned)
     max_len: int | None = None  # text truncation (tokens)
     grad_clip: float | None = 1.0
     eval_batch_size: int = 128
@@ -323,6 +324,7 @@ RECIPES: dict[str, Recipe] = {
         checkpoint_every=100,
         max_len=64,
         eval_batch_size=128,
+        beta=0.1,  # at beta = 1 the regulariser collapsed the fine-tuned MiniLM (constant predictions)
     ),
     "gpt2-austen": Recipe(
         name="gpt2-austen",

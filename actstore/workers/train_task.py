@@ -28,7 +28,7 @@ def read_progress(out_dir: str | Path) -> dict | None:
 
 
 def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: bool, alternating: bool,
-                 weights: str, out_dir: str, num_threads: int | None = None) -> dict:
+                 weights: str, out_dir: str, num_threads: int | None = None, beta: float | None = None) -> dict:
     if num_threads:
         torch.set_num_threads(num_threads)
     path = progress_path(out_dir)
@@ -43,6 +43,6 @@ def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: 
         atomic_write_text(path, json.dumps(record))
 
     result = train(get_recipe(recipe, smoke=smoke), method, seed, steps, out_dir=out_dir, progress=progress,
-                   alternating=alternating, weights=weights)
+                   alternating=alternating, weights=weights, beta=beta)
     return {"step": result.step, "total": result.total_steps, "checkpoint": str(result.checkpoint),
             "metrics": result.metrics}

@@ -1,6 +1,6 @@
 """Property: no request, valid or not, ever gets INTERNAL or UNKNOWN, and the server still answers.
 
-Hypothesis generates requests for every RPC of the three services (field values in and out of
+Hypothesis generates requests for every RPC of the four services (field values in and out of
 range, NaN and infinities, huge ints, odd text, random bytes instead of a message) and sends them
 over a raw gRPC channel to a real server. A quick sample runs by default; the slow variant sends
 more than 10,000.
@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore._proto.actstore.v1 import readers_pb2
 from actstore.client import Client
 from actstore.server.app import start_server
 from tests.conftest import make_settings
@@ -95,6 +96,14 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
         "Query/GetResult": st.builds(pb.GetResultRequest, result_key=TEXT),
         "Query/ReadActivations": st.builds(pb.ReadActivationsRequest, run=runs, layer=SMALL, start=INT64 | SMALL,
                                            stop=INT64 | SMALL),
+        "Readers/ReadBatches": st.builds(readers_pb2.BatchesRequest, run=runs, layers=layers, batch_size=INT32 | SMALL,
+                                         shuffle=st.booleans(), seed=INT64, epoch=INT64 | SMALL, rank=INT32 | SMALL,
+                                         world_size=INT32 | SMALL, buffer_shards=INT32 | SMALL,
+                                         drop_last=st.booleans()),
+        "Readers/LocateRun": st.builds(readers_pb2.LocateRunRequest, run=runs),
+        "Readers/Sql": st.builds(readers_pb2.SqlRequest, query=TEXT | st.sampled_from(
+            ["SELECT * FROM runs", "SELECT ?", "SELECT $1", "DROP TABLE runs", "SELECT * FROM '/etc/passwd'"]),
+            limit=INT64 | SMALL),
     }
     typed = st.one_of(*[message.map(lambda m, name=name: (name, m.SerializeToString()))
                         for name, message in messages.items()])
@@ -102,7 +111,7 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
     return typed | raw
 
 
-STREAMS = {"Capture/WatchJob", "Query/ReadActivations"}
+STREAMS = {"Capture/WatchJob", "Query/ReadActivations", "Readers/ReadBatches"}
 
 
 def send(world, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:

@@ -11,6 +11,7 @@ import numpy as np
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import entropy as ent
+from actstore.metrics import entropy_presets as presets
 from actstore.options import ENTROPY, from_wire
 from actstore.server.planners import Planner
 from actstore.server.results import MetricResult
@@ -23,12 +24,17 @@ class EntropyPlanner(Planner):
 
     def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
                 clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
-                seed: int = 0, exp: bool = False, temperature: float = 0.0, refresh: bool = False) -> MetricResult:
+                seed: int = 0, exp: bool = False, temperature: float = 0.0, preset: str = "",
+                refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)
         chosen = self.checks.check_layers(record, layers, "layer")
         self.checks.check_finite(record, chosen)
         alpha = from_wire(ENTROPY, "alpha", alpha)
         normalization = from_wire(ENTROPY, "normalization", normalization)
+        preset = from_wire(ENTROPY, "preset", preset)
+        if preset != "none":
+            return self._preset(preset, metric, record, chosen, refresh, alpha=alpha, normalization=normalization,
+                                clamp=clamp, abs_cos=abs_cos)
         token_level = metric in ("prompt_entropy", "curvature")
         if token_level != (record.pooling == "tokens"):
             raise InvalidArgument(
@@ -60,6 +66,42 @@ class EntropyPlanner(Planner):
             raise InvalidArgument(f"entropy metric {metric!r} is unknown")
         return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
                                        lambda: compute(metric, record, chosen, options))
+
+    def _preset(self, preset: str, metric: str, record: RunRecord, layers: list[int], refresh: bool,
+                **asked) -> MetricResult:
+        """A reference pipeline by name (`metrics.entropy_presets`), from a token-level run."""
+        fixed = presets.SKEAN2025
+        if metric not in ("dataset_entropy", "prompt_entropy", "curvature"):
+            raise InvalidArgument(f"preset {preset} covers dataset_entropy, prompt_entropy and curvature, not {metric}")
+        if record.pooling != "tokens":
+            raise InvalidArgument(f"preset {preset} starts from token rows; run {record.run_key[:12]} is pooled "
+                                  f"'{record.pooling}': capture with --pooling tokens")
+        # the preset fixes these; the wire cannot tell a default from a choice, so a default passes
+        differ = [f"{name}={value}" for name, value in asked.items()
+                  if value != fixed[name] and value != ENTROPY[name].default]
+        if differ:
+            raise InvalidArgument(f"preset {preset} fixes {', '.join(f'{k}={v}' for k, v in fixed.items())}; "
+                                  f"drop {', '.join(differ)}")
+        options = {"layers": layers, "preset": preset}
+        return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                              lambda: self._preset_values(metric, record, layers, fixed))
+
+    def _preset_values(self, metric: str, run: RunRecord, layers: list[int], fixed: dict):
+        if metric == "dataset_entropy":  # a d x d sum and at most d pooled rows per layer
+            self.checks.check_memory(2 * 8 * run.width**2 * len(layers),
+                                     f"{len(layers)} d x d scatter matrices and pooled rows (d={run.width})")
+        make = {"dataset_entropy": lambda: presets.ReferenceDatasetEntropyAccumulator(run.width),
+                "prompt_entropy": lambda: ent.PromptEntropyAccumulator(fixed["alpha"], fixed["normalization"],
+                                                                       fixed["clamp"]),
+                "curvature": presets.ReferenceCurvatureAccumulator}[metric]
+        offsets = self.arrays.offsets(run.run_key)
+        total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
+        first = total.accumulators[0]
+        finish = ((lambda acc: acc.finalize(fixed["alpha"], fixed["normalization"])) if metric == "dataset_entropy"
+                  else (lambda acc: acc.finalize()))
+        notes = [f"{first.skipped} prompts were too short and skipped"] if first.skipped else []
+        return ({"values": np.asarray([finish(acc) for acc in total.accumulators], dtype=np.float64)},
+                {"prompts": float(first.n if metric == "dataset_entropy" else first.count)}, notes)
 
     def _dataset_entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict):
         means = self.arrays.means(run.run_key)

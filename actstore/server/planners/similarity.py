@@ -21,14 +21,7 @@ class SimilarityPlanner(Planner):
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
                    k: int = 0) -> MetricResult:
-        a = self.checks.committed_run(run_a)
-        b = self.checks.committed_run(run_b) if run_b else a
-        la = self.checks.check_layers(a, layers_a, "layer")
-        lb = self.checks.check_layers(b, layers_b, "layer")
-        self.checks.check_matrix(len(la), len(lb))
-        self.checks.check_same_samples(a, b)
-        self.checks.check_finite(a, la)
-        self.checks.check_finite(b, lb)
+        a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
@@ -72,6 +65,20 @@ class SimilarityPlanner(Planner):
 
             return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
         raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
+
+    def checked_pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
+                     ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
+        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
+        the matrix within limits, the same samples, no NaN/Inf in the layers."""
+        a = self.checks.committed_run(run_a)
+        b = self.checks.committed_run(run_b) if run_b else a
+        la = self.checks.check_layers(a, layers_a, "layer")
+        lb = self.checks.check_layers(b, layers_b, "layer")
+        self.checks.check_matrix(len(la), len(lb))
+        self.checks.check_same_samples(a, b)
+        self.checks.check_finite(a, la)
+        self.checks.check_finite(b, lb)
+        return a, b, la, lb
 
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):

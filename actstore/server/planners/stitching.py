@@ -16,7 +16,7 @@ STITCH_VERSION = 1
 class StitchPlanner(Planner):
 
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, test_fraction: float = 0.0,
-               seed: int = 0, refresh: bool = False) -> MetricResult:
+               seed: int = 0, refresh: bool = False, *, tune_steps: int = 0, tune_lr: float = 0.0) -> MetricResult:
         checks = self.checks
         a, b = checks.committed_run(run_a), checks.committed_run(run_b)
         checks.check_layers(a, [layer_a], "layer_a")
@@ -28,17 +28,25 @@ class StitchPlanner(Planner):
         checks.check_finite(b, [layer_b])
         test_fraction = from_wire(STITCH, "test_fraction", test_fraction)  # in (0, 1)
         seed = from_wire(STITCH, "seed", seed)
+        tune_steps = from_wire(STITCH, "tune_steps", tune_steps, limits=self.checks.settings)
+        tune_lr = from_wire(STITCH, "tune_lr", tune_lr)
         checks.check_memory(8 * a.rows * (a.width + 2 * b.width + 1), "the stitch fit")
         model_b = self.catalog.model(b.model_digest)
         options = {"layer_a": layer_a, "layer_b": layer_b, "test_fraction": test_fraction, "seed": seed}
+        if tune_steps:  # only then, so untuned results keep their keys
+            options.update(tune_steps=tune_steps, tune_lr=tune_lr)
 
         def compute():
             plan = StitchPlan(self.executor.store, a.run_key, layer_a, b.run_key, layer_b, model_b.path,
-                              self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction, seed)
+                              self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction, seed,
+                              tune_steps=tune_steps, tune_lr=tune_lr)
             scalars = get_or_raise(self.executor.device_task(stitch_penalty)(plan),
                                    lambda cause: Unavailable(f"the stitching task failed: {cause}"))
             notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
                      f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
+            if tune_steps:
+                notes.append(f"then tuned by {tune_steps} Adam steps (lr {tune_lr:g}) on B's task loss over the "
+                             "training prompts: tuned_penalty")
             return {}, scalars, notes
 
         return self.results.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key], refresh,
