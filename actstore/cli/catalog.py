@@ -101,8 +101,9 @@ def add_commands(command) -> None:
     p = command("register-dataset", cmd_register_dataset, "register a dataset (file, builtin, or texts)",
                 "Files: .csv/.jsonl/.json/.parquet/.arrow (texts, optional labels/ids/groups), a Hugging Face\n"
                 "save_to_disk folder (the same columns; --split picks a split of a DatasetDict; a ClassLabel\n"
-                "label column keeps its class names) or .npz (images/x, labels/y). --limit keeps the first N\n"
-                "rows of a file. Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
+                "label column keeps its class names; image columns are not read: images come as .npz) or .npz\n"
+                "(images/x, labels/y). --limit keeps the first N rows of a file.\n"
+                "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
     p.add_argument("path", nargs="?", help="a dataset file or Hugging Face dataset folder on the server's file system")
     p.add_argument("--builtin", help="a builtin dataset name")
     p.add_argument("--text", action="append", help="an inline text (repeat)")

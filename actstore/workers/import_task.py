@@ -72,9 +72,11 @@ def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path:
                          token_counts=source.token_counts(), digest=source.digest(), description=where)
 
 
-def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> dict[str, list]:
+def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> list[dict[str, list]]:
     """Read, check and write shard ``shard``; returns its catalog rows (one table: one run)."""
-    source, _ = _open(store, plan.path, plan.format, plan.dataset_path)
+    # checked at submit: only a vllm folder needs the sample ids again (its files are named by them)
+    ids = load_dataset(store.local(plan.dataset_path)).sample_ids if plan.format == "vllm" else []
+    source = open_source(Path(plan.path), plan.format, ids, check=False)
     arrays = store.open()
     layout = plan.layout
     start, stop = layout.shard_range(shard)
@@ -87,7 +89,7 @@ def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> dict[str, 
         values = source.pooled_rows(start, stop)
     expected = (stop - start, layout.num_states, layout.width)
     if tuple(values.shape) != expected:  # the files changed since the import was inspected
-        raise InvalidArgument(f"{source.describe()}: shard {shard} reads as {tuple(values.shape)}, not {expected}: "
+        raise InvalidArgument(f"{plan.path}: shard {shard} reads as {tuple(values.shape)}, not {expected}: "
                               "the files changed during the import; import them again")
     return [store_shard(arrays, plan.run_key, shard, layout.dtype, values, token_ids)]
 

@@ -128,3 +128,23 @@ def test_bad_columnar_inputs_are_invalid_argument(client, tmp_path):
     for path, opts, message in cases:
         with pytest.raises(InvalidArgument, match=message):
             client.register_dataset(path, **opts)
+
+
+def test_folders_and_parquet_register_under_auth_with_redacted_errors(tmp_path, ray_cluster):
+    from actstore.client import Client
+    from actstore.server.app import start_server
+    from actstore.server.auth import create_token
+    from tests.conftest import make_settings
+
+    running = start_server(make_settings(tmp_path / "store", auth=True))
+    try:
+        _hf(_rows()).save_to_disk(str(tmp_path / "folder"))
+        pq.write_table(pa.table({"text": [7, 8]}), tmp_path / "hunter2.parquet")
+        with Client(f"127.0.0.1:{running.port}", token=create_token(running.service.catalog, "ada", "admin")) as c:
+            assert c.register_dataset(tmp_path / "folder", text_column="review").n == len(TEXTS)
+            with pytest.raises(InvalidArgument) as info:
+                c.register_dataset(tmp_path / "hunter2.parquet")
+            message = str(info.value)
+            assert "is not a usable dataset file" in message and "int64" not in message and "incident" in message
+    finally:
+        running.stop()

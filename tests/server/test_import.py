@@ -106,6 +106,20 @@ def test_npy_folder_imports_and_cka_equals_the_raw_arrays(setup, tmp_path):
     assert client.capture("tiny-gpt2", "toy", pooling="mean", dtype="float32").run_key != result.run_key
 
 
+def test_a_captured_run_exported_and_imported_answers_every_query_alike(setup, tmp_path):
+    client = setup
+    captured = client.capture("tiny-gpt2", "toy", pooling="last", dtype="float32").run_key
+    exported = [client.read_activations(captured, k)[0] for k in range(STATES)]
+    folder = npy_folder(tmp_path / "exported", exported, IDS)
+    imported = client.import_activations(folder, model="tiny-gpt2", dataset="toy", pooling="last").run_key
+    assert imported != captured
+    assert np.allclose(np.diag(client.cka(imported, captured).biased), 1.0, atol=1e-12)
+    assert np.allclose(client.cos(imported).mean, client.cos(captured).mean, atol=1e-12)
+    assert np.allclose(client.residual_norm(imported).mean, client.residual_norm(captured).mean, atol=1e-12)
+    assert np.allclose(client.entropy("dataset_entropy", imported).values, client.entropy("dataset_entropy",
+                                                                                          captured).values)
+
+
 def test_safetensors_layouts_and_storage_dtypes(setup, tmp_path):
     client = setup
     layers = layered(np.random.default_rng(1), N, np.float64)
@@ -255,3 +269,19 @@ def test_imports_from_server_paths_follow_the_register_path_rule(tmp_path, ray_c
                 writer.import_activations(folder, model="tiny-gpt2", dataset="toy")
     finally:
         running.stop()
+
+
+def test_the_cli_imports_and_says_what_it_did(setup, module_server, tmp_path):
+    from tests.test_cli import actstore, ok
+
+    folder = npy_folder(tmp_path / "cli", layered(np.random.default_rng(8), N))
+    first = ok(actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset", "toy", "--pooling", "last", "-q",
+                        server=module_server))
+    assert first.startswith("run ") and "(imported)" in first
+    assert "(cache hit: already stored)" in ok(actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset",
+                                                        "toy", "--pooling", "last", "-q", server=module_server))
+    refused = actstore("import", str(folder), "--model", "tiny-gpt2", "--dataset", "toy", "--pooling", "tokens",
+                       server=module_server)
+    assert refused.returncode == 2 and "error (INVALID_ARGUMENT)" in refused.stderr and "Traceback" not in \
+        refused.stderr
+    assert "extract_hidden_states" in ok(actstore("import", "--help"))

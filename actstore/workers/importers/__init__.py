@@ -40,14 +40,16 @@ def detect_format(path: Path) -> str:
     return "arrays"
 
 
-def open_source(path: Path, fmt: str | None, dataset_ids: list[str]) -> ImportSource:
+def open_source(path: Path, fmt: str | None, dataset_ids: list[str], check: bool = True) -> ImportSource:
+    """``check`` False: a source already checked when its import was submitted (a shard task), so
+    a vllm folder's headers are not all read again."""
     if not path.exists():
         raise NotFound(f"{path}: not found on the server")
     fmt = fmt or detect_format(path)
     if fmt == "arrays":
         return ArraysSource(path)
     if fmt == "vllm":
-        return VllmSource(path, dataset_ids)
+        return VllmSource(path, dataset_ids, check)
     if fmt == "saelens":
         return SaeLensSource(path)
     raise InvalidArgument(f"unknown import format {fmt!r}: use one of {', '.join(FORMATS)}")

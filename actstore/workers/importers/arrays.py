@@ -88,7 +88,7 @@ class ArraysSource(ImportSource):
         try:
             return np.load(p, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
-            if "pickle" in str(exc).lower():
+            if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
                 raise InvalidArgument(f"{p} holds an object array, which is not loaded (no pickles): save floats") \
                     from None
             raise InvalidArgument(f"cannot read {p} as .npy: {exc}") from None

@@ -38,9 +38,7 @@ class ImportSource(ABC):
     files: list[Path]  # every file the import reads, in a fixed order (digested)
     sample_ids: list[str] | None = None  # what the source says about its rows, in row order
 
-    @property
-    def per_token(self) -> bool:
-        return self.token_counts() is not None
+    per_token: bool = False  # holds every token of every sample (token_counts, token_blocks)
 
     def token_counts(self) -> np.ndarray | None:
         """Tokens of each sample (int64, n) for a source that holds every token; None if pooled."""
@@ -87,8 +85,9 @@ def pool_blocks(blocks: Sequence[tuple[torch.Tensor, np.ndarray | None]], poolin
 
 def as_float32(values, where: str) -> torch.Tensor:
     """A float tensor or array as a float32 torch tensor (float64 narrowed)."""
-    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(values))
-    check_float(dtype_name(tensor.dtype), where)
+    check_float(dtype_name(values.dtype), where)
+    # a copy of a numpy slice: memory-mapped sources are read-only, which torch does not wrap
+    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.array(values))
     return tensor.float()
 
 

@@ -30,6 +30,7 @@ TOKENS = "token_ids"
 
 class SaeLensSource(ImportSource):
     format = "saelens"
+    per_token = True
 
     def __init__(self, path: Path) -> None:
         import datasets

@@ -30,8 +30,11 @@ HIDDEN, TOKENS = "hidden_states", "token_ids"
 
 class VllmSource(ImportSource):
     format = "vllm"
+    per_token = True
 
-    def __init__(self, path: Path, dataset_ids: list[str]) -> None:
+    def __init__(self, path: Path, dataset_ids: list[str], check: bool = True) -> None:
+        """``check``: read every file's header (shapes, dtypes, token counts); a shard task, whose
+        source was checked when the import was submitted, reads only its own files."""
         if not path.is_dir():
             raise InvalidArgument(f"{path} is not a folder: a vllm import reads the folder of <sample id>.safetensors "
                                   "files extract_hidden_states wrote")
@@ -47,6 +50,11 @@ class VllmSource(ImportSource):
                                   ".safetensors): the sample ids must match the dataset's")
         self.files = [by_id[s] for s in dataset_ids]
         self.n = len(self.files)
+        if check:
+            self._check()
+
+    def _check(self) -> None:
+        path = self.path
         counts, shapes, dtypes = [], set(), set()
         for f in self.files:
             shape, dtype, tokens = self._header(f)
