@@ -1,6 +1,7 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
-One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC). The
+One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
+PROGRESSION). The
 CLI builds its flags from them (default, choices, and help that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
@@ -34,7 +35,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "SERVE", "SIMILARITY", "STITCH", "TABLES", "TRAIN",
+    "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "PROGRESSION", "SERVE", "SIMILARITY", "STITCH", "TABLES",
+    "TRAIN",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -273,6 +275,13 @@ TRAIN = Table(
            default_text="the recipe's"),
 )
 
+PROGRESSION = Table(
+    "progression",
+    Option("metric", str, "cka-to-final", choices=("cka-to-final", "dataset-entropy", "lens-accuracy"),
+           help="per layer at every training step: CKA to the final step's same layer, dataset entropy, or "
+                "logit-lens accuracy"),
+)
+
 DATASETS = Table(
     "datasets",
     Option("limit", int, None, minimum=1, help="keep the first N samples (builtins: after a seeded shuffle)",
@@ -303,4 +312,4 @@ GC = Table(
 )
 
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC)}
+                                                   SERVE, GC, PROGRESSION)}

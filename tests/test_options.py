@@ -18,6 +18,7 @@ from actstore.options import (
     ENTROPY,
     GC,
     LENS,
+    PROGRESSION,
     SERVE,
     SIMILARITY,
     STITCH,
@@ -171,6 +172,7 @@ CLI = {
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], set(STITCH)),
+    "progression": ([PROGRESSION, CAPTURE], {"metric", "pooling", "max_len"}),
     "gc": ([GC], set(GC)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
@@ -250,6 +252,7 @@ CLIENT = {
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "progression": (PROGRESSION, set(PROGRESSION)),
 }
 
 

@@ -10,6 +10,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
     jobs      capture, train, verify, jobs, watch, cancel
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
     layers    entropy, residual-norm, lens, nc1
+    progression  progression (a metric per layer over training steps)
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import argparse
 import logging
 import sys
 
-from actstore.cli import admin, catalog, compare, jobs, layers, upkeep
+from actstore.cli import admin, catalog, compare, jobs, layers, progression, upkeep
 from actstore.cli.common import DEFAULT_ADDRESS, DESCRIPTION, connect, connection_options, parse_layers
 from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, compare, layers, upkeep)
+GROUPS = (admin, catalog, jobs, compare, layers, upkeep, progression)
 
 
 def build_parser() -> argparse.ArgumentParser:

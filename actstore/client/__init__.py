@@ -23,6 +23,7 @@ import numpy as np
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore.client.progression import ProgressionMixin, ProgressionResult
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -49,7 +50,7 @@ from actstore.wire import from_ndarray
 
 __all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
-           "MatrixResult", "ModelInfo", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
+           "MatrixResult", "ModelInfo", "ProgressionResult", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -121,7 +122,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client:
+class Client(ProgressionMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
