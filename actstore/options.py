@@ -209,6 +209,10 @@ SIMILARITY = Table(
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
     Option("k", int, 10, minimum=1, help="mutual kNN: neighbours"),
+    Option("align", str, "none", choices=("none", "words"),
+           help="CKA of token-level runs of different tokenizers: rows are the (sample, word) pairs both share"),
+    Option("word_pool", str, "mean", choices=("mean", "last"),
+           help="--align words: a word's vector is the mean of its tokens or its last token"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
 )
 

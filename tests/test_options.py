@@ -163,7 +163,7 @@ CLI = {
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
     "train": ([TRAIN], set(TRAIN)),
-    "cka": ([SIMILARITY], {"debiased"}),
+    "cka": ([SIMILARITY], {"debiased", "align", "word_pool"}),
     "cos": ([SIMILARITY], {"center"}),
     "minibatch-cka": ([SIMILARITY], {"batch_size", "remainder"}),
     "knn": ([SIMILARITY], {"k"}),

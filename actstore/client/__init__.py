@@ -422,10 +422,14 @@ class Client(ProgressionMixin):
             tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
-            layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:
+            layers_b: Sequence[int] | None = None, align: str = SIMILARITY.align.default,
+            word_pool: str = SIMILARITY.word_pool.default, refresh: bool = False) -> CKAResult:
         """Linear CKA (biased and debiased) between layers of run A and run B (default: A itself).
-        Layer lists default to all layers; one layer each gives a 1 x 1 matrix."""
-        answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh)
+        Layer lists default to all layers; one layer each gives a 1 x 1 matrix. align="words":
+        token-level runs of different tokenizers, rows = the (sample, word) pairs both reach, each
+        word the mean (word_pool="mean") or last of its tokens."""
+        answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh,
+                                  align=align, word_pool=word_pool)
         options = answer.provenance.options
         return CKAResult(answer.arrays["biased"], answer.arrays["debiased"], options["layers_a"],
                          options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)

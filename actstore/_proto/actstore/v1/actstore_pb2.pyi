@@ -941,6 +941,8 @@ class SimilarityRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REMAINDER_FIELD_NUMBER: _builtins.int
     K_FIELD_NUMBER: _builtins.int
+    ALIGN_FIELD_NUMBER: _builtins.int
+    WORD_POOL_FIELD_NUMBER: _builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
     run_a: _builtins.str
     run_b: _builtins.str
@@ -955,6 +957,10 @@ class SimilarityRequest(_message.Message):
     """MINIBATCH_CKA: drop (default) | merge the short final batch"""
     k: _builtins.int
     """MUTUAL_KNN: neighbours (default 10)"""
+    align: _builtins.str
+    """CKA: none (default) | words: token runs of different tokenizers, rows = shared words"""
+    word_pool: _builtins.str
+    """align words: mean (default) | last token of each word"""
     @_builtins.property
     def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all layers 0..L"""
@@ -974,10 +980,12 @@ class SimilarityRequest(_message.Message):
         batch_size: _builtins.int = ...,
         remainder: _builtins.str = ...,
         k: _builtins.int = ...,
+        align: _builtins.str = ...,
+        word_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["align", b"align", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
