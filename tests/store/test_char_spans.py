@@ -8,6 +8,7 @@ import pytest
 
 from actstore.errors import DataLoss
 from actstore.store.arrays import ZarrArrayStore
+from actstore.store.scrub import check_run
 from tests.store.array_store_contract import key, token_layout
 
 
@@ -30,3 +31,6 @@ def test_char_spans_round_trip_and_are_checksummed(tmp_path):
     chunk.write_bytes(bytes(data))
     with pytest.raises(DataLoss, match="char_spans"):
         ZarrArrayStore(tmp_path / "store").char_spans(key("spans"))
+    # the scrub (actstore verify) reports it
+    findings = check_run(ZarrArrayStore(tmp_path / "store"), key("spans"), layout, committed=False)
+    assert [f.array for f in findings] == ["char_spans"]
