@@ -1,8 +1,8 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
 One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
-BATCHES, SQL, IMPORTS). The CLI builds its flags from them (default, choices, and help that shows
-the default), the client
+BATCHES, SQL, IMPORTS, PROGRESSION). The CLI builds its flags from them (default, choices, and help
+that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
 client agree with the tables.
@@ -35,8 +35,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "SERVE", "SIMILARITY", "SQL",
-    "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "PROGRESSION", "SERVE",
+    "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -220,6 +220,10 @@ SIMILARITY = Table(
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
     Option("k", int, 10, minimum=1, help="kNN measures (mutual kNN, cycle kNN, CKNNA): neighbours"),
+    Option("align", str, "none", choices=("none", "words"),
+           help="CKA of token-level runs of different tokenizers: rows are the (sample, word) pairs both share"),
+    Option("word_pool", str, "mean", choices=("mean", "last"),
+           help="--align words: a word's vector is the mean of its tokens or its last token"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
     Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
     Option("alpha", float, 1.0, minimum=0, maximum=1,
@@ -313,6 +317,13 @@ TRAIN = Table(
            default_text="the recipe's"),
 )
 
+PROGRESSION = Table(
+    "progression",
+    Option("metric", str, "cka-to-final", choices=("cka-to-final", "dataset-entropy", "lens-accuracy"),
+           help="per layer at every training step: CKA to the final step's same layer, dataset entropy, or "
+                "logit-lens accuracy"),
+)
+
 DATASETS = Table(
     "datasets",
     Option("limit", int, None, minimum=1, help="keep the first N samples (builtins: after a seeded shuffle)",
@@ -375,4 +386,4 @@ IMPORTS = Table(
 )
 
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY)}
+                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY, PROGRESSION)}

@@ -48,13 +48,14 @@ def heatmap(matrix: np.ndarray, path: Path, *, title: str, xlabel: str, ylabel: 
 
 
 def curves(series: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, ylabel: str,
-           ylim: tuple[float, float] | None = None, bands: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
-           ) -> Path:
-    """One line per named series over layers, with optional shaded (low, high) bands."""
+           ylim: tuple[float, float] | None = None, bands: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+           x: np.ndarray | None = None) -> Path:
+    """One line per named series over layers (or over `x`, e.g. training steps), with optional
+    shaded (low, high) bands."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
     for name, values in series.items():
-        xs = np.arange(len(values))
+        xs = np.arange(len(values)) if x is None else np.asarray(x)
         ax.plot(xs, values, marker="o", markersize=3, label=name)
         if bands and name in bands:
             low, high = bands[name]

@@ -20,6 +20,7 @@ from actstore.options import (
     GC,
     IMPORTS,
     LENS,
+    PROGRESSION,
     SERVE,
     SIMILARITY,
     SQL,
@@ -170,7 +171,7 @@ CLI = {
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
     "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
-                                        "exclude_dims", "exclude_outliers", "outlier_sigmas"}),
+                                        "exclude_dims", "exclude_outliers", "outlier_sigmas", "align", "word_pool"}),
     "cos": ([SIMILARITY, UNCERTAINTY], {"center", "bootstrap", "ci", "seed", "standardize", "exclude_dims",
                                         "exclude_outliers", "outlier_sigmas"}),
     "outliers": ([UNCERTAINTY], {"top_k", "outlier_sigmas"}),
@@ -182,6 +183,7 @@ CLI = {
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], set(STITCH)),
+    "progression": ([PROGRESSION, CAPTURE], {"metric", "pooling", "max_len"}),
     "gc": ([GC], set(GC)),
     "sql": ([SQL], {"limit"}),
     "import": ([IMPORTS], set(IMPORTS)),
@@ -275,6 +277,7 @@ CLIENT = {
     "cka_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k"}),
     "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null"}),
     "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
+    "progression": (PROGRESSION, set(PROGRESSION)),
 }
 
 

@@ -14,6 +14,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
     diagnostics  outliers (and the --bootstrap / --null / feature flags of cka and cos)
     layers    entropy, residual-norm, lens, nc1
     readers   sql
+    progression  progression (a metric per layer over training steps)
 """
 
 from __future__ import annotations
@@ -22,13 +23,25 @@ import argparse
 import logging
 import sys
 
-from actstore.cli import admin, catalog, compare, diagnostics, imports, jobs, layers, measures, readers, upkeep
+from actstore.cli import (
+    admin,
+    catalog,
+    compare,
+    diagnostics,
+    imports,
+    jobs,
+    layers,
+    measures,
+    progression,
+    readers,
+    upkeep,
+)
 from actstore.cli.common import DEFAULT_ADDRESS, DESCRIPTION, connect, connection_options, parse_layers
 from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, upkeep, readers)
+GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, upkeep, readers, progression)
 
 
 def build_parser() -> argparse.ArgumentParser:

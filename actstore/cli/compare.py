@@ -39,7 +39,8 @@ def cmd_cka(args) -> int:
         return diagnostics.cmd_cka_stats(args)
     with connect(args) as client:
         result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                            layers_b=parse_layers(args.layers_b), refresh=args.refresh)
+                            layers_b=parse_layers(args.layers_b), align=args.align, word_pool=args.word_pool,
+                            refresh=args.refresh)
     matrix = result.debiased if args.debiased else result.biased
     name = f"linear CKA ({'debiased' if args.debiased else 'biased'})"
     show_matrix(name, matrix, result.layers_a, result.layers_b, result.provenance, result.notes, args,
@@ -141,6 +142,8 @@ def add_commands(command) -> None:
     _pair_args(p)
     add_option(p, SIMILARITY, "debiased")
     diagnostics.add_stats_flags(p, "cka")
+    add_option(p, SIMILARITY, "align")
+    add_option(p, SIMILARITY, "word_pool")
     p = command("cos", cmd_cos, "sample-wise cosine similarity between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "center")

@@ -34,6 +34,7 @@ from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
 from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
+from actstore.client.progression import ProgressionMixin, ProgressionResult
 from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
     BackupInfo,
@@ -62,8 +63,8 @@ from actstore.wire import from_ndarray
 __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
            "CKAStatsResult", "COSResult", "COSStatsResult", "CaptureResult", "DatasetInfo",
            "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
-           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "QueryAnswer", "RunInfo",
-           "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
+           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "ProgressionResult", "QueryAnswer",
+           "RunInfo", "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -135,7 +136,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -442,10 +443,14 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
-            layers_b: Sequence[int] | None = None, refresh: bool = False) -> CKAResult:
+            layers_b: Sequence[int] | None = None, align: str = SIMILARITY.align.default,
+            word_pool: str = SIMILARITY.word_pool.default, refresh: bool = False) -> CKAResult:
         """Linear CKA (biased and debiased) between layers of run A and run B (default: A itself).
-        Layer lists default to all layers; one layer each gives a 1 x 1 matrix."""
-        answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh)
+        Layer lists default to all layers; one layer each gives a 1 x 1 matrix. align="words":
+        token-level runs of different tokenizers, rows = the (sample, word) pairs both reach, each
+        word the mean (word_pool="mean") or last of its tokens."""
+        answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh,
+                                  align=align, word_pool=word_pool)
         options = answer.provenance.options
         return CKAResult(answer.arrays["biased"], answer.arrays["debiased"], options["layers_a"],
                          options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)

@@ -218,6 +218,17 @@ class ModelAdapter:
         enc = self.tokenizer(texts, padding=False, truncation=True, max_length=max_len)
         return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
 
+    def char_spans(self, texts: Sequence[str], max_len: int) -> np.ndarray | None:
+        """(tokens, 2) int32 character spans [start, end) of every token of every text, in the
+        rows order of ``token_counts`` ((0, 0) for special tokens); None without a fast tokenizer
+        (no offset mapping)."""
+        texts = self._check_texts(texts, max_len)
+        if not getattr(self.tokenizer, "is_fast", False):
+            return None
+        enc = self.tokenizer(texts, padding=False, truncation=True, max_length=max_len, return_offsets_mapping=True)
+        spans = [span for per_text in enc["offset_mapping"] for span in per_text]
+        return np.asarray(spans, dtype=np.int32).reshape(-1, 2)
+
     # ---- forward ------------------------------------------------------------------------------
 
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:

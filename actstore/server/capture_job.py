@@ -38,7 +38,7 @@ from actstore.store.catalog import (
 )
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import run_key, run_spec, site_of
-from actstore.workers.capture import CapturePlan, token_offsets
+from actstore.workers.capture import CapturePlan, token_char_spans, token_offsets
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,14 @@ class CaptureJobs:
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
         data = ds.load_dataset(self.store.local(dataset.path))
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
+        if offsets is not None:  # where each token lies in its text, for cross-tokenizer alignment
+            if "spans" not in known:  # once for every site's run of the same pass
+                task = ray.remote(num_cpus=1)(token_char_spans).remote(self.store, model.path, dataset.path,
+                                                                        spec["max_len"])
+                known["spans"] = get_or_raise(task, lambda cause: Unavailable(
+                    f"tokenising the dataset failed: {cause}"))
+            if known["spans"] is not None:
+                self.arrays.write_char_spans(key, known["spans"])
         return layout
 
     def _capture(self, job: JobState, opened: list[OpenRun]) -> None:

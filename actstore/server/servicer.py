@@ -184,7 +184,8 @@ class QueryServicer(rpc.QueryServicer):
         elif metric == "mutual_knn":
             k = from_wire(SIMILARITY, "k", k)
         result = self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                         list(request.layers_b), center, request.refresh, batch_size, remainder, k)
+                                         list(request.layers_b), center, request.refresh, batch_size, remainder, k,
+                                         align=request.align, word_pool=request.word_pool)
         return result_proto(result)
 
     def Entropy(self, request, context):

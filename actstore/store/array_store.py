@@ -100,6 +100,15 @@ class ArrayStore(ABC):
     def offsets(self, run_key: str) -> np.ndarray | None: ...
 
     @abstractmethod
+    def write_char_spans(self, run_key: str, spans: np.ndarray) -> None:
+        """Store a token-level run's (rows, 2) int32 character spans [start, end) of every token
+        in its text ((0, 0) for special tokens), checksummed like the other side arrays."""
+
+    @abstractmethod
+    def char_spans(self, run_key: str) -> np.ndarray | None:
+        """The spans `write_char_spans` stored, or None (a pooled run, or one captured before)."""
+
+    @abstractmethod
     def delete_run(self, run_key: str) -> None:
         """Remove the run's group, its commit marker first: a group left half-deleted is never
         taken for a committed run (see `group_keys`)."""

@@ -253,6 +253,17 @@ class ZarrArrayStore(ArrayStore):
         group = self._group(run_key)
         return self._whole(run_key, group, "offsets") if "offsets" in group else None
 
+    def write_char_spans(self, run_key: str, spans: np.ndarray) -> None:
+        spans = np.asarray(spans, dtype=np.int32)
+        if spans.shape != (self.layout(run_key).rows, 2):
+            raise ValueError(f"char spans must be (rows, 2), got {spans.shape}")
+        with self._reported():
+            self._side_array(self._group(run_key, "r+"), "char_spans", spans, overwrite=True)
+
+    def char_spans(self, run_key: str) -> np.ndarray | None:
+        group = self._group(run_key)
+        return self._whole(run_key, group, "char_spans") if "char_spans" in group else None
+
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
         group = self._group(run_key)
         if "token_ids" not in group:

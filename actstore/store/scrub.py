@@ -81,8 +81,12 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
         labels = arrays.labels(run_key)
         return labels is None or len(labels) == layout.n
 
+    def spans_fit() -> bool:  # optional: runs captured before spans were stored have none
+        spans = arrays.char_spans(run_key)
+        return spans is None or spans.shape == (layout.rows, 2)
+
     readers = {"sample_ids": lambda: len(arrays.sample_ids(run_key)) == layout.n, "labels": labels_fit,
-               "offsets": lambda: _offsets_fit(arrays.offsets(run_key), layout),
+               "offsets": lambda: _offsets_fit(arrays.offsets(run_key), layout), "char_spans": spans_fit,
                "means": lambda: arrays.means(run_key).shape == (layout.num_states, layout.width)}
     for name, fits in readers.items():
         try:

@@ -12,6 +12,7 @@ from actstore.metrics import similarity as sim
 from actstore.metrics.similarity.features import TransformedAccumulator
 from actstore.options import SIMILARITY, from_wire, resolve
 from actstore.server.planners import Planner
+from actstore.server.planners.aligned import AlignedPlanner
 from actstore.server.results import MetricResult
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.catalog import RunRecord
@@ -21,7 +22,12 @@ class SimilarityPlanner(Planner):
 
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
-                   k: int = 0) -> MetricResult:
+                   k: int = 0, align: str = "", word_pool: str = "") -> MetricResult:
+        if from_wire(SIMILARITY, "align", align) == "words":  # different tokenizers: rows are shared words
+            if metric != "cka":
+                raise InvalidArgument(f"--align words is implemented for cka, not {metric}")
+            return AlignedPlanner(self.parts).cka(run_a, run_b, layers_a, layers_b,
+                                                  from_wire(SIMILARITY, "word_pool", word_pool), refresh)
         a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":

@@ -1000,6 +1000,8 @@ class SimilarityRequest(_message.Message):
     MEASURE_FIELD_NUMBER: _builtins.int
     ALPHA_FIELD_NUMBER: _builtins.int
     SIGMA_FRACTION_FIELD_NUMBER: _builtins.int
+    ALIGN_FIELD_NUMBER: _builtins.int
+    WORD_POOL_FIELD_NUMBER: _builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
     run_a: _builtins.str
     run_b: _builtins.str
@@ -1020,6 +1022,10 @@ class SimilarityRequest(_message.Message):
     """MEASURE shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
     sigma_fraction: _builtins.float
     """MEASURE RBF CKA: bandwidth / median distance; 0 means the default"""
+    align: _builtins.str
+    """CKA: none (default) | words: token runs of different tokenizers, rows = shared words"""
+    word_pool: _builtins.str
+    """align words: mean (default) | last token of each word"""
     @_builtins.property
     def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all layers 0..L"""
@@ -1042,10 +1048,12 @@ class SimilarityRequest(_message.Message):
         measure: _builtins.str = ...,
         alpha: _builtins.float | None = ...,
         sigma_fraction: _builtins.float = ...,
+        align: _builtins.str = ...,
+        word_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
     _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
