@@ -178,6 +178,13 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     return rows
 
 
+def token_char_spans(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray | None:
+    """Every token row's character span in its text (`ModelAdapter.char_spans`), or None."""
+    adapter = ModelAdapter.load(store.local(model_path))
+    data = load_dataset(store.local(dataset_path))
+    return adapter.char_spans(model_inputs(data, 0, data.n), max_len)
+
+
 def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
     """Prompt i owns token rows offsets[i]:offsets[i+1] of a token-level run."""
     adapter = ModelAdapter.load(store.local(model_path))
