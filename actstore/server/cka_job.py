@@ -2,12 +2,19 @@
 matrix of any streamed measure (`options.STREAMED_MEASURES`: Procrustes, shape metric, CCA, SVCCA,
 PWCCA) from the same one pass over the data (`metrics.similarity.MomentMeasures`, feature space).
 
-All layers of all runs are blocks of one streaming accumulator, so the data is read once per
-tile (one tile when the accumulator fits the memory limit) and the cost is that of the per-block
-Gram/covariance products plus cheap pairwise products, never a pass per layer pair. Feature or
-Gram space is chosen by cost within the memory limit (`tiling.CkaSizing.mode`): with many blocks
-and moderate n, one n x n Gram per block beats the (M(L+1)d)^2 covariance. Progress is
-reported per finished map task. Partial accumulators are checkpointed under
+All layers of all runs are blocks of one computation, never a pass per layer pair; the cost is
+one Gram (or covariance) product per block plus the pairwise products, and the job's memory, all
+running map tasks and the reducer together, stays within `max_accumulator_bytes`.
+
+* Gram space, for linear CKA when it costs less (`similarity.cka_mode_costs`; with many blocks
+  and moderate n, e.g. M = 32 runs of 7 layers at n = 10,000): `gram_matrix` tiles the n x n
+  sample space, every block in every tile, so each Gram entry is formed once (its docstring
+  gives the plan).
+* Feature space otherwise (n large against the total width, and every streamed measure): the
+  blocks are cut into groups and every pair of groups is one tile whose D x D moments, one per
+  running map task plus the reducer's, fit the limit (`tiling.CkaSizing.group_size`).
+
+Progress is reported per finished task. Partial results are checkpointed under
 `<store>/partials/<result key>/`, so a cancelled job, or one whose server died, resumes from them.
 """
 
@@ -25,6 +32,7 @@ import numpy as np
 from actstore.errors import Cancelled, InvalidArgument
 from actstore.metrics import similarity as sim
 from actstore.options import STREAMED_MEASURES
+from actstore.server import gram_matrix
 from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
@@ -82,9 +90,11 @@ def _finish(accumulator, options: dict, strip_map) -> dict[str, np.ndarray]:
 
 
 def tile_groups(parts: QueryParts, blocks: list[tuple[RunRecord, int]], mode: str, rows: int) -> list[list[int]]:
-    """Groups of block indices; a tile is a pair of groups whose union fits the memory limit."""
+    """Groups of block indices; a tile is a pair of groups whose accumulator, at the peak of its
+    finalize and with one state per running map task, fits the memory limit."""
     itemsize = row_itemsize(*[run for run, _ in blocks])
-    size = parts.sizing.group_size(len(blocks), [run.width for run, _ in blocks], mode, rows, itemsize)
+    size = parts.sizing.group_size(len(blocks), [run.width for run, _ in blocks], mode, rows, itemsize,
+                                   tasks=parts.executor.parts)
     groups = chunks(list(range(len(blocks))), size)
     return [sorted(set(a) | set(b)) for i, a in enumerate(groups) for b in groups[i:]]
 
@@ -100,17 +110,61 @@ def _sources(blocks: list[tuple[RunRecord, int]], tile: list[int]) -> list[tuple
     return sources
 
 
+def gram_plan(parts: QueryParts, blocks: list[tuple[RunRecord, int]], rows: int) -> gram_matrix.GramPlan | None:
+    """The Gram-space plan (`gram_matrix`) of a linear CKA matrix when it costs less than feature
+    space and one-shard panels fit the memory limit; None for the feature-space tiles."""
+    widths = [run.width for run, _ in blocks]
+    costs = sim.cka_mode_costs(widths, rows)
+    if costs["gram"] >= costs["feature"]:
+        return None
+    executor = parts.executor
+    return gram_matrix.plan(widths, rows, executor.settings.shard_rows, row_itemsize(*[r for r, _ in blocks]),
+                            max(r.width * (r.num_layers + 1) for r, _ in blocks), parts.sizing.limit,
+                            executor.parts, GROUPS_PER_TASK_SLOT)
+
+
 def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, options: dict) -> None:
     started = time.perf_counter()
     executor = parts.executor
     blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
     rows = records[0].rows
-    measure = "measure" in options  # a streamed measure: always the feature-space moments
-    mode = "feature" if measure else parts.sizing.mode([run.width for run, _ in blocks], rows, row_itemsize(*records))
-    tiles = tile_groups(parts, blocks, mode, rows)
-    groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
     partials = executor.store.path / "partials" / key
     partials.mkdir(parents=True, exist_ok=True)
+    groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
+    gram = None if "measure" in options else gram_plan(parts, blocks, rows)
+    if gram is not None:
+        progress = _Progress(job, len(groups) + len(gram.tiles))
+        biased, debiased = gram_matrix.run_tiles(executor, job, progress, _sources(blocks, list(range(len(blocks)))),
+                                                 [run.width for run, _ in blocks], rows, gram, groups,
+                                                 partials / "gram.pkl")
+        matrices = {"biased": biased, "debiased": debiased}
+        note = f"{gram.describe()}, {len(groups)} map tasks for the means"
+    else:
+        matrices, note = _feature_tiles(parts, job, blocks, rows, groups, partials, options)
+    seconds = time.perf_counter() - started
+    arrays = {
+        **matrices,
+        "block_run": np.array([records.index(r) for r, _ in blocks]),
+        "block_layer": np.array([layer for _, layer in blocks]),
+    }
+    run_keys = [r.run_key for r in records]
+    result = MetricResult(arrays, {"n": float(rows)},
+                          Provenance(_metric(options), sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
+                          [note])
+    # the job runs only when no result is stored or the user asked to recompute (refresh)
+    parts.results.store(result, replace=True)
+    shutil.rmtree(partials, ignore_errors=True)
+
+
+def _feature_tiles(parts: QueryParts, job: JobState, blocks: list[tuple[RunRecord, int]], rows: int, groups: list,
+                   partials: Path, options: dict) -> tuple[dict[str, np.ndarray], str]:
+    """Accumulators of pairs of block groups, each group pair one tile (`tile_groups`): the named
+    matrices and the result's note."""
+    executor = parts.executor
+    measure = "measure" in options  # a streamed measure: always the feature-space moments
+    mode = "feature" if measure else parts.sizing.mode([run.width for run, _ in blocks], rows,
+                                                       row_itemsize(*[r for r, _ in blocks]))
+    tiles = tile_groups(parts, blocks, mode, rows)
     size = len(blocks)
     matrices = {name: np.full((size, size), np.nan) for name in (("values",) if measure else ("biased", "debiased"))}
     progress = _Progress(job, len(tiles) * len(groups))
@@ -133,19 +187,7 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
         (partials / f"tile-{t}.pkl").unlink(missing_ok=True)
         for name, matrix in matrices.items():
             matrix[np.ix_(tile, tile)] = finished[name]
-    seconds = time.perf_counter() - started
-    arrays = {
-        **matrices,
-        "block_run": np.array([records.index(r) for r, _ in blocks]),
-        "block_layer": np.array([layer for _, layer in blocks]),
-    }
-    run_keys = [r.run_key for r in records]
-    result = MetricResult(arrays, {"n": float(rows)},
-                          Provenance(_metric(options), sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
-                          [f"{mode} space, {len(tiles)} tile(s), {len(groups)} map tasks per tile"])
-    # the job runs only when no result is stored or the user asked to recompute (refresh)
-    parts.results.store(result, replace=True)
-    shutil.rmtree(partials, ignore_errors=True)
+    return matrices, f"{mode} space, {len(tiles)} tile(s), {len(groups)} map tasks per tile"
 
 
 class _Progress:
@@ -183,9 +225,12 @@ def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: li
             atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
             saved_at = time.monotonic()
 
-    complete = run_windowed([g for g in range(len(groups)) if g not in finished],
-                            lambda g: submit(executor.store, sources, groups[g], empty),
-                            2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+    try:
+        complete = run_windowed([g for g in range(len(groups)) if g not in finished],
+                                lambda g: submit(executor.store, sources, groups[g], empty),
+                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+    except Cancelled:  # raised by the progress report of a job cancelled meanwhile
+        complete = False
     if not complete:
         atomic_write_bytes(checkpoint, pickle.dumps((total, finished)))
         raise Cancelled(f"CKA matrix job cancelled at {len(finished)} of {len(groups)} tasks of {name}; submit "

@@ -140,9 +140,16 @@ class CostPlanner:
         blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
         rows = records[0].rows
         itemsize = row_itemsize(*records)
+        groups = parts.executor.row_groups(rows, parts.executor.parts * cka_job.GROUPS_PER_TASK_SLOT)
+        gram = cka_job.gram_plan(parts, blocks, rows)
+        if gram is not None:  # the sample-space tiles of `gram_matrix`: each Gram entry once
+            data = sum(rows * run.width * _ITEMSIZE[run.dtype] for run, _ in blocks)
+            flops = 2 * sim.cka_mode_costs([run.width for run, _ in blocks], rows)["gram"]
+            return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, "gram", len(gram.tiles),
+                                 len(groups) + len(gram.tiles), gram.memory_bytes, parts.sizing.limit, float(flops),
+                                 data * (len(gram.panels) + 1), self.catalog.result_record(key) is not None)
         mode = parts.sizing.mode([run.width for run, _ in blocks], rows, itemsize)
         tiles = cka_job.tile_groups(parts, blocks, mode, rows)
-        groups = parts.executor.row_groups(rows, parts.executor.parts * cka_job.GROUPS_PER_TASK_SLOT)
         widths = [[blocks[i][0].width for i in tile] for tile in tiles]
         memory = max(parts.sizing.nbytes(w, mode, rows, itemsize) for w in widths)
         flops = sum(2 * sim.cka_mode_costs(w, rows)[mode] for w in widths)

@@ -3,6 +3,8 @@ time from finished jobs) and a CKA matrix plan (the job's own mode, tiles and FL
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -64,9 +66,13 @@ def test_cka_matrix_plan_is_the_jobs_plan(registered):
     runs = list(client.capture("bert", "first", pooling="mean", site="resid_post,mlp_out").runs.values())
     plan = client.plan_cka_matrix(runs)
     assert (plan.blocks, plan.rows, plan.run_keys, plan.cached) == (8, N, runs, False)
-    assert plan.tiles == 1 and plan.memory_bytes <= plan.memory_limit_bytes
+    assert plan.mode == "gram" and plan.memory_bytes <= plan.memory_limit_bytes  # n is small against 8 x 16
     assert plan.flops == pytest.approx(2 * cka_mode_costs([16] * 8, N)[plan.mode])
-    assert plan.read_bytes == 8 * N * 16 * 2
     result = client.cka_matrix(runs)
-    assert result.notes[0].startswith(f"{plan.mode} space, {plan.tiles} tile(s)")
+    # the sample-space tiles of k panels (server/gram_matrix.py): k(k+1)/2 tile tasks after the
+    # map tasks of the means; the data is read once for the means and once per panel
+    panels, tiles, means = (int(w) for w in re.match(r"gram space, (\d+) panels of \d+ rows, (\d+) tile tasks, "
+                                                      r"pieces of \d+ rows, (\d+) map tasks", result.notes[0]).groups())
+    assert plan.tiles == tiles == panels * (panels + 1) // 2 and plan.map_tasks == tiles + means
+    assert plan.read_bytes == (panels + 1) * 8 * N * 16 * 2
     assert np.isfinite(result.biased).all() and client.plan_cka_matrix(runs).cached
