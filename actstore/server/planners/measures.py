@@ -21,7 +21,7 @@ from actstore.metrics.similarity import in_memory_measures as in_memory
 from actstore.options import SIMILARITY, STREAMED_MEASURES, from_wire, resolve
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
-from actstore.server.tiling import chunks
+from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 
@@ -66,7 +66,7 @@ class MeasurePlanner(SimilarityPlanner):
         values = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self._tiles(a, b, la, lb, "feature")
+        tiles = self._tiles(a, b, la, lb, "feature", row_itemsize(a, b))
         for tile_a, tile_b in tiles:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
             widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
