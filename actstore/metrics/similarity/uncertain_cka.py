@@ -178,19 +178,21 @@ class ResampledCKA:
                              products: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
         """`w_r^T (K_a o K_b) w_r` for every product pair and weight row, over strips of rows of
         the upper triangle (the product is symmetric: a strip's part right of its diagonal square
-        counts twice, the square once), as `gram.gram_strip_products` walks it."""
+        counts twice, the square once, so each entry is multiplied by the weights once)."""
         n = len(weights[0])
         quadratic = {p: np.zeros(len(weights)) for p in products}
-        height = _strip_height(n, len(used), self.strip_bytes)
+        # at least four strips once n is large: the upper triangle then costs (1 + 1/4) / 2 of the square
+        height = min(_strip_height(n, len(used), self.strip_bytes), max(256, -(-n // 4)))
         for first in range(0, n, height):
             last = min(first + height, n)
             grams = {b: centred[b][first:last] @ centred[b][first:].T for b in used}  # (strip, n - first)
             strip_weights = weights[:, first:last]
             for a, b in products:
                 hadamard = grams[a] * grams[b]
-                right = np.einsum("ri,ir->r", strip_weights, hadamard @ weights[:, first:].T)
-                square = np.einsum("ri,ir->r", strip_weights, hadamard[:, : last - first] @ strip_weights.T)
-                quadratic[(a, b)] += 2 * right - square
+                height_now = last - first
+                right = np.einsum("ri,ir->r", strip_weights, hadamard[:, height_now:] @ weights[:, last:].T)
+                square = np.einsum("ri,ir->r", strip_weights, hadamard[:, :height_now] @ strip_weights.T)
+                quadratic[(a, b)] += 2 * right + square
         return quadratic
 
     def _null(self, centred: dict, diagonal: dict, self_biased: dict, self_hsic: dict, n: int
