@@ -108,10 +108,10 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
     return report
 
 
-def dark_columns(matrix: np.ndarray, fraction: float = 0.5) -> np.ndarray:
-    """Columns (layers of B) whose best CKA with any layer of A stays below `fraction` of the
-    matrix's maximum: the flat stripes of a cross-model matrix."""
-    return np.flatnonzero(np.nanmax(matrix, axis=0) < fraction * np.nanmax(matrix))
+def lit_columns(matrix: np.ndarray, fraction: float = 0.9) -> np.ndarray:
+    """Columns (layers of B) whose best CKA with any layer of A reaches `fraction` of the matrix's
+    maximum: the bright stripes of a cross-model matrix; the others form its flat block."""
+    return np.flatnonzero(np.nanmax(matrix, axis=0) >= fraction * np.nanmax(matrix))
 
 
 def _standardised_section(client: Client, out: Path, a: tuple[str, str], b: tuple[str, str],
@@ -126,25 +126,28 @@ def _standardised_section(client: Client, out: Path, a: tuple[str, str], b: tupl
     heatmap(standard.biased, out / "cka_cross_standardised.png",
             title=f"linear CKA on z-scored features: {label_a} (rows) vs {label_b} (columns)",
             xlabel=f"{label_b} layer", ylabel=f"{label_a} layer", xticks=standard.layers_b, yticks=standard.layers_a)
-    dark = dark_columns(plain)
-    lit = [c for c in dark if np.nanmax(standard.biased[:, c]) >= 0.5 * np.nanmax(standard.biased)]
-    dominant = {int(d) for d in report.top_dims[:, 0] if d >= 0}
-    if len(dark):
-        change = (f"{len(dark)} of {plain.shape[1]} {label_b} layers are dark in the plain matrix (best CKA with any "
-                  f"{label_a} layer below half the matrix maximum): mean CKA there {np.nanmean(plain[:, dark]):.3f}. "
-                  f"On z-scored features {len(lit)} of them ({len(lit) / len(dark):.0%}) light up (best CKA at least "
-                  f"half the new maximum); their mean CKA becomes {np.nanmean(standard.biased[:, dark]):.3f}.")
-    else:
-        change = "No layer of the plain matrix is dark (every column reaches half the maximum)."
+    layers = np.asarray(standard.layers_b)
+    lit_plain, lit_standard = lit_columns(plain), lit_columns(standard.biased)
+    flat = np.setdiff1d(np.arange(plain.shape[1]), lit_plain)
+    lights_up = np.intersect1d(flat, lit_standard)
+    share = f"{len(lights_up) / len(flat):.0%}" if len(flat) else "n/a"
+    per_layer = [len(report.outliers_of(int(layer))) for layer in report.layers]
     return (
         "## Outlier dimensions and the cross-model matrix\n\n"
         "![outliers](outliers_b.png) ![standardised](cka_cross_standardised.png)\n\n"
-        f"{label_b}'s outlier severity (||mean|| / ||std|| over dimensions) ranges "
-        f"{np.nanmin(report.severity):.2f}..{np.nanmax(report.severity):.2f} over its layers (max at layer "
-        f"{report.layers[int(np.nanargmax(report.severity))]}); the dimensions with the largest |mean|/std per layer "
-        f"are {sorted(dominant)}, and {len(report.outlier_dims)} layer-dimension pairs pass the outlier "
-        f"rule. {change} Range of the z-scored matrix: {np.nanmin(standard.biased):.3f}.."
-        f"{np.nanmax(standard.biased):.3f} (plain: {np.nanmin(plain):.3f}..{np.nanmax(plain):.3f}).\n"
+        f"{label_b}'s outlier severity (||mean|| / ||std||) ranges {np.nanmin(report.severity):.2f}.."
+        f"{np.nanmax(report.severity):.2f} over its layers (max at layer "
+        f"{report.layers[int(np.nanargmax(report.severity))]}); the largest |mean|/std per layer belongs to "
+        f"dimension(s) {sorted({int(d) for d in report.top_dims[:, 0] if d >= 0})}; the outlier rule flags "
+        f"{len(report.outlier_dims)} layer-dimension pairs ({min(per_layer)}-{max(per_layer)} per layer)."
+        f"\n\nA {label_b} layer lights up when its best CKA with any {label_a} layer reaches 90% of the matrix's "
+        f"maximum. Plain features: {len(lit_plain)} of {len(layers)} layers light up ({layers[lit_plain].tolist()}); "
+        f"the other {len(flat)} form the flat block (mean CKA {np.nanmean(plain[:, flat]) if len(flat) else np.nan:.3f}"
+        f"). On z-scored features {len(lit_standard)} light up ({layers[lit_standard].tolist()}): {len(lights_up)} "
+        f"of the flat block ({share}), whose mean CKA becomes "
+        f"{np.nanmean(standard.biased[:, flat]) if len(flat) else np.nan:.3f}. Range of the z-scored matrix "
+        f"{np.nanmin(standard.biased):.3f}..{np.nanmax(standard.biased):.3f} (plain {np.nanmin(plain):.3f}.."
+        f"{np.nanmax(plain):.3f}).\n"
     )
 
 

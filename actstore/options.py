@@ -244,7 +244,7 @@ UNCERTAINTY = Table(
     Option("exclude_dims", int, None, minimum=0, many=True, help="leave these dimensions out, e.g. 12,301",
            default_text="none"),
     Option("exclude_outliers", bool, False, help="leave each layer's outlier dimensions out (RMS outlier_sigmas stds "
-           "above the other dimensions', clipped, and >= 2x the median RMS: docs/metrics.md)"),
+           "above the mean RMS over dimensions and >= 2x the median RMS: docs/metrics.md)"),
     Option("outlier_sigmas", float, 3.0, minimum=0, exclusive=True,
            help="outlier rule: standard deviations of the dimensions' RMS above their mean"),
     Option("top_k", int, 5, minimum=1, help="outliers: dimensions listed per layer, by |mean|/std"),

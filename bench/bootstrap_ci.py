@@ -12,11 +12,12 @@ written straight into an embedded server's store. Every timed call goes through 
 Alternated --repeats rounds; ratio = median with / median without. Target <= 3x at B = 200.
 
 Cost model (multiply-adds; D = dx + dy, R = B + 1 weight rows with the sample itself): the
-bootstrap keeps the rows and, per strip of the upper triangle of the Grams, forms the two Grams
-(n^2 D / 2 over all strips) and three Hadamard quadratics `w^T (K o L) w`, `w^T (K o K) w`,
-`w^T (L o L) w` for every weight row (3 n^2 R / 2), plus `Kw` (2 n D R). The baseline is
-min(n D^2 / 2 feature, n^2 D / 2 Gram). So the ratio grows with n / D: about 1 + 3R/D where the
-baseline is in Gram space (n < D), and n (D + 3R) / D^2 once n > D.
+bootstrap keeps the rows and, per strip of the upper triangle of the Grams (at least four strips
+once n > 1024, so the triangle with its diagonal squares is 5/8 of the square), forms the two
+Grams and three Hadamard quadratics `w^T (K o L) w`, `w^T (K o K) w`, `w^T (L o L) w` for every
+weight row: 5/8 n^2 (D + 3R), plus `Kw` (2 n D R). The baseline is min(n D^2 / 2 feature,
+n^2 D / 2 Gram). So the ratio grows with n / D: about 5/4 (1 + 3R/D) where the baseline is in
+Gram space (n < D), and 5/4 n (D + 3R) / D^2 once n > D.
 
     python bench/bootstrap_ci.py [--quick] [--n 1024] [--replicates 200] [--repeats 3]
 """
@@ -50,7 +51,7 @@ def main() -> None:
     print(f"bootstrap CI overhead: n={args.n}, d={args.width}, B={args.replicates}, one layer pair of two float16 "
           f"runs; {cores()} cores, load {info['loadavg_start']}", flush=True)
     d, r = 2 * args.width, args.replicates + 1
-    model = {"baseline": min(args.n * d * d / 2, args.n**2 * d / 2), "bootstrap": args.n**2 * (d + 3 * r) / 2}
+    model = {"baseline": min(args.n * d * d / 2, args.n**2 * d / 2), "bootstrap": args.n**2 * (d + 3 * r) * 5 / 8}
     with tempfile.TemporaryDirectory() as tmp, embedded(Path(tmp) / "store") as client:
         run_a, run_b = write_synthetic_runs(client, args.n, runs=2, width=args.width)
         pair = {"layers_a": [args.layer], "layers_b": [args.layer], "refresh": True}

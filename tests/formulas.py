@@ -29,3 +29,15 @@ def debiased_numpy(x: np.ndarray, y: np.ndarray) -> float:
     x, y = x.astype(np.float64), y.astype(np.float64)
     k, l_ = x @ x.T, y @ y.T
     return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))
+
+
+def debiased_resampled_numpy(x: np.ndarray, y: np.ndarray, counts: np.ndarray) -> float:
+    """Debiased CKA of a bootstrap resample (row i drawn counts[i] times) in which no row pairs
+    with a copy of itself: the rows, centred at the sample's mean, repeated, and every entry
+    between two copies of one row zeroed in both Grams before the zero-diagonal HSIC formula."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    x, y = np.repeat(x - x.mean(0), counts, axis=0), np.repeat(y - y.mean(0), counts, axis=0)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    copies = owner[:, None] == owner[None, :]
+    k, l_ = np.where(copies, 0.0, x @ x.T), np.where(copies, 0.0, y @ y.T)
+    return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))

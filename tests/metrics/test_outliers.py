@@ -14,7 +14,7 @@ def planted(n: int = 2000, d: int = 64, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_t(6, size=(n, d))
     x[:, 7] = 3000 + 2 * rng.normal(size=n)  # massive and nearly constant (Sun et al. 2024)
-    x[:, 40] = -500 + 5 * rng.normal(size=n)
+    x[:, 40] = -2500 + 5 * rng.normal(size=n)
     return x
 
 

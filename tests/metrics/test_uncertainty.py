@@ -17,7 +17,7 @@ from actstore.metrics.similarity.resampling import (
 from actstore.metrics.similarity.streaming import SimilarityAccumulator
 from actstore.metrics.similarity.uncertain_cka import ResampledCKA
 from actstore.metrics.similarity.uncertain_cos import ResampledCosine
-from tests.formulas import cka_numpy, debiased_numpy
+from tests.formulas import cka_numpy, debiased_numpy, debiased_resampled_numpy
 
 
 def correlated(n: int, seed: int = 0, dx: int = 6, dy: int = 9) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +70,7 @@ def test_bootstrap_and_null_match_the_expanded_rows(cuts, order, strip_bytes):
     for r, w in enumerate(poisson_weights(9, 12, np.arange(61))):
         xe, ye = np.repeat(x, w, axis=0), np.repeat(y, w, axis=0)  # row i drawn w_i times
         np.testing.assert_allclose(stats.bootstrap_biased[r, 0], cka_numpy(xe, ye), atol=1e-10)
-        np.testing.assert_allclose(stats.bootstrap_debiased[r, 0], debiased_numpy(xe, ye), atol=1e-10)
+        np.testing.assert_allclose(stats.bootstrap_debiased[r, 0], debiased_resampled_numpy(x, y, w), atol=1e-10)
     for p in range(6):
         permuted = y[null_permutation(9, p, 61)]
         np.testing.assert_allclose(stats.null_biased[p, 0], cka_numpy(x, permuted), atol=1e-10)
@@ -96,6 +96,8 @@ def test_interval_contains_the_estimate_and_narrows_with_more_samples():
         assert low <= stats.biased[0] <= high
         low_d, high_d = percentile_interval(stats.bootstrap_debiased, 0.95)[:, 0]
         assert low_d <= stats.debiased[0] <= high_d
+        # no row pairs with its own copies, so the debiased replicates centre on the estimate
+        assert abs(stats.bootstrap_debiased.mean() - stats.debiased[0]) < 0.2 * (high_d - low_d)
         widths.append(high - low)
     assert widths[1] < 0.6 * widths[0]  # ~ 1/sqrt(n): 10x the samples, about a third of the width
 

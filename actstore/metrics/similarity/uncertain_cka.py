@@ -8,11 +8,13 @@ row index) only), the CKA of the resampled multiset in which row i appears `w_ri
 - biased (Kornblith et al. 2019), with weighted centring `H_w = I - 1 w^T / W`, `W = sum w`:
   `N_KL(w) = sum_ij w_i w_j (H_w K H_w^T)_ij L_ij = w^T (K o L) w - 2 (Kw o Lw)^T w / W
   + (w^T K w)(w^T L w) / W^2` and `CKA = N_KL / sqrt(N_KK N_LL)`;
-- debiased: the unbiased HSIC (Song et al. 2007) of the multiset, copies counted as distinct
-  samples (W of them): `tr(K~ L~) = w^T (K o L) w - sum_i w_i K_ii L_ii`,
-  `1^T K~ 1 = w^T K w - sum_i w_i K_ii`, `1^T K~ L~ 1 = sum_i w_i (Kw - diag K)_i (Lw - diag L)_i`.
-  The zero diagonal removes each copy's pairing with itself but not with its other copies, so a
-  replicate is only an approximation of a fresh sample's HSIC_u (docs/metrics.md).
+- debiased: the unbiased HSIC (Song et al. 2007) of the multiset of W rows in which, as the zero
+  diagonal intends, no row pairs with a copy of itself (the Gram of the repeated rows with every
+  copy-copy block zeroed): `tr(K~ L~) = w^T (K o L) w - sum_i w_i^2 K_ii L_ii`,
+  `1^T K~ 1 = w^T K w - sum_i w_i^2 K_ii`,
+  `1^T K~ L~ 1 = sum_i w_i (Kw - w o diag K)_i (Lw - w o diag L)_i`, n -> W. An approximation
+  of a fresh sample's HSIC_u (docs/metrics.md); counting copies as distinct samples instead
+  inflates every replicate.
 
 Only `w^T (K o L) w` needs the n x n Grams: it is summed over strips of rows of their upper
 triangle (n^2 R / 2 per block pair, on top of the n^2 D / 2 of the Grams); `Kw = Xc (Xc^T w)`
@@ -154,10 +156,13 @@ class ResampledCKA:
             cross = np.einsum("ri,ir,ir->r", weights, kw[a], kw[b])
             return quadratic[tuple(sorted((a, b)))] - 2 * cross / total + wkw[a] * wkw[b] / total**2
 
+        squared = weights * weights  # copies of one row never pair: w_i^2 of the n x n diagonal goes
+
         def hsic_term(a: int, b: int) -> np.ndarray:
-            trace = quadratic[tuple(sorted((a, b)))] - weights @ (diagonal[a] * diagonal[b])
-            tot_a, tot_b = wkw[a] - weights @ diagonal[a], wkw[b] - weights @ diagonal[b]
-            row_dot = np.einsum("ri,ir,ir->r", weights, kw[a] - diagonal[a][:, None], kw[b] - diagonal[b][:, None])
+            trace = quadratic[tuple(sorted((a, b)))] - squared @ (diagonal[a] * diagonal[b])
+            tot_a, tot_b = wkw[a] - squared @ diagonal[a], wkw[b] - squared @ diagonal[b]
+            row_a, row_b = kw[a] - weights.T * diagonal[a][:, None], kw[b] - weights.T * diagonal[b][:, None]
+            row_dot = np.einsum("ri,ir,ir->r", weights, row_a, row_b)
             with np.errstate(divide="ignore", invalid="ignore"):
                 hsic = hsic_u_from_grams(trace, tot_a, tot_b, row_dot, total)
             return np.where(total >= MIN_HSIC_SAMPLES, hsic, np.nan)
@@ -173,19 +178,21 @@ class ResampledCKA:
                              products: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
         """`w_r^T (K_a o K_b) w_r` for every product pair and weight row, over strips of rows of
         the upper triangle (the product is symmetric: a strip's part right of its diagonal square
-        counts twice, the square once), as `gram.gram_strip_products` walks it."""
+        counts twice, the square once, so each entry is multiplied by the weights once)."""
         n = len(weights[0])
         quadratic = {p: np.zeros(len(weights)) for p in products}
-        height = _strip_height(n, len(used), self.strip_bytes)
+        # at least four strips once n is large: the upper triangle then costs (1 + 1/4) / 2 of the square
+        height = min(_strip_height(n, len(used), self.strip_bytes), max(256, -(-n // 4)))
         for first in range(0, n, height):
             last = min(first + height, n)
             grams = {b: centred[b][first:last] @ centred[b][first:].T for b in used}  # (strip, n - first)
             strip_weights = weights[:, first:last]
             for a, b in products:
                 hadamard = grams[a] * grams[b]
-                right = np.einsum("ri,ir->r", strip_weights, hadamard @ weights[:, first:].T)
-                square = np.einsum("ri,ir->r", strip_weights, hadamard[:, : last - first] @ strip_weights.T)
-                quadratic[(a, b)] += 2 * right - square
+                height_now = last - first
+                right = np.einsum("ri,ir->r", strip_weights, hadamard[:, height_now:] @ weights[:, last:].T)
+                square = np.einsum("ri,ir->r", strip_weights, hadamard[:, :height_now] @ strip_weights.T)
+                quadratic[(a, b)] += 2 * right + square
         return quadratic
 
     def _null(self, centred: dict, diagonal: dict, self_biased: dict, self_hsic: dict, n: int

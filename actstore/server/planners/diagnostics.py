@@ -22,7 +22,7 @@ from actstore.server.results import MetricResult
 from actstore.server.tiling import row_itemsize
 from actstore.store.catalog import RunRecord
 
-STATS_VERSION = 1
+STATS_VERSION = 2  # 2: the outlier rule has no clipping; debiased replicates never pair copies
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,8 @@ class DiagnosticsPlanner(SimilarityPlanner):
                     (arrays[variant] > arrays[f"{variant}_ci"][..., 1])
                 if outside.any():
                     notes.append(f"{variant} CKA lies outside its own percentile interval for {int(outside.sum())} "
-                                 "pair(s): a resample repeats rows, which inflates CKA at small n (an upward "
-                                 "bias ~ width/n); the debiased variant or more samples give a centred interval")
+                                 "pair(s): a resample repeats rows, which inflates biased CKA at small n (an "
+                                 "upward bias ~ width/n); prefer the debiased interval, or more samples")
             if opts.null:
                 null = getattr(stats, f"null_{variant}")
                 null_mean = null.mean(axis=0)
@@ -204,7 +204,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
             notes.append(f"null: {opts.null} permutations of B's rows (seed {opts.seed}); calibrated = "
                          "(CKA - null mean) / (1 - null mean)")
         if opts.bootstrap:
-            notes.append("debiased replicates count a row drawn k times as k distinct samples (docs/metrics.md)")
+            notes.append("debiased replicates: no row pairs with a copy of itself (an approximation, docs/metrics.md)")
         scalars = {"n": float(a.rows), "bootstrap": float(opts.bootstrap), "null": float(opts.null),
                    "ci": opts.ci, "seed": float(opts.seed)}
         return arrays, scalars, notes
