@@ -43,7 +43,8 @@ def cmd_cka(args) -> int:
 def cmd_cos(args) -> int:
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                            layers_b=parse_layers(args.layers_b), center=args.center, refresh=args.refresh)
+                            layers_b=parse_layers(args.layers_b), center=args.center, align=args.align,
+                            word_pool=args.word_pool, refresh=args.refresh)
     show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
                 result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
     return 0
@@ -128,6 +129,8 @@ def add_commands(command) -> None:
     p = command("cos", cmd_cos, "sample-wise cosine similarity between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "center")
+    add_option(p, SIMILARITY, "align")
+    add_option(p, SIMILARITY, "word_pool")
 
     p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
     _pair_args(p)
