@@ -53,7 +53,8 @@ def cmd_cos(args) -> int:
         return diagnostics.cmd_cos_stats(args)
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                            layers_b=parse_layers(args.layers_b), center=args.center, refresh=args.refresh)
+                            layers_b=parse_layers(args.layers_b), center=args.center, align=args.align,
+                            word_pool=args.word_pool, refresh=args.refresh)
     show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
                 result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
     return 0
@@ -148,6 +149,8 @@ def add_commands(command) -> None:
     _pair_args(p)
     add_option(p, SIMILARITY, "center")
     diagnostics.add_stats_flags(p, "cos")
+    add_option(p, SIMILARITY, "align")
+    add_option(p, SIMILARITY, "word_pool")
 
     p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
     _pair_args(p)

@@ -457,9 +457,11 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
 
     def cos(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
+            align: str = SIMILARITY.align.default, word_pool: str = SIMILARITY.word_pool.default,
             refresh: bool = False) -> COSResult:
-        """Sample-wise cosine similarity between layers (same width), mean and quantiles."""
-        answer = self._similarity(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh)
+        """Sample-wise cosine similarity between layers (same width), mean and quantiles; align as in `cka`."""
+        answer = self._similarity(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh,
+                                  align=align, word_pool=word_pool)
         options = answer.provenance.options
         return COSResult(answer.arrays["mean"], answer.arrays["quantiles"], answer.arrays["quantile_levels"],
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,

@@ -125,3 +125,23 @@ def test_alignment_checks_the_texts_and_the_runs(module_client, runs):
     # a run into itself: the aligned rows are its words, and CKA of a layer with itself is 1
     self_cka = client.cka(keys["gpt2-bpe"], keys["gpt2-bpe"], layers_a=[2], layers_b=[2], align="words")
     assert self_cka.biased[0, 0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("center", ["global-mean", "none"])
+def test_word_aligned_cos_matches_an_independent_computation(module_client, runs, center):
+    client = module_client
+    keys, folders = runs
+    info = {name: client.describe(keys[name]) for name in folders}
+    maps = {name: word_tokens(folders[name], info[name].max_len)[0] for name in folders}
+    pairs = sorted(maps["bert"].keys() & maps["gpt2-bpe"].keys())
+    result = client.cos(keys["bert"], keys["gpt2-bpe"], layers_a=[1, 3], layers_b=[2], center=center, align="words")
+    for i, la in enumerate((1, 3)):
+        x = aligned(client.read_activations(keys["bert"], la)[0].astype(np.float64), maps["bert"], pairs, "mean")
+        y = aligned(client.read_activations(keys["gpt2-bpe"], 2)[0].astype(np.float64), maps["gpt2-bpe"], pairs,
+                    "mean")
+        if center == "global-mean":  # the mean over the aligned word rows
+            x, y = x - x.mean(0), y - y.mean(0)
+        cos = np.sum(x * y, axis=1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))
+        assert result.mean[i, 0] == pytest.approx(cos.mean(), abs=1e-12)
+        np.testing.assert_allclose(result.quantiles[i, 0], np.quantile(cos, result.quantile_levels), atol=1e-12)
+    assert result.n == len(pairs)

@@ -24,10 +24,11 @@ class SimilarityPlanner(Planner):
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
                    k: int = 0, align: str = "", word_pool: str = "") -> MetricResult:
         if from_wire(SIMILARITY, "align", align) == "words":  # different tokenizers: rows are shared words
-            if metric != "cka":
-                raise InvalidArgument(f"--align words is implemented for cka, not {metric}")
-            return AlignedPlanner(self.parts).cka(run_a, run_b, layers_a, layers_b,
-                                                  from_wire(SIMILARITY, "word_pool", word_pool), refresh)
+            if metric not in ("cka", "cos"):
+                raise InvalidArgument(f"--align words is implemented for cka and cos, not {metric}")
+            return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b,
+                                                         from_wire(SIMILARITY, "word_pool", word_pool),
+                                                         from_wire(SIMILARITY, "center", center), refresh)
         a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
