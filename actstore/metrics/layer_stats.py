@@ -47,19 +47,24 @@ class LayerStats:
 
     def update(self, values: np.ndarray) -> LayerStats:
         """Add rows (rows, layers, d), one layer at a time (float64 copies of one layer only).
-        Non-finite values are left out (the chunk metadata counts them as NaN/Inf instead)."""
+        Non-finite values are left out (the chunk metadata counts them as NaN/Inf instead); a
+        layer whose sum is finite has none, and skips the masking passes."""
         rows, layers = values.shape[0], values.shape[1]
         part = LayerStats.empty(layers)
         for layer in range(layers):
             x = np.asarray(values[:, layer, :], dtype=np.float64)
-            finite = np.isfinite(x)
-            x = np.where(finite, x, 0.0)
-            n = float(finite.sum())
-            mean = x.sum() / n if n else 0.0
-            norms = np.sqrt((x * x).sum(axis=1))
+            total = x.sum()
+            finite = None if np.isfinite(total) else np.isfinite(x)
+            if finite is not None:
+                x = np.where(finite, x, 0.0)
+                total = x.sum()
+            n = float(x.size if finite is None else finite.sum())
+            mean = total / n if n else 0.0
+            norms = np.sqrt(np.einsum("ij,ij->i", x, x))
             norm_mean = norms.mean() if rows else 0.0
             part.count[layer], part.mean[layer] = n, mean
-            part.m2[layer] = float((np.where(finite, x - mean, 0.0) ** 2).sum())
+            deviations = x - mean if finite is None else np.where(finite, x - mean, 0.0)
+            part.m2[layer] = float(np.einsum("ij,ij->", deviations, deviations))
             part.norm_count[layer], part.norm_mean[layer] = rows, norm_mean
             part.norm_m2[layer] = float(((norms - norm_mean) ** 2).sum())
         return self.merge(part)

@@ -51,31 +51,45 @@ def model_inputs(data: DatasetData, start: int, stop: int):
     return data.texts[start:stop] if data.kind == "text" else data.images[start:stop]
 
 
-def to_storage(values: torch.Tensor, dtype: str) -> np.ndarray:
-    """Cast float32 hidden states to the storage dtype; bfloat16 leaves as its uint16 bits."""
+def to_storage(values: torch.Tensor, dtype: str) -> tuple[np.ndarray, torch.Tensor]:
+    """Cast float32 hidden states to the storage dtype: (the array to store, the stored numbers as
+    a tensor); bfloat16 is stored as its uint16 bits."""
     cast = values.to(_TORCH_STORAGE[dtype])
     if dtype == "bfloat16":
-        return cast.view(torch.int16).numpy().view(np.uint16)
-    return cast.numpy()
+        return cast.view(torch.int16).numpy().view(np.uint16), cast
+    return cast.numpy(), cast
 
 
-def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.ndarray) -> dict[str, list]:
+def chunk_metadata(run_key: str, shard: int, stored: np.ndarray,
+                   numbers: np.ndarray | torch.Tensor) -> dict[str, list]:
     """One catalog row per layer of a shard: rows, crc32c of the stored bytes, and the finite
-    min/max and NaN/Inf counts of the stored numbers (an fp16 overflow shows up here as Inf)."""
+    min/max and NaN/Inf counts of the stored numbers (an fp16 overflow shows up here as Inf).
+
+    One min and one max reduction over all layers at once, in the stored dtype (torch reduces
+    float16 and bfloat16 without a float32 copy, and propagates NaN): where both are finite, the
+    layer has no NaN or Inf and they are its finite extremes; only other layers are counted."""
+    numbers = torch.as_tensor(numbers)
+    lows, highs = torch.amin(numbers, dim=(0, 2)).tolist(), torch.amax(numbers, dim=(0, 2)).tolist()
+    by_layer = np.ascontiguousarray(stored.transpose(1, 0, 2))  # each layer's bytes in one piece
     rows: dict[str, list] = {k: [] for k in
                              ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
     for layer in range(stored.shape[1]):
-        values = numbers[:, layer, :]
-        finite = np.isfinite(values)
+        low, high, nans, infs = lows[layer], highs[layer], 0, 0
+        if not (np.isfinite(low) and np.isfinite(high)):
+            values = numbers[:, layer, :].float().numpy()
+            finite = np.isfinite(values)
+            low = float(values[finite].min()) if finite.any() else float("nan")
+            high = float(values[finite].max()) if finite.any() else float("nan")
+            nans, infs = int(np.isnan(values).sum()), int(np.isinf(values).sum())
         rows["run_key"].append(run_key)
         rows["shard"].append(shard)
         rows["layer"].append(layer)
         rows["rows"].append(stored.shape[0])
-        rows["checksum"].append(crc32c.crc32c(np.ascontiguousarray(stored[:, layer, :]).tobytes()))
-        rows["min"].append(float(values[finite].min()) if finite.any() else float("nan"))
-        rows["max"].append(float(values[finite].max()) if finite.any() else float("nan"))
-        rows["nan_count"].append(int(np.isnan(values).sum()))
-        rows["inf_count"].append(int(np.isinf(values).sum()))
+        rows["checksum"].append(crc32c.crc32c(by_layer[layer]))
+        rows["min"].append(low)
+        rows["max"].append(high)
+        rows["nan_count"].append(nans)
+        rows["inf_count"].append(infs)
     return rows
 
 
@@ -167,13 +181,12 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
     catalog records (a capture's and an import's shards take this one path)."""
-    stored = to_storage(values, dtype)
-    numbers = stored if dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
-    numbers = numbers.astype(np.float32, copy=False)
-    sums = numbers.sum(axis=0, dtype=np.float64)
+    stored, numbers = to_storage(values, dtype)
+    sums = numbers.sum(dim=0, dtype=torch.float64).numpy()  # of the stored numbers, exactly
     arrays.write_shard(run_key, shard, stored, sums, token_ids)
     rows = chunk_metadata(run_key, shard, stored, numbers)
-    arrays.write_shard_stats(run_key, shard, LayerStats.empty(numbers.shape[1]).update(numbers).to_dict())
+    stats = LayerStats.empty(stored.shape[1]).update(numbers.float().numpy())
+    arrays.write_shard_stats(run_key, shard, stats.to_dict())
     arrays.write_chunk_rows(run_key, shard, rows)
     return rows
 
