@@ -64,10 +64,17 @@ class Settings(BaseSettings):
     max_matrix_cells: int = Field(4_000_000, description="largest result matrix a query may ask")
     max_dime_permutations: int = Field(10_000, ge=1, description="most DiME permutations one query may ask")
     max_augment_views: int = Field(64, ge=2, description="most augmented views of each text a dataset may ask")
+    max_bootstrap_replicates: int = Field(2_000, ge=1, description="most bootstrap replicates one similarity "
+                                          "query may ask")
+    max_null_permutations: int = Field(2_000, ge=1, description="most permutations of a similarity query's null")
     max_stitch_tune_steps: int = Field(10_000, ge=1, description="most tuning steps one stitching query may ask")
     max_running_jobs: int = Field(16, ge=1, description="jobs running at once")
     max_message_bytes: int = Field(64 * MiB, description="largest gRPC message either way")
-    read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations message")
+    read_chunk_bytes: int = Field(2 * MiB, description="payload of one ReadActivations or ReadBatches message")
+    batch_buffer_bytes: int = Field(512 * MiB, ge=1, description="memory one ReadBatches stream's shuffle buffer "
+                                    "may hold (buffer shards x shard rows x layers x width x item size)")
+    sql_max_rows: int = Field(10_000, ge=1, description="rows one read-only SQL query may return")
+    sql_timeout_seconds: float = Field(30.0, gt=0, description="a read-only SQL query running longer is interrupted")
 
     result_cache_bytes: int = Field(256 * MiB, ge=0, description="memory the server's cache of recent results may "
                                     "hold (every result also stays in the catalog)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.client import Client
-from actstore.report import bars, curves, heatmap, markdown_matrix
+from actstore.report import bars, curves, heatmap, markdown_matrix, outlier_panels
 
 MODELS = (("minilm-l6", "MiniLM-L6"), ("smollm2-135m", "SmolLM2-135M"))
 DATASET = "rotten-tomatoes"
@@ -88,6 +88,9 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
               f"{np.nanmax(cross.debiased):.3f}.\n"
         )
         t = time.perf_counter()
+        sections.append(_standardised_section(client, out, (label_a, run_a), (label_b, run_b), cross.biased))
+        timings["outlier report + standardised cross-model CKA"] = time.perf_counter() - t
+        t = time.perf_counter()
         sections.append(_saturation_section(client, out, runs["SmolLM2-135M"][1]))
         timings["SmolLM2 logit lens on 20 prompts"] = time.perf_counter() - t
         total = time.perf_counter() - started
@@ -103,6 +106,46 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
         )
     print(f"report written to {report} (with {len(list(out.glob('*.png')))} plots) in {total:.0f} s")
     return report
+
+
+def dark_columns(matrix: np.ndarray, fraction: float = 0.5) -> np.ndarray:
+    """Columns (layers of B) whose best CKA with any layer of A stays below `fraction` of the
+    matrix's maximum: the flat stripes of a cross-model matrix."""
+    return np.flatnonzero(np.nanmax(matrix, axis=0) < fraction * np.nanmax(matrix))
+
+
+def _standardised_section(client: Client, out: Path, a: tuple[str, str], b: tuple[str, str],
+                          plain: np.ndarray) -> str:
+    """What massive dimensions do to the cross-model matrix: B's outlier report, and the same
+    matrix on z-scored features (docs/metrics.md, "Outlier diagnostics")."""
+    (label_a, run_a), (label_b, run_b) = a, b
+    report = client.outliers(run_b, top_k=3)
+    outlier_panels(report.layers, report.severity, report.top_dims, report.top_ratio, report.kurtosis_max,
+                   out / "outliers_b.png", title=f"{label_b}: outlier dimensions per layer")
+    standard = client.cka_stats(run_a, run_b, standardize=True)
+    heatmap(standard.biased, out / "cka_cross_standardised.png",
+            title=f"linear CKA on z-scored features: {label_a} (rows) vs {label_b} (columns)",
+            xlabel=f"{label_b} layer", ylabel=f"{label_a} layer", xticks=standard.layers_b, yticks=standard.layers_a)
+    dark = dark_columns(plain)
+    lit = [c for c in dark if np.nanmax(standard.biased[:, c]) >= 0.5 * np.nanmax(standard.biased)]
+    dominant = {int(d) for d in report.top_dims[:, 0] if d >= 0}
+    if len(dark):
+        change = (f"{len(dark)} of {plain.shape[1]} {label_b} layers are dark in the plain matrix (best CKA with any "
+                  f"{label_a} layer below half the matrix maximum): mean CKA there {np.nanmean(plain[:, dark]):.3f}. "
+                  f"On z-scored features {len(lit)} of them ({len(lit) / len(dark):.0%}) light up (best CKA at least "
+                  f"half the new maximum); their mean CKA becomes {np.nanmean(standard.biased[:, dark]):.3f}.")
+    else:
+        change = "No layer of the plain matrix is dark (every column reaches half the maximum)."
+    return (
+        "## Outlier dimensions and the cross-model matrix\n\n"
+        "![outliers](outliers_b.png) ![standardised](cka_cross_standardised.png)\n\n"
+        f"{label_b}'s outlier severity (||mean|| / ||std|| over dimensions) ranges "
+        f"{np.nanmin(report.severity):.2f}..{np.nanmax(report.severity):.2f} over its layers (max at layer "
+        f"{report.layers[int(np.nanargmax(report.severity))]}); the dimensions with the largest |mean|/std per layer "
+        f"are {sorted(dominant)}, and {len(report.outlier_dims)} layer-dimension pairs pass the outlier "
+        f"rule. {change} Range of the z-scored matrix: {np.nanmin(standard.biased):.3f}.."
+        f"{np.nanmax(standard.biased):.3f} (plain: {np.nanmin(plain):.3f}..{np.nanmax(plain):.3f}).\n"
+    )
 
 
 LENS_PROMPTS = 20

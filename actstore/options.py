@@ -1,8 +1,8 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
 One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
-PROGRESSION). The
-CLI builds its flags from them (default, choices, and help that shows the default), the client
+BATCHES, SQL, IMPORTS, PROGRESSION). The CLI builds its flags from them (default, choices, and help
+that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
 client agree with the tables.
@@ -35,8 +35,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "CAPTURE", "DATASETS", "ENTROPY", "GC", "LENS", "PROGRESSION", "SERVE", "SIMILARITY", "STITCH", "TABLES",
-    "TRAIN",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "PROGRESSION", "SERVE",
+    "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
     "Option", "Table", "duration_seconds", "from_wire", "resolve",
 ]
 
@@ -201,6 +201,17 @@ def duration_seconds(text: str) -> float:
 
 
 # ---- the tables ---------------------------------------------------------------------------------
+STREAMED_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclidean",
+                     "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
+                     "svcca-var=0.99-score", "pwcca-score")
+"""Measures from streamed moments (any n; also the cross-model job's `--measure`)."""
+MEASURES = STREAMED_MEASURES + (
+    "rsa-rdm=cosine-compare=pearson", "rsa-rdm=cosine-compare=spearman", "rsa-rdm=euclidean-compare=pearson",
+    "rsa-rdm=euclidean-compare=spearman", "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score",
+    "cka-kernel=(rbf-sigma={sigma})-hsic=song-score", "mutual_knn-topk={topk}", "cycle_knn-topk={topk}",
+    "cknna-topk={topk}")
+"""Every measure of a MEASURE query, by its nacloos/similarity-repository identifier."""
+
 SIMILARITY = Table(
     "similarity",
     Option("center", str, "global-mean", choices=("global-mean", "none"),
@@ -208,12 +219,35 @@ SIMILARITY = Table(
     Option("batch_size", int, None, minimum=4, help="minibatch CKA: rows per batch (required)"),
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
-    Option("k", int, 10, minimum=1, help="mutual kNN: neighbours"),
+    Option("k", int, 10, minimum=1, help="kNN measures (mutual kNN, cycle kNN, CKNNA): neighbours"),
     Option("align", str, "none", choices=("none", "words"),
            help="CKA of token-level runs of different tokenizers: rows are the (sample, word) pairs both share"),
     Option("word_pool", str, "mean", choices=("mean", "last"),
            help="--align words: a word's vector is the mean of its tokens or its last token"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
+    Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
+    Option("alpha", float, 1.0, minimum=0, maximum=1,
+           help="shape metric: partial whitening, 1 = none (Procrustes), 0 = full (CCA-like)"),
+    Option("sigma_fraction", float, 1.0, minimum=0, exclusive=True,
+           help="RBF CKA: kernel bandwidth as a fraction of the median pairwise distance"),
+)
+
+UNCERTAINTY = Table(
+    "uncertainty",
+    Option("bootstrap", int, 0, minimum=0, help="Poisson-bootstrap replicates for percentile intervals (0: none)",
+           limit="max_bootstrap_replicates"),
+    Option("ci", float, 0.95, minimum=0, maximum=1, exclusive=True, help="confidence level of the intervals"),
+    Option("seed", int, 0, minimum=0, help="seed of the bootstrap weights and the null's permutations"),
+    Option("null", int, 0, minimum=0, help="CKA: permutations of B's rows for the null and the calibrated score "
+           "(0: none)", limit="max_null_permutations"),
+    Option("standardize", bool, False, help="z-score every dimension (over all samples) before comparing"),
+    Option("exclude_dims", int, None, minimum=0, many=True, help="leave these dimensions out, e.g. 12,301",
+           default_text="none"),
+    Option("exclude_outliers", bool, False, help="leave each layer's outlier dimensions out (RMS outlier_sigmas stds "
+           "above the other dimensions', clipped, and >= 2x the median RMS: docs/metrics.md)"),
+    Option("outlier_sigmas", float, 3.0, minimum=0, exclusive=True,
+           help="outlier rule: standard deviations of the dimensions' RMS above their mean"),
+    Option("top_k", int, 5, minimum=1, help="outliers: dimensions listed per layer, by |mean|/std"),
 )
 
 ENTROPY = Table(
@@ -264,6 +298,10 @@ CAPTURE = Table(
     Option("dtype", str, "float16", choices=("float16", "float32", "bfloat16"), help="storage dtype"),
     Option("max_len", int, None, minimum=2, help="token limit",
            default_text="the server's default_max_len, 128 unless configured"),
+    Option("site", str, ("resid_post",), many=True,
+           help="capture sites, comma-separated, all from one forward pass (one run each): resid_post (the "
+                "block's output), attn_out, mlp_out (what attention / the MLP adds to the stream), or a module "
+                "path pattern of the model with * for the block index (model.layers.*.mlp.down_proj)"),
 )
 
 TRAIN = Table(
@@ -315,5 +353,37 @@ GC = Table(
     Option("apply", bool, False, help="delete; without it gc only lists what it would delete"),
 )
 
+BATCHES = Table(
+    "batches",
+    Option("batch_size", int, None, minimum=1, help="rows per batch (required)"),
+    Option("seed", int, 0, minimum=0, help="shuffle seed (with the epoch: the shard order and the row order)"),
+    Option("epoch", int, 0, minimum=0, help="epoch: each one has its own order"),
+    Option("rank", int, 0, minimum=0, help="this reader's rank, 0 <= rank < world_size"),
+    Option("world_size", int, 1, minimum=1, help="data-parallel readers; each row goes to exactly one"),
+    Option("buffer_shards", int, 8, minimum=2, help="shards' rows the server's shuffle buffer holds at most "
+           "(raised to fit one batch plus a shard)"),
+    Option("drop_last", bool, False, help="drop each rank's short final batch (then not every row is read)"),
+)
+
+SQL = Table(
+    "sql",
+    Option("limit", int, None, minimum=1, help="rows returned at most (more: the answer says it was cut)",
+           default_text="the server's sql_max_rows", limit="sql_max_rows"),
+)
+
+IMPORTS = Table(
+    "imports",
+    Option("format", str, None, choices=("arrays", "vllm", "saelens"),
+           help="the files' layout (docs/import.md): arrays = layer_<k>.npy / .safetensors, vllm = "
+                "extract_hidden_states sidecars, saelens = a cached-activations dataset",
+           default_text="detected from the files"),
+    Option("pooling", str, None, choices=CAPTURE.pooling.choices,
+           help="per-token sources (vllm, saelens): pool each sample's tokens (cls = the first) or keep them "
+                "all (tokens); arrays: the pooling they were made with",
+           default_text=CAPTURE.pooling.default_text),
+    Option("dtype", str, None, choices=CAPTURE.dtype.choices, help="storage dtype",
+           default_text="the source's (float64 is stored as float32)"),
+)
+
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC, PROGRESSION)}
+                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY, PROGRESSION)}

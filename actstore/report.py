@@ -94,3 +94,56 @@ def markdown_matrix(matrix: np.ndarray, row_labels: Sequence, col_labels: Sequen
     body = ["| " + str(r) + " | " + " | ".join(f"{v:.{digits}f}" for v in row) + " |"
             for r, row in zip(row_labels, matrix)]
     return "\n".join([head, rule, *body])
+
+
+def errorbars(series: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], path: Path, *, title: str,
+              xlabel: str, ylabel: str, xticks: Sequence[int] | None = None,
+              bands: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
+    """One line per named series (values, low, high) with a bar from low to high at each point
+    (drawn as it is: a bootstrap interval need not contain the estimate), and optional shaded
+    (low, high) bands (e.g. a permutation null's quantiles)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for k, (name, (values, low, high)) in enumerate(series.items()):
+        xs = np.arange(len(values)) + 0.08 * (k - (len(series) - 1) / 2)  # side by side, not on top
+        (line,) = ax.plot(xs, values, marker="o", markersize=3, label=name)
+        ax.vlines(xs, low, high, color=line.get_color(), alpha=0.8)
+        ax.scatter(np.concatenate([xs, xs]), np.concatenate([low, high]), marker="_", color=line.get_color())
+    for name, (low, high) in (bands or {}).items():
+        ax.fill_between(np.arange(len(low)), low, high, alpha=0.15, label=name)
+    if xticks is not None:
+        step = max(1, len(xticks) // 16)
+        ax.set_xticks(range(0, len(xticks), step), [str(t) for t in list(xticks)[::step]], fontsize=7)
+    ax.grid(alpha=0.3)
+    return _finish(plt, fig, ax, path, title, xlabel, ylabel)
+
+
+def outlier_panels(layers: Sequence[int], severity: np.ndarray, top_dims: np.ndarray, top_ratio: np.ndarray,
+                   kurtosis_max: np.ndarray, path: Path, *, title: str) -> Path:
+    """Two panels over layers: severity ||mean||/||std|| and max excess kurtosis (log scale), and
+    the top dimensions by |mean|/std (each point labelled with its dimension)."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), dpi=110, sharex=True)
+    xs = np.arange(len(layers))
+    top.plot(xs, severity, marker="o", markersize=3, label="severity ||mean|| / ||std||")
+    top.plot(xs, np.maximum(kurtosis_max, 1e-3), marker="s", markersize=3, label="max excess kurtosis")
+    top.set_yscale("log")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    top.set_title(title, fontsize=10)
+    for rank in range(top_ratio.shape[1]):
+        bottom.scatter(xs, top_ratio[:, rank], s=12, label=f"rank {rank + 1}")
+        for x, dim, ratio in zip(xs, top_dims[:, rank], top_ratio[:, rank]):
+            if dim >= 0 and rank < 3:
+                bottom.annotate(str(dim), (x, ratio), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("|mean| / std of the top dimensions")
+    bottom.set_xlabel("layer")
+    step = max(1, len(layers) // 16)
+    bottom.set_xticks(xs[::step], [str(layer) for layer in list(layers)[::step]], fontsize=7)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

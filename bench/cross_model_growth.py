@@ -8,7 +8,8 @@ d = 384, float16), each M timed against its roofline.
     whole job, as if it fitted in one tile), at this machine's float64 GEMM rate over the map
     tasks' processes (`cka_roofline.gemm_roofline`), plus one read of the runs' stored bytes.
   * peak memory increase of the server and the Ray workers during the job, against
-    `max_accumulator_bytes`.
+    `max_accumulator_bytes`: summed per process, and the largest simultaneous sum; a Ray worker
+    started during the job counts whole (its interpreter and imports too), so both are printed.
 
     python bench/cross_model_growth.py [--runs 4,8] [--n 10000]
 """
@@ -70,13 +71,17 @@ def main() -> None:
             memory = sampler.stop()
             row = {"m": m, "wall_s": wall, "roofline_s": roofline, "ratio": wall / roofline,
                    "job_macs": costs, "read_bytes": nbytes, "notes": result.notes,
-                   "peak_increase_mib": memory["sum_of_increases_mib"], "limit_mib": limit / 2**20}
+                   "peak_increase_mib": memory["sum_of_increases_mib"], "limit_mib": limit / 2**20,
+                   "increase_of_sum_mib": memory["increase_of_sum_mib"],
+                   "new_worker_mib": [p["peak_mib"] for p in memory["per_process"] if p["new"]]}
             rows.append(row)
             print(f"  M={m}: wall {wall:.1f} s, roofline {roofline:.1f} s (best plan {best:.2e} multiply-adds at "
                   f"{rate / 1e9:.1f} G/s + read {nbytes / 1e6:.0f} MB in {read_seconds:.2f} s): "
                   f"{wall / roofline:.2f}x; "
-                  f"{'; '.join(result.notes)}; peak memory +{memory['sum_of_increases_mib']:.0f} MiB "
-                  f"(limit {limit / 2**20:.0f} MiB per accumulator)", flush=True)
+                  f"{'; '.join(result.notes)}; peak memory +{memory['sum_of_increases_mib']:.0f} MiB summed "
+                  f"per process, +{memory['increase_of_sum_mib']:.0f} MiB at once, of which "
+                  f"{len(row['new_worker_mib'])} Ray worker(s) started during the job hold "
+                  f"{sum(row['new_worker_mib']):.0f} MiB whole (limit {limit / 2**20:.0f} MiB)", flush=True)
     path = write_result("cross_model_growth", {"machine": info, "gemm": gemm, "rows": rows, "target": TARGET})
     print(f"wrote {path}")
 

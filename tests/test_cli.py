@@ -86,14 +86,42 @@ def test_register_and_capture_report_what_they_did(session):
 def test_runs_and_describe(session):
     runs = ok(actstore("runs", server=session["server"]))
     header, *rows = runs.strip().splitlines()
-    assert header.split() == ["run", "model", "dataset", "pooling", "dtype", "n", "layers", "width", "status"]
+    assert header.split() == ["run", "model", "dataset", "site", "pooling", "dtype", "n", "layers", "width", "status"]
     (row,) = [r for r in rows if r.startswith(session["run"][:16])]
-    assert row.split()[3:] == ["mean", "float16", str(N), "4", "16", "committed"]
+    assert row.split()[3:] == ["resid_post", "mean", "float16", str(N), "4", "16", "committed"]
 
     described = ok(actstore("describe", session["run"][:10], server=session["server"]))
     assert f"run      {session['run']}" in described
     assert "committed" in described and f"n={N}" in described and "width=16" in described
     assert "tiny-bert" in described and "toy" in described and "all values finite" in described
+    assert "site     resid_post" in described and "per-layer statistics" in described
+
+
+def test_capture_sites_and_dry_run(session):
+    server = session["server"]
+    args = ("capture", "--model", "tiny-bert", "--dataset", "toy", "--pooling", "mean", "--site",
+            "resid_post,attn_out", "-q")
+    planned = ok(actstore(*args, "--dry-run", server=server))
+    assert f"run {session['run']}  resid_post  (stored: a cache hit)" in planned, planned
+    assert "attn_out  (to capture)" in planned and f"{N} rows" in planned and "layers 0..3 x 16" in planned
+    assert "raw for the 1 run(s) to capture" in planned and "about" in planned
+    captured = ok(actstore(*args, server=server))
+    keys = dict(re.findall(r"run ([0-9a-f]{64})  (\S+)", captured))
+    assert set(keys.values()) == {"resid_post", "attn_out"} and session["run"] in keys
+    (attn,) = [k for k, site in keys.items() if site == "attn_out"]
+    assert attn in planned
+    listed = ok(actstore("runs", "--site", "attn_out", server=server))
+    assert attn[:16] in listed and session["run"][:16] not in listed
+    described = ok(actstore("describe", attn, server=server))
+    assert "site     attn_out (encoder.layer.*.attention.output.dense; layer 0 = embeddings)" in described
+    matrix = ok(actstore("cka-matrix", session["run"], attn, "--dry-run", server=server))
+    assert "8 x 8 CKA matrix over 2 run(s)" in matrix and "GFLOP" in matrix and "tile(s)" in matrix
+
+
+def test_capture_help_names_the_sites_modules():
+    out = ok(actstore("capture", "--help"))
+    for text in ("blocks.{i}.hook_attn_out", "transformer.h.{i}.mlp", "model.layers.{i}.self_attn", "--dry-run"):
+        assert text in out, text
 
 
 def test_cka_prints_a_table_and_writes_a_plot(session, tmp_path, module_client):

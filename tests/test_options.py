@@ -13,17 +13,21 @@ import pytest
 
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
+    BATCHES,
     CAPTURE,
     DATASETS,
     ENTROPY,
     GC,
+    IMPORTS,
     LENS,
     PROGRESSION,
     SERVE,
     SIMILARITY,
+    SQL,
     STITCH,
     TABLES,
     TRAIN,
+    UNCERTAINTY,
     Option,
     from_wire,
     resolve,
@@ -131,6 +135,7 @@ def test_choices_match_what_the_server_knows():
     from actstore.store.keys import POOLINGS, STORAGE_DTYPES
     from actstore.training import METHODS, WEIGHT_SCHEMES
     from actstore.training.recipes import RECIPES
+    from actstore.workers.importers import FORMATS
 
     assert CAPTURE.pooling.choices == POOLINGS
     assert CAPTURE.dtype.choices == STORAGE_DTYPES
@@ -138,6 +143,8 @@ def test_choices_match_what_the_server_knows():
     assert TRAIN.weights.choices == WEIGHT_SCHEMES
     assert TRAIN.recipe.choices == tuple(RECIPES)
     assert DATASETS.augment_method.choices == AUGMENT_METHODS
+    assert IMPORTS.pooling.choices == POOLINGS and IMPORTS.dtype.choices == STORAGE_DTYPES
+    assert IMPORTS.format.choices == FORMATS
     assert SIMILARITY.batch_size.minimum == MIN_HSIC_SAMPLES
     assert ENTROPY.metric.choices == tuple(k.lower() for k in pb.EntropyRequest.Metric.keys()[1:])
     fields = Settings.model_fields
@@ -161,19 +168,25 @@ CLI = {
     "serve": ([SERVE], {"metric_device"}),
     "experiment": ([TRAIN, LENS], {"recipe", "steps", "smoke", "epsilon", "beta"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
-    "capture": ([CAPTURE], {"pooling", "dtype", "max_len"}),
+    "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
-    "cka": ([SIMILARITY], {"debiased", "align", "word_pool"}),
-    "cos": ([SIMILARITY], {"center", "align", "word_pool"}),
+    "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
+                                        "exclude_dims", "exclude_outliers", "outlier_sigmas", "align", "word_pool"}),
+    "cos": ([SIMILARITY, UNCERTAINTY], {"center", "bootstrap", "ci", "seed", "standardize", "exclude_dims",
+                                        "exclude_outliers", "outlier_sigmas", "align", "word_pool"}),
+    "outliers": ([UNCERTAINTY], {"top_k", "outlier_sigmas"}),
     "minibatch-cka": ([SIMILARITY], {"batch_size", "remainder"}),
     "knn": ([SIMILARITY], {"k"}),
-    "cka-matrix": ([SIMILARITY], {"debiased"}),
+    "cka-matrix": ([SIMILARITY], {"debiased", "measure", "alpha"}),
+    "similarity": ([SIMILARITY], {"measure", "alpha", "sigma_fraction", "k"}),
     "entropy": ([ENTROPY], set(ENTROPY)),
     "lens": ([LENS], {"epsilon", "taus", "heads"}),
     "nc1": ([LENS], set()),
     "stitch": ([STITCH], set(STITCH)),
     "progression": ([PROGRESSION, CAPTURE], {"metric", "pooling", "max_len"}),
     "gc": ([GC], set(GC)),
+    "sql": ([SQL], {"limit"}),
+    "import": ([IMPORTS], set(IMPORTS)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 
@@ -193,7 +206,7 @@ def test_every_command_is_covered_or_has_no_table_options():
             continue
         dests = {a.dest for a in parser._actions} - {"address", "store", "token", "verbose", "help"}
         # a command outside CLI may share a name with an option only by coincidence of meaning
-        assert not dests & names - {"run", "name", "seed"}, (command, dests & names)
+        assert not dests & names - {"run", "name", "seed", "site"}, (command, dests & names)
 
 
 @pytest.mark.parametrize("command", list(CLI))
@@ -216,7 +229,8 @@ def test_cli_flags_match_the_tables(command):
             continue
         if option.many:
             assert action.default is None  # the server's default, shown in the help
-            assert action.type("0.5,0.9") == [0.5, 0.9]
+            sample = "0.5,0.9" if option.type is float else "12,301"
+            assert action.type(sample) == [option.type(v) for v in sample.split(",")]
         else:
             assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
             assert action.type in (option.type, None if option.type is str else option.type), action
@@ -243,15 +257,26 @@ CLIENT = {
     "register_dataset": (DATASETS, {"limit", "seed", "text_column", "augment_views", "augment_method"}),
     "submit_capture": (CAPTURE, set(CAPTURE)),
     "capture": (CAPTURE, set(CAPTURE)),
+    "plan_capture": (CAPTURE, set(CAPTURE)),
     "train": (TRAIN, set(TRAIN)),
     "cos": (SIMILARITY, {"center", "align", "word_pool"}),
     "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),
     "mutual_knn": (SIMILARITY, {"k"}),
+    "measure": (SIMILARITY, {"measure", "alpha", "sigma_fraction", "k"}),
+    "measure_matrix": (SIMILARITY, {"measure", "alpha"}),
     "entropy": (ENTROPY, set(ENTROPY)),
     "lens": (LENS, {"epsilon", "taus", "heads"}),
     "neural_collapse": (LENS, {"rcond"}),
     "stitch": (STITCH, set(STITCH)),
     "collect_garbage": (GC, set(GC)),
+    "batches": (BATCHES, set(BATCHES)),
+    "torch_dataset": (BATCHES, set(BATCHES) - {"epoch"}),  # the epoch is set per epoch: set_epoch
+    "sql": (SQL, {"limit"}),
+    "submit_import": (IMPORTS, set(IMPORTS)),
+    "import_activations": (IMPORTS, set(IMPORTS)),
+    "cka_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k"}),
+    "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null"}),
+    "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
     "progression": (PROGRESSION, set(PROGRESSION)),
 }
 
@@ -342,6 +367,17 @@ def test_the_servicer_fills_in_the_tables_defaults():
     source = args[0]
     assert (source.limit, source.seed, source.text_column, source.augment_views, source.augment_method) == \
         (None, 0, "text", 0, "word-dropout")
+
+
+def test_the_readers_servicer_fills_in_the_tables_defaults():
+    from actstore._proto.actstore.v1 import readers_pb2 as pb
+    from actstore.server.readers_servicer import ReadersServicer
+
+    readers = ReadersServicer(_Recorder())
+    _, args, kwargs = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
+    assert args == ("r", []) and kwargs == {**BATCHES.defaults(), "batch_size": 4, "shuffle": False}
+    _, args, _ = _call(readers, "Sql", pb.SqlRequest(query="SELECT 1"))
+    assert args[:2] == ("SELECT 1", None)  # None: the server's sql_max_rows
 
 
 def test_the_servicer_refuses_what_the_tables_refuse():

@@ -8,8 +8,12 @@ One module per command group; each has `add_commands(command)`, which adds its s
     upkeep    catalog (backup, restore, rebuild), gc
     catalog   register-model, register-dataset, models, datasets, runs, describe, delete, read
     jobs      capture, train, verify, jobs, watch, cancel
+    imports   import
     compare   cka, cos, minibatch-cka, knn, cka-matrix, stitch
+    measures  similarity (Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier)
+    diagnostics  outliers (and the --bootstrap / --null / feature flags of cka and cos)
     layers    entropy, residual-norm, lens, nc1
+    readers   sql
     progression  progression (a metric per layer over training steps)
 """
 
@@ -19,13 +23,25 @@ import argparse
 import logging
 import sys
 
-from actstore.cli import admin, catalog, compare, jobs, layers, progression, upkeep
+from actstore.cli import (
+    admin,
+    catalog,
+    compare,
+    diagnostics,
+    imports,
+    jobs,
+    layers,
+    measures,
+    progression,
+    readers,
+    upkeep,
+)
 from actstore.cli.common import DEFAULT_ADDRESS, DESCRIPTION, connect, connection_options, parse_layers
 from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, compare, layers, upkeep, progression)
+GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, upkeep, readers, progression)
 
 
 def build_parser() -> argparse.ArgumentParser:

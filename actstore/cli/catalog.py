@@ -50,9 +50,10 @@ def cmd_datasets(args) -> int:
 def cmd_runs(args) -> int:
     with connect(args) as client:
         rows = [{"run": r.run_key[:16], "model": r.model_digest[:12], "dataset": r.dataset_digest[:12],
-                 "pooling": r.pooling, "dtype": r.dtype, "n": r.n, "layers": r.num_layers + 1, "width": r.width,
-                 "status": r.status} for r in client.runs(args.model, args.dataset, args.status)]
-    print_table(rows, ["run", "model", "dataset", "pooling", "dtype", "n", "layers", "width", "status"])
+                 "site": r.site, "pooling": r.pooling, "dtype": r.dtype, "n": r.n, "layers": r.num_layers + 1,
+                 "width": r.width, "status": r.status}
+                for r in client.runs(args.model, args.dataset, args.status, args.site)]
+    print_table(rows, ["run", "model", "dataset", "site", "pooling", "dtype", "n", "layers", "width", "status"])
     return 0
 
 
@@ -62,11 +63,18 @@ def cmd_describe(args) -> int:
     print(f"run      {run.run_key}\nstatus   {run.status} ({run.recorded_shards}/{run.num_shards} shards)")
     print(f"model    {run.model_digest[:12]} ({', '.join(run.model_aliases)})")
     print(f"dataset  {run.dataset_digest[:12]} ({', '.join(run.dataset_aliases)})")
+    print(f"site     {run.site}" + (f" ({run.site_modules}; layer 0 = embeddings)" if run.site_modules else ""))
     print(f"shape    n={run.n} rows={run.rows} layers=0..{run.num_layers} width={run.width}")
     print(f"storage  {run.dtype}, pooling {run.pooling}, max_len {run.max_len}, {run.stored_bytes / 2**20:.1f} MiB")
     bad = [h for h in run.health if h.nan_count or h.inf_count]
     print("health   " + ("all values finite" if not bad else
                          "; ".join(f"layer {h.layer}: {h.nan_count} NaN, {h.inf_count} Inf" for h in bad)))
+    stats = [{"layer": h.layer, "mean": f"{h.mean:.4g}", "std": f"{h.std:.4g}", "row norm": f"{h.norm_mean:.4g}",
+              "norm std": f"{h.norm_std:.4g}", "min": f"{h.min:.4g}", "max": f"{h.max:.4g}"}
+             for h in run.health if h.mean is not None]
+    if stats:
+        print("\nper-layer statistics of the stored values (over rows and features; row norm = L2 norm of a row):")
+        print_table(stats, ["layer", "mean", "std", "row norm", "norm std", "min", "max"])
     return 0
 
 
@@ -91,15 +99,18 @@ def add_commands(command) -> None:
     p.add_argument("--name", help="alias (default: the builtin or folder name)")
 
     p = command("register-dataset", cmd_register_dataset, "register a dataset (file, builtin, or texts)",
-                "Files: .csv/.jsonl/.json (texts, optional labels/ids/groups) or .npz (images/x, labels/y).\n"
+                "Files: .csv/.jsonl/.json/.parquet/.arrow (texts, optional labels/ids/groups), a Hugging Face\n"
+                "save_to_disk folder (the same columns; --split picks a split of a DatasetDict; a ClassLabel\n"
+                "label column keeps its class names; image columns are not read: images come as .npz) or .npz\n"
+                "(images/x, labels/y). --limit keeps the first N rows of a file.\n"
                 "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
-    p.add_argument("path", nargs="?", help="a dataset file on the server's file system")
+    p.add_argument("path", nargs="?", help="a dataset file or Hugging Face dataset folder on the server's file system")
     p.add_argument("--builtin", help="a builtin dataset name")
     p.add_argument("--text", action="append", help="an inline text (repeat)")
     p.add_argument("--name", help="alias (default: the builtin or file name)")
     add_option(p, DATASETS, "limit")
     add_option(p, DATASETS, "seed")
-    p.add_argument("--split", help="train | test where the builtin has splits")
+    p.add_argument("--split", help="train | test where the builtin has splits; a split of a DatasetDict folder")
     add_option(p, DATASETS, "text_column")
     p.add_argument("--label-column")
     p.add_argument("--id-column")
@@ -113,7 +124,8 @@ def add_commands(command) -> None:
     p.add_argument("--model")
     p.add_argument("--dataset")
     p.add_argument("--status", help="running | committed | failed")
-    p = command("describe", cmd_describe, "show one run: shape, storage, NaN/Inf health")
+    p.add_argument("--site", help="only runs of this capture site (resid_post, attn_out, mlp_out or a pattern)")
+    p = command("describe", cmd_describe, "show one run: site, shape, storage, NaN/Inf health, layer statistics")
     p.add_argument("run")
     p = command("delete", cmd_delete, "delete a run and its cached results (admin)")
     p.add_argument("run")

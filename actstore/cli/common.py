@@ -65,6 +65,10 @@ def add_option(p: argparse.ArgumentParser, table: Table, name: str, *flags: str,
     return p.add_argument(*flags, type=option.type, default=option.default, **kwargs)
 
 
+def size_text(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} B"
+
+
 def parse_layers(text: str | None) -> list[int]:
     """'0,3,5' or '2-6' (or a mix) -> layer numbers; nothing -> [] (all layers)."""
     if not text:

@@ -1,15 +1,20 @@
-"""Comparing layers (of one run or two): CKA, COS, minibatch CKA, mutual kNN, the CKA matrix, stitching."""
+"""Comparing layers (of one run or two): CKA, COS, minibatch CKA, mutual kNN, the CKA (or streamed
+measure) matrix, stitching."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from actstore.cli import diagnostics, dryrun
 from actstore.cli.common import add_option, connect, output_options, parse_layers
-from actstore.options import SIMILARITY, STITCH
+from actstore.options import SIMILARITY, STITCH, STREAMED_MEASURES
 
 
-def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str) -> None:
+def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str,
+                bounds: tuple[float | None, float | None] | None = None) -> None:
+    """Print a layer matrix (a table, or JSON with --json) and draw it with --plot; `bounds` are the
+    colour scale's (vmin, vmax), default [0, 1] ([auto, 1] for debiased CKA)."""
     from actstore.report import heatmap, markdown_matrix
 
     if args.json:
@@ -23,12 +28,15 @@ def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, 
     for note in notes:
         print(f"note: {note}")
     if args.plot:
+        vmin, vmax = bounds or (None if "debiased" in name else 0.0, 1.0)
         heatmap(matrix, Path(args.plot), title=title, xlabel="layer (B)", ylabel="layer (A)",
-                xticks=layers_b, yticks=layers_a, vmin=None if "debiased" in name else 0.0)
+                xticks=layers_b, yticks=layers_a, vmin=vmin, vmax=vmax)
         print(f"plot written to {args.plot}")
 
 
 def cmd_cka(args) -> int:
+    if diagnostics.wanted(args):
+        return diagnostics.cmd_cka_stats(args)
     with connect(args) as client:
         result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
                             layers_b=parse_layers(args.layers_b), align=args.align, word_pool=args.word_pool,
@@ -41,6 +49,8 @@ def cmd_cka(args) -> int:
 
 
 def cmd_cos(args) -> int:
+    if diagnostics.wanted(args):
+        return diagnostics.cmd_cos_stats(args)
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
                             layers_b=parse_layers(args.layers_b), center=args.center, align=args.align,
@@ -72,22 +82,30 @@ def cmd_knn(args) -> int:
 def cmd_cka_matrix(args) -> int:
     from actstore.report import heatmap
 
+    if args.dry_run:
+        return dryrun.cka_matrix(args)
     with connect(args) as client:
-        result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
-    matrix = result.debiased if args.debiased else result.biased
+        if args.measure:
+            result = client.measure_matrix(args.runs, args.measure, alpha=args.alpha, refresh=args.refresh,
+                                           progress=not args.json)
+            matrix, name, bounds = result.values, result.identifier, (None, None)
+        else:
+            result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
+            matrix = result.debiased if args.debiased else result.biased
+            name, bounds = "CKA", (None if args.debiased else 0.0, 1.0)
     labels = [f"{r}:{layer}" for r, layer in zip(result.block_run, result.block_layer)]
     if args.json:
         print(json.dumps({"matrix": matrix.tolist(), "blocks": labels, "runs": result.runs,
                           "cached": result.provenance.cached}))
         return 0
-    print(f"{matrix.shape[0]} x {matrix.shape[1]} CKA matrix over runs "
+    print(f"{matrix.shape[0]} x {matrix.shape[1]} {name} matrix over runs "
           + ", ".join(f"{i}={k[:12]}" for i, k in enumerate(result.runs))
           + f" ({'cached' if result.provenance.cached else 'computed'}, {result.provenance.seconds:.1f} s)")
     for note in result.notes:
         print(f"note: {note}")
     if args.plot:
-        heatmap(matrix, Path(args.plot), title="CKA over all layers of all runs", xlabel="run:layer",
-                ylabel="run:layer", xticks=labels, yticks=labels, vmin=None if args.debiased else 0.0)
+        heatmap(matrix, Path(args.plot), title=f"{name} over all layers of all runs", xlabel="run:layer",
+                ylabel="run:layer", xticks=labels, yticks=labels, vmin=bounds[0], vmax=bounds[1])
         print(f"plot written to {args.plot}")
     return 0
 
@@ -124,11 +142,13 @@ def add_commands(command) -> None:
     p = command("cka", cmd_cka, "linear CKA between the layers of one or two runs")
     _pair_args(p)
     add_option(p, SIMILARITY, "debiased")
+    diagnostics.add_stats_flags(p, "cka")
     add_option(p, SIMILARITY, "align")
     add_option(p, SIMILARITY, "word_pool")
     p = command("cos", cmd_cos, "sample-wise cosine similarity between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "center")
+    diagnostics.add_stats_flags(p, "cos")
     add_option(p, SIMILARITY, "align")
     add_option(p, SIMILARITY, "word_pool")
 
@@ -146,7 +166,12 @@ def add_commands(command) -> None:
                 "resumes from stored partial results if cancelled or interrupted.")
     p.add_argument("runs", nargs="+")
     add_option(p, SIMILARITY, "debiased")
+    add_option(p, SIMILARITY, "measure", help="a streamed measure instead of linear CKA: "
+               f"{', '.join(STREAMED_MEASURES)} (docs/metrics.md)")
+    add_option(p, SIMILARITY, "alpha")
     output_options(p, "write a heatmap PNG here")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (feature/Gram space, tiles, map tasks), peak memory and FLOPs; compute nothing")
 
     p = command("stitch", cmd_stitch, "model stitching penalty: run A's layer into run B's model (Brown et al.)",
                 "Both runs token-level (--pooling tokens) on the same dataset with the same tokenisation.")

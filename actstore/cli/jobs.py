@@ -5,17 +5,36 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from actstore.cli import dryrun
 from actstore.cli.common import add_option, connect, print_table
 from actstore.options import CAPTURE, TRAIN
 
+SITES_HELP = """\
+Sites (--site, TransformerLens hook names; layer l is block l's output, layer 0 the embeddings
+for every site, so a layer number names the same block in every site):
+  resid_post  blocks.{i}.hook_resid_post: the block's output (the residual stream)
+              BERT encoder.layer.{i} | GPT-2 transformer.h.{i} | Llama model.layers.{i} | ViT layers.{i}
+  attn_out    blocks.{i}.hook_attn_out: what attention adds to the stream
+              BERT encoder.layer.{i}.attention.output.dense | GPT-2 transformer.h.{i}.attn
+              | Llama model.layers.{i}.self_attn | ViT layers.{i}.attention
+  mlp_out     blocks.{i}.hook_mlp_out: what the MLP adds to the stream
+              BERT encoder.layer.{i}.output.dense | GPT-2 transformer.h.{i}.mlp
+              | Llama model.layers.{i}.mlp | ViT layers.{i}.mlp
+  PATTERN     any module path of the model with * for the block index, e.g. model.layers.*.mlp.down_proj
+              (its output must have the hidden size)
+Several sites (--site resid_post,attn_out,mlp_out) come from one forward pass: one run per site."""
+
 
 def cmd_capture(args) -> int:
+    if args.dry_run:
+        return dryrun.capture(args)
     with connect(args) as client:
         result = client.capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
-                                max_len=args.max_len, progress=not args.quiet)
+                                max_len=args.max_len, site=args.site, progress=not args.quiet)
     how = "cache hit: already stored" if result.cache_hit else ("joined a running job" if result.job.joined
                                                               else "captured")
-    print(f"run {result.run_key}  ({how})")
+    for site, key in result.runs.items():
+        print(f"run {key}  {site}  ({how})")
     return 0
 
 
@@ -79,12 +98,17 @@ def cmd_cancel(args) -> int:
 def add_commands(command) -> None:
     p = command("capture", cmd_capture, "store every layer's hidden states of a model on a dataset",
                 "Runs as a Ray job with a progress bar. An identical earlier capture is a cache hit;\n"
-                "an identical running one is joined; an interrupted one resumes where it stopped.")
+                "an identical running one is joined; an interrupted one resumes where it stopped.\n\n"
+                + SITES_HELP)
     p.add_argument("--model", required=True)
     p.add_argument("--dataset", required=True)
     add_option(p, CAPTURE, "pooling")
     add_option(p, CAPTURE, "dtype")
     add_option(p, CAPTURE, "max_len")
+    add_option(p, CAPTURE, "site")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run keys, rows, shards, bytes (stored bytes from the compression of similar "
+                        "committed runs) and an estimated time from this server's recent captures; capture nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     p = command("train", cmd_train, "train a model (standard / aligned / multi-exit / ce-reg) as a job",

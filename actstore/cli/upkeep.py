@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actstore.cli.common import add_option, connect, print_table
+from actstore.cli.common import add_option, connect, print_table, size_text
 from actstore.options import GC
 
 
@@ -68,19 +68,16 @@ def cmd_catalog(args) -> int:
     return {"rebuild": _rebuild, "restore": _restore, "backup": _backup}[args.action](args)
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} B"
-
-
 def cmd_gc(args) -> int:
     with connect(args) as client:
         report = client.collect_garbage(older_than=args.older_than, max_bytes=args.max_bytes, apply=args.apply)
-    print_table([{"kind": g.kind, "name": g.name[:16], "size": _size(g.bytes), "why": g.reason}
+    print_table([{"kind": g.kind, "name": g.name[:16], "size": size_text(g.bytes), "why": g.reason}
                  for g in report.items], ["kind", "name", "size", "why"])
     if report.applied:
-        print(f"removed {len(report.items)} items, {_size(report.total_bytes)}")
+        print(f"removed {len(report.items)} items, {size_text(report.total_bytes)}")
     else:
-        print(f"would remove {len(report.items)} items, {_size(report.total_bytes)} (a dry run: add --apply to delete)")
+        print(f"would remove {len(report.items)} items, {size_text(report.total_bytes)} "
+              "(a dry run: add --apply to delete)")
     for line in report.kept:
         print(f"  kept: {line}")
     return 0

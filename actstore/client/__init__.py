@@ -22,8 +22,20 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import (
+    imports_pb2_grpc,
+    planning_pb2_grpc,
+    readers_pb2_grpc,
+    tokens_pb2,
+    tokens_pb2_grpc,
+)
+from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
+from actstore.client.frames import Listing
+from actstore.client.imports import ImportsMixin
+from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
+from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.progression import ProgressionMixin, ProgressionResult
+from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
     BackupInfo,
     CaptureResult,
@@ -48,9 +60,11 @@ from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
-__all__ = ["BackupInfo", "Client", "CKAMatrixResult", "CKAResult", "COSResult", "CaptureResult", "DatasetInfo",
-           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult",
-           "MatrixResult", "ModelInfo", "ProgressionResult", "QueryAnswer", "RunInfo", "RunVerdict", "VerifyReport"]
+__all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
+           "CKAStatsResult", "COSResult", "COSStatsResult", "CaptureResult", "DatasetInfo",
+           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
+           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "ProgressionResult", "QueryAnswer",
+           "RunInfo", "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
@@ -122,7 +136,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(ProgressionMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -144,6 +158,10 @@ class Client(ProgressionMixin):
         self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
         self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
         self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
+        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
+        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata)
+        self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
+        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata)
         self._server = None
 
     @classmethod
@@ -205,15 +223,17 @@ class Client(ProgressionMixin):
                                                label_names=list(label_names or [])))
         return DatasetInfo.from_proto(self._catalog.RegisterDataset(request))
 
-    def models(self) -> list[ModelInfo]:
-        return [ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models]
+    def models(self) -> Listing[ModelInfo]:
+        return Listing(ModelInfo.from_proto(m) for m in self._catalog.ListModels(pb.ListModelsRequest()).models)
 
-    def datasets(self) -> list[DatasetInfo]:
-        return [DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets]
+    def datasets(self) -> Listing[DatasetInfo]:
+        return Listing(DatasetInfo.from_proto(d) for d in self._catalog.ListDatasets(pb.ListDatasetsRequest()).datasets)
 
-    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None) -> list[RunInfo]:
-        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "")
-        return [RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs]
+    def runs(self, model: str | None = None, dataset: str | None = None, status: str | None = None,
+             site: str | None = None) -> Listing[RunInfo]:
+        """Runs, optionally only those of a model, a dataset, a status and a capture site."""
+        request = pb.ListRunsRequest(model=model or "", dataset=dataset or "", status=status or "", site=site or "")
+        return Listing(RunInfo.from_proto(r) for r in self._catalog.ListRuns(request).runs)
 
     def describe(self, run: str) -> RunInfo:
         return RunInfo.from_proto(self._catalog.DescribeRun(pb.DescribeRunRequest(run=run)))
@@ -250,9 +270,10 @@ class Client(ProgressionMixin):
     # ---- capture ------------------------------------------------------------------------------
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
-                       max_len: int | None = CAPTURE.max_len.default) -> JobInfo:
-        request = pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                                    max_len=max_len or 0)
+                       max_len: int | None = CAPTURE.max_len.default,
+                       site: Sequence[str] | str | None = None) -> JobInfo:
+        """`site`: one site, a list, or a comma-separated string (see `capture`)."""
+        request = capture_request(model, dataset, pooling, dtype, max_len, site)
         return JobInfo.from_proto(self._capture.SubmitCapture(request))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
@@ -283,14 +304,13 @@ class Client(ProgressionMixin):
 
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                progress: bool = False) -> CaptureResult:
-        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it."""
-        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len)
-        if not job.finished:
-            joined = job.joined
-            job = self.wait(job.job_id, progress=progress, description=f"capture {model}")
-            job = JobInfo(**{**job.__dict__, "joined": joined})
-        return CaptureResult(run_key=job.target, job=job)
+                site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
+        """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it.
+        `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
+        for the block index; several sites come from one forward pass, one run each
+        (`result.runs` maps site -> run key)."""
+        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
+        return self._run_of(job, progress, f"capture {model}")
 
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
@@ -314,8 +334,9 @@ class Client(ProgressionMixin):
     def job(self, job_id: str) -> JobInfo:
         return JobInfo.from_proto(self._capture.GetJob(pb.GetJobRequest(job_id=job_id)))
 
-    def jobs(self, status: str | None = None) -> list[JobInfo]:
-        return [JobInfo.from_proto(j) for j in self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs]
+    def jobs(self, status: str | None = None) -> Listing[JobInfo]:
+        jobs = self._capture.ListJobs(pb.ListJobsRequest(status=status or "")).jobs
+        return Listing(JobInfo.from_proto(j) for j in jobs)
 
     # ---- integrity ----------------------------------------------------------------------------
     def submit_verify(self, runs: Sequence[str] = (), *, all_runs: bool = False, repair: bool = False) -> JobInfo:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client.frames import layer_frame, matrix_frame
 from actstore.wire import from_ndarray
 
 
@@ -67,6 +68,16 @@ class LayerHealth:
     inf_count: int
     min: float
     max: float
+    # running statistics of the stored numbers (None for runs captured before they existed)
+    mean: float | None = None  # over rows and features
+    std: float | None = None
+    norm_mean: float | None = None  # of each row's L2 norm
+    norm_std: float | None = None
+
+    @staticmethod
+    def from_proto(h: pb.LayerHealth) -> LayerHealth:
+        stats = (h.mean, h.std, h.norm_mean, h.norm_std) if h.has_stats else (None,) * 4
+        return LayerHealth(h.layer, h.nan_count, h.inf_count, h.min, h.max, *stats)
 
 
 @dataclass(frozen=True)
@@ -88,13 +99,15 @@ class RunInfo:
     health: list[LayerHealth] = field(default_factory=list)
     model_aliases: list[str] = field(default_factory=list)
     dataset_aliases: list[str] = field(default_factory=list)
+    site: str = "resid_post"  # the capture site (see `actstore capture --help`)
+    site_modules: str = ""  # the module pattern the site resolved to (empty for resid_post)
 
     @staticmethod
     def from_proto(r: pb.Run) -> RunInfo:
         return RunInfo(r.run_key, r.model_digest, r.dataset_digest, r.pooling, r.dtype, r.max_len, r.n, r.rows,
                        r.num_layers, r.width, r.status, r.num_shards, r.recorded_shards, r.stored_bytes,
-                       [LayerHealth(h.layer, h.nan_count, h.inf_count, h.min, h.max) for h in r.health],
-                       list(r.model_aliases), list(r.dataset_aliases))
+                       [LayerHealth.from_proto(h) for h in r.health],
+                       list(r.model_aliases), list(r.dataset_aliases), r.site or "resid_post", r.site_modules)
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,8 @@ class JobInfo:
     cache_hit: bool
     joined: bool
     message: str = ""
+    run_keys: tuple[str, ...] = ()  # a capture: the run of each of its sites
+    sites: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -119,13 +134,18 @@ class JobInfo:
     @staticmethod
     def from_proto(j: pb.Job, message: str = "") -> JobInfo:
         return JobInfo(j.job_id, j.kind, j.status, j.target, j.done, j.total, j.unit, j.error, j.error_code,
-                       j.cache_hit, j.joined, message)
+                       j.cache_hit, j.joined, message, tuple(j.run_keys), tuple(j.sites))
 
 
 @dataclass(frozen=True)
 class CaptureResult:
-    run_key: str
+    run_key: str  # the first site's run
     job: JobInfo
+
+    @property
+    def runs(self) -> dict[str, str]:
+        """site -> run key, for every site of the capture."""
+        return dict(zip(self.job.sites, self.job.run_keys)) or {"resid_post": self.run_key}
 
     @property
     def cache_hit(self) -> bool:
@@ -159,6 +179,10 @@ class CKAResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self, *, debiased: bool = False):
+        """Long format: layer_a, layer_b, value (biased CKA, or debiased)."""
+        return matrix_frame(self.debiased if debiased else self.biased, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class COSResult:
@@ -173,6 +197,10 @@ class COSResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self):
+        """Long format: layer_a, layer_b, value (the mean cosine)."""
+        return matrix_frame(self.mean, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class MatrixResult:
@@ -185,6 +213,10 @@ class MatrixResult:
     provenance: Provenance
     notes: list[str]
 
+    def to_pandas(self):
+        """Long format: layer_a, layer_b, value."""
+        return matrix_frame(self.values, self.layers_a, self.layers_b)
+
 
 @dataclass(frozen=True)
 class LayerValues:
@@ -195,6 +227,10 @@ class LayerValues:
     scalars: dict[str, float]
     provenance: Provenance
     notes: list[str]
+
+    def to_pandas(self):
+        """layer, value."""
+        return layer_frame(self.values, self.layers)
 
 
 @dataclass(frozen=True)
@@ -225,6 +261,12 @@ class CKAMatrixResult:
         """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""
         matrix = self.debiased if debiased else self.biased
         return matrix[np.ix_(self.block_run == run_a, self.block_run == run_b)]
+
+    def to_pandas(self, *, debiased: bool = False):
+        """Long format: run_a, layer_a, run_b, layer_b, value, one row per pair of blocks."""
+        runs = np.asarray(self.runs)[self.block_run]
+        return matrix_frame(self.debiased if debiased else self.biased, self.block_layer, self.block_layer,
+                            run_a=runs[:, None], run_b=runs[None, :])
 
 
 @dataclass(frozen=True)

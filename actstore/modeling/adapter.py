@@ -34,6 +34,7 @@ from actstore.modeling.introspection import decide_kind, find_blocks, model_dige
 from actstore.modeling.lens_head import TorchLensHead, describe_lens_head
 from actstore.modeling.loading import load_folder
 from actstore.modeling.pooling import pool, pool_tokens
+from actstore.modeling.sites import RESID_POST, ResolvedSite, collected, resolve_site
 
 __all__ = ["Batch", "ModelAdapter"]
 
@@ -82,6 +83,7 @@ class ModelAdapter:
         self._lens: LensHead | None = None
         self._lens_done = False
         self._lens_torch: dict[torch.device, TorchLensHead] = {}
+        self._sites: dict[str, ResolvedSite] = {}
         if self.kind != "vision":
             self._setup_tokenizer()
 
@@ -277,6 +279,34 @@ class ModelAdapter:
                 f"cannot align {self.arch}'s blocks ({self._blocks_name}) with its hidden states; not supported"
             )
         return torch.stack([*hs[:L], seen["out"]], dim=0).float()
+
+    def site(self, site: str) -> ResolvedSite:
+        """The modules of a capture site (``actstore.modeling.sites``) in this model."""
+        if site not in self._sites:
+            self._sites[site] = resolve_site(self.model, self._blocks, site)
+        return self._sites[site]
+
+    @torch.no_grad()
+    def site_states(self, batch: Batch, sites: Sequence[str]) -> dict[str, torch.Tensor]:
+        """{site: (L+1, b, s, d) float32} from one forward pass: layer 0 is the embedding output for
+        every site, layer l the output of block l's module at the site (resid_post: ``hidden_states``)."""
+        resolved = [self.site(site) for site in sites]
+        with collected(self.model, resolved) as outputs:
+            hidden = self.hidden_states(batch)
+        states = {}
+        for r in resolved:
+            if r.site == RESID_POST:
+                states[r.site] = hidden
+                continue
+            outs = outputs[r.site]
+            bad = [o for o in outs if not isinstance(o, torch.Tensor) or o.shape != hidden.shape[1:]]
+            if bad:
+                first = bad[0]
+                got = "no output" if first is None else f"{type(first).__name__} {tuple(getattr(first, 'shape', ()))}"
+                raise InvalidArgument(f"site {r.site!r} ({r.pattern}) gave {got}, not the {tuple(hidden.shape[1:])} "
+                                      "(batch, positions, hidden size) a layer stores: pick another module")
+            states[r.site] = torch.stack([hidden[0], *outs], dim=0).float()
+        return states
 
     pool = staticmethod(pool)
     pool_tokens = staticmethod(pool_tokens)

@@ -18,7 +18,7 @@ from torch import nn
 
 from actstore.errors import InvalidArgument
 
-__all__ = ["LOAD_HINT", "load_folder"]
+__all__ = ["LOAD_HINT", "load_folder", "model_class", "skeleton"]
 
 LOAD_HINT = (
     "pass a local Hugging Face model folder saved with save_pretrained (config.json with "
@@ -27,11 +27,10 @@ LOAD_HINT = (
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
-def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
-    """The model of ``path`` (class ``config.architectures[0]``, AutoModel when absent) on
-    ``device`` in float32 eval mode with gradients off, and its tokenizer if the folder has one."""
+def model_class(path: Path) -> tuple[Any, Any]:
+    """(class, config) of the model folder ``path``: ``config.architectures[0]``, AutoModel when absent."""
     import transformers
-    from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+    from transformers import AutoConfig, AutoModel, PreTrainedModel
 
     if not (path / "config.json").is_file():
         raise InvalidArgument(f"cannot load a model from {path}: no config.json there; {LOAD_HINT}")
@@ -51,6 +50,25 @@ def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
                 f"{transformers.__version__} does not provide; {LOAD_HINT}"
             )
         model_cls = candidate
+    return model_cls, config
+
+
+def skeleton(path: Path) -> nn.Module:
+    """The model of ``path`` built on the meta device (no weights read, no memory): its module
+    tree, to name and check modules before a worker loads the real thing."""
+    model_cls, config = model_class(path)
+    with torch.device("meta"):
+        if model_cls.__name__ == "AutoModel":
+            return model_cls.from_config(config)
+        return model_cls(config)
+
+
+def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
+    """The model of ``path`` (class ``config.architectures[0]``, AutoModel when absent) on
+    ``device`` in float32 eval mode with gradients off, and its tokenizer if the folder has one."""
+    from transformers import AutoTokenizer
+
+    model_cls, config = model_class(path)
     try:
         model, info = model_cls.from_pretrained(
             path,

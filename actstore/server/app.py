@@ -12,10 +12,25 @@ from grpc_reflection.v1alpha import reflection
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
-from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
+from actstore._proto.actstore.v1 import (
+    diagnostics_pb2,
+    diagnostics_pb2_grpc,
+    imports_pb2,
+    imports_pb2_grpc,
+    planning_pb2,
+    planning_pb2_grpc,
+    readers_pb2,
+    readers_pb2_grpc,
+    tokens_pb2,
+    tokens_pb2_grpc,
+)
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, Unavailable
+from actstore.server.diagnostics_servicer import DiagnosticsServicer
+from actstore.server.import_servicer import ImportsServicer
 from actstore.server.interceptors import ServiceInterceptor
+from actstore.server.planning_servicer import PlanningServicer
+from actstore.server.readers_servicer import ReadersServicer
 from actstore.server.service import ActStoreService
 from actstore.server.servicer import (
     CaptureServicer,
@@ -30,7 +45,11 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAMES = [pb.DESCRIPTOR.services_by_name[name].full_name
                  for name in ("Catalog", "Capture", "Query", "Integrity", "Housekeeping")] + [
-    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name]
+    tokens_pb2.DESCRIPTOR.services_by_name["Tokens"].full_name,
+    planning_pb2.DESCRIPTOR.services_by_name["Planning"].full_name,
+    readers_pb2.DESCRIPTOR.services_by_name["Readers"].full_name,
+    imports_pb2.DESCRIPTOR.services_by_name["Imports"].full_name,
+    diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"].full_name]
 
 
 @dataclass
@@ -92,8 +111,12 @@ def start_server(settings: Settings | None = None) -> RunningServer:
     rpc.add_CaptureServicer_to_server(CaptureServicer(service), server)
     rpc.add_QueryServicer_to_server(QueryServicer(service), server)
     tokens_pb2_grpc.add_TokensServicer_to_server(TokensServicer(service), server)
+    diagnostics_pb2_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(service), server)
     rpc.add_IntegrityServicer_to_server(IntegrityServicer(service), server)
     rpc.add_HousekeepingServicer_to_server(HousekeepingServicer(service), server)
+    planning_pb2_grpc.add_PlanningServicer_to_server(PlanningServicer(service), server)
+    readers_pb2_grpc.add_ReadersServicer_to_server(ReadersServicer(service), server)
+    imports_pb2_grpc.add_ImportsServicer_to_server(ImportsServicer(service), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(SERVICE_NAMES + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)

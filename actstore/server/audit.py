@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from actstore.server.auth import METHOD_ROLES
 from actstore.store.catalog import Catalog
@@ -32,9 +33,11 @@ class AuditLog:
         self._lock = threading.Lock()
         self._open: dict[str, tuple[float, int, str]] = {}  # source -> (window start, repeats, last method)
 
-    def record(self, principal: str | None, method: str, request, status: str, peer: str) -> None:
+    def record(self, principal: str | None, method: str, request, status: str, peer: Callable[[], str]) -> None:
+        """`peer` gives the caller's address; it is asked only for a refused call (the hot path of
+        cached queries never pays for it)."""
         if status == REFUSED:
-            self._refused(method, _source(peer or "unknown"))
+            self._refused(method, _source(peer() or "unknown"))
         elif method in AUDITED:
             self.catalog.audit(principal, method, str(request).replace("\n", " ")[:200], status)
 

@@ -26,10 +26,14 @@ METHOD_ROLES = {
     "DeleteRun": "admin", "CreateToken": "admin", "ListTokens": "admin", "RevokeToken": "admin",
     "BackupCatalog": "admin", "CollectGarbage": "admin",
     "SubmitVerify": "writer", "GetVerifyReport": "reader", "SubmitRepair": "admin",
+    "PlanCapture": "writer", "PlanCKAMatrix": "reader",
+    "ReadBatches": "reader", "LocateRun": "reader", "Sql": "reader",
+    "SubmitImport": "writer",
+    "SimilarityStats": "reader", "Outliers": "reader",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).
-SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset")
+SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset", "SubmitImport")
 
 
 def hash_token(token: str) -> str:

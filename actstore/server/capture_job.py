@@ -1,6 +1,10 @@
 """Capture jobs: validate a request, open its run once, deal the missing shards to warm model
 replicas through the windowed dispatcher, record each shard, and commit.
 
+A capture of several sites (`--site resid_post,mlp_out`) is one job over one forward pass per
+batch, writing one run per site (each laid out as a single-site run): the job reports every
+site's run key (`JobSnapshot.run_keys`, in the order of `sites`).
+
 A shard is recorded in the catalog only after its arrays were written, and the run is committed
 only when every shard is recorded, so a crash at any moment leaves a run that a resubmitted (or,
 at server start, resumed) capture finishes by computing only its missing shards.
@@ -9,6 +13,7 @@ at server start, resumed) capture finishes by computing only its missing shards.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, replace
 
@@ -17,12 +22,13 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.modeling.sites import RESID_POST, ResolvedSite, resolve_in_folder, split_sites
 from actstore.options import CAPTURE, from_wire
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.store import datasets as ds
-from actstore.store.array_store import RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.catalog import (
     Catalog,
     DatasetRecord,
@@ -31,10 +37,13 @@ from actstore.store.catalog import (
     RunRecord,
 )
 from actstore.store.handle import StoreHandle
-from actstore.store.keys import run_key, run_spec
+from actstore.store.keys import run_key, run_spec, site_of
 from actstore.workers.capture import CapturePlan, token_char_spans, token_offsets
 
 log = logging.getLogger(__name__)
+
+TOKEN_BATCHES_PER_TASK = 4  # full forward batches one token-level capture task runs (shards_per_task)
+MAX_SITES = 16  # runs one capture writes from one forward pass (each shard holds all of them at once)
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class CaptureRequest:
     pooling: str = ""
     dtype: str = ""
     max_len: int = 0
+    sites: tuple[str, ...] = ()  # empty: resid_post
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,18 @@ class OpenRun:
     dataset: DatasetRecord
 
 
+@dataclass(frozen=True)
+class CaptureTarget:
+    """A validated capture request: its model, dataset, options and each site's run spec and key."""
+
+    model: ModelRecord
+    dataset: DatasetRecord
+    options: dict
+    sites: list[str]
+    specs: list[dict]
+    keys: list[str]
+
+
 class CaptureJobs:
     def __init__(self, catalog: Catalog, store: StoreHandle, jobs: JobManager, pool: CapturePool,
                  settings: Settings) -> None:
@@ -68,37 +90,66 @@ class CaptureJobs:
         self.settings = settings
         self.submissions = threading.Lock()
 
-    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+    def target(self, request: CaptureRequest) -> CaptureTarget:
+        """Check a request (InvalidArgument / NotFound) and name the run of each of its sites."""
         model = self.catalog.model(request.model)
         dataset = self.catalog.dataset(request.dataset)
-        spec = self._spec(request, model, dataset)
-        key = run_key(spec)
-        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": spec["pooling"],
-                       "dtype": spec["dtype"], "max_len": spec["max_len"]}
-        existing = self.catalog.find_run(key)
-        if existing is not None and existing.status == "committed":
-            return self.jobs.record_finished("capture", key, job_request, principal=principal)
-        with self.submissions:  # identical concurrent requests: the first opens the run, the rest join
+        options = self._spec(request, model, dataset)
+        sites = self._sites(request.sites, model)
+        specs = [run_spec(**options, site=site.site, modules=site.pattern) for site in sites]
+        return CaptureTarget(model, dataset, options, [site.site for site in sites], specs,
+                             [run_key(spec) for spec in specs])
+
+    def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
+        target = self.target(request)
+        model, dataset, options, specs, keys = target.model, target.dataset, target.options, target.specs, target.keys
+        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": options["pooling"],
+                       "dtype": options["dtype"], "max_len": options["max_len"], "sites": target.sites,
+                       "run_keys": keys}
+        todo = [(key, spec) for key, spec in zip(keys, specs)
+                if (found := self.catalog.find_run(key)) is None or found.status != "committed"]
+        if not todo:
+            return self.jobs.record_finished("capture", keys[0], job_request, principal=principal)
+        with self.submissions:  # identical concurrent requests: the first opens the runs, the rest join
+            live = [self.jobs.live_for(key) for key, _ in todo]
+            if all(job is not None for job in live):  # every run this needs is being captured already
+                return replace(live[0].snapshot, joined=True)
             # opened here, before the job is visible, so a failure to open is this call's error
-            opened = None if self.jobs.live_for(key) else self._open(key, spec, model, dataset)
-            state, joined = self.jobs.start(
-                "capture", key, job_request,
-                lambda job: self._capture(job, opened or self._open(key, spec, model, dataset)),
-                principal=principal)
+            mine = [(key, spec) for (key, spec), job in zip(todo, live) if job is None]
+            offsets: dict = {}
+            opened = [self._open(key, spec, model, dataset, offsets) for key, spec in mine]
+            if any(o.layout != opened[0].layout for o in opened):
+                raise InvalidArgument("the sites' runs were created with different layouts (a changed shard "
+                                      "size?): capture each of these sites on its own")
+            state, joined = self.jobs.start("capture", mine[0][0], job_request,
+                                            lambda job: self._capture(job, opened), principal=principal,
+                                            also=tuple(key for key, _ in mine[1:]))
         return replace(state.snapshot, joined=joined)
 
     def resume(self, job: JobRecord) -> bool:
         """Continue an unfinished capture job of an earlier server; False if nothing is left."""
-        run = self.catalog.find_run(job.target)
-        if run is None or run.status == "committed":
-            self.catalog.update_job(job.job_id, status="done" if run else "failed")
+        runs = [self.catalog.find_run(key) for key in job.request.get("run_keys") or [job.target]]
+        left = [run for run in runs if run is not None and run.status != "committed"]
+        if not left:
+            self.catalog.update_job(job.job_id, status="done" if all(runs) else "failed")
             return False
-        opened = self._open(run.run_key, run.spec, self.catalog.model(run.model_digest),
-                            self.catalog.dataset(run.dataset_digest))
-        self.jobs.start("capture", run.run_key, job.request, lambda state: self._capture(state, opened),
-                        job_id=job.job_id, principal=job.principal)
-        log.info("resuming capture job %s for run %s", job.job_id, run.run_key[:12])
+        model, dataset = self.catalog.model(left[0].model_digest), self.catalog.dataset(left[0].dataset_digest)
+        offsets: dict = {}
+        opened = [self._open(run.run_key, run.spec, model, dataset, offsets) for run in left]
+        self.jobs.start("capture", left[0].run_key, job.request, lambda state: self._capture(state, opened),
+                        job_id=job.job_id, principal=job.principal, also=tuple(run.run_key for run in left[1:]))
+        log.info("resuming capture job %s for run %s", job.job_id, left[0].run_key[:12])
         return True
+
+    def _sites(self, requested: tuple[str, ...], model: ModelRecord) -> list[ResolvedSite]:
+        """The requested sites (resid_post when none), each resolved to its modules in the model."""
+        sites = split_sites(list(requested))
+        if len(sites) > MAX_SITES:
+            raise InvalidArgument(f"{len(sites)} sites in one capture: at most {MAX_SITES} (each is a run written "
+                                  "from the same forward pass); split them over several captures")
+        if sites == [RESID_POST]:  # today's capture: no need to look inside the model
+            return [ResolvedSite(RESID_POST, ())]
+        return resolve_in_folder(self.store.local(model.path), sites)
 
     def _spec(self, request: CaptureRequest, model: ModelRecord, dataset: DatasetRecord) -> dict:
         # the table checks the choice and leaves the default to the model kind
@@ -121,15 +172,16 @@ class CaptureJobs:
             raise InvalidArgument(f"max_len {max_len} is more than model {request.model!r} can take "
                                   f"({model.max_positions} positions): ask for at most {model.max_positions}")
         max_len = max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
-        return run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
-                        pooling=pooling, max_len=max_len, dtype=dtype)
+        return dict(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
+                    pooling=pooling, max_len=max_len, dtype=dtype)
 
-    def _open(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> OpenRun:
-        """Create (or find) the run's arrays and catalog row; the run is visible as running from now on."""
+    def _open(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord, offsets: dict) -> OpenRun:
+        """Create (or find) the run's arrays and catalog row; the run is visible as running from now on.
+        `offsets` keeps a token-level capture's offsets for the other sites' runs of the same pass."""
         try:
             layout = self.arrays.layout(key)
         except NotFound:
-            layout = self._create_arrays(key, spec, model, dataset)
+            layout = self._create_arrays(key, spec, model, dataset, offsets)
         record, recorded = self.catalog.open_run(RunRecord(
             run_key=key, model_digest=model.digest, dataset_digest=dataset.digest, pooling=layout.pooling,
             dtype=layout.dtype, max_len=spec["max_len"], n=layout.n, rows=layout.rows,
@@ -138,63 +190,115 @@ class CaptureJobs:
         ))
         return OpenRun(record, layout, recorded, model, dataset)
 
-    def _create_arrays(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord) -> RunLayout:
+    def _create_arrays(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord,
+                       known: dict) -> RunLayout:
         offsets = None
         rows = dataset.n
         if spec["pooling"] == "tokens":
-            task = ray.remote(num_cpus=1)(token_offsets).remote(self.store, model.path, dataset.path,
-                                                                 spec["max_len"])
-            offsets = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
+            if "offsets" not in known:
+                task = ray.remote(num_cpus=1)(token_offsets).remote(self.store, model.path, dataset.path,
+                                                                     spec["max_len"])
+                known["offsets"] = get_or_raise(task, lambda cause: Unavailable(
+                    f"tokenising the dataset failed: {cause}"))
+            offsets = known["offsets"]
             rows = int(offsets[-1])
         layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
         data = ds.load_dataset(self.store.local(dataset.path))
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
         if offsets is not None:  # where each token lies in its text, for cross-tokenizer alignment
-            task = ray.remote(num_cpus=1)(token_char_spans).remote(self.store, model.path, dataset.path,
-                                                                    spec["max_len"])
-            spans = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
-            if spans is not None:
-                self.arrays.write_char_spans(key, spans)
+            if "spans" not in known:  # once for every site's run of the same pass
+                task = ray.remote(num_cpus=1)(token_char_spans).remote(self.store, model.path, dataset.path,
+                                                                        spec["max_len"])
+                known["spans"] = get_or_raise(task, lambda cause: Unavailable(
+                    f"tokenising the dataset failed: {cause}"))
+            if known["spans"] is not None:
+                self.arrays.write_char_spans(key, known["spans"])
         return layout
 
-    def _capture(self, job: JobState, opened: OpenRun) -> None:
-        record, layout = opened.record, opened.layout
-        missing = sorted(set(range(layout.num_shards)) - opened.recorded)
-        done = layout.num_shards - len(missing)
-        job.progress(done, layout.num_shards, "shards",
-                     f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
-        plan = CapturePlan(run_key=record.run_key, dataset_path=opened.dataset.path, pooling=layout.pooling,
-                           max_len=record.max_len, batch_size=self.settings.capture_batch_size, layout=layout)
-        actors = self.pool.acquire(opened.model.digest, opened.model.path)
-
-        def collect(_shard: int, ref) -> None:
-            nonlocal done
-            rows = get_or_raise(ref, lambda cause: Unavailable(
-                f"a capture worker failed: {cause}; the shards stored so far are kept: submit the capture "
-                "again to resume"))
-            self.catalog.record_shard(pa.table(rows))
-            done += 1
-            job.progress(done, layout.num_shards, "shards")
-
-        # one more than a replica works on at once: the next shard is already there when a slot frees
+    def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
+        first, layout = opened[0], opened[0].layout
+        plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, pooling=layout.pooling,
+                           max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
+                           sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
+        actors = self.pool.acquire(first.model.digest, first.model.path)
+        # one more than a replica works on at once: the next task is already there when a slot frees
         in_flight = self.settings.capture_concurrent_shards + 1
         broken = True
         try:
-            complete = run_windowed(missing, lambda shard: actors[shard % len(actors)].capture.remote(plan, shard),
-                                    in_flight * len(actors), collect, job.cancel_requested)
+            complete = fill_shards(
+                self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
+                lambda shards, keys: actors[shards[0] % len(actors)].capture.remote(plan, shards, keys),
+                in_flight * len(actors), "a capture worker failed", "capture",
+                shards_per_task(layout, self.settings.capture_batch_size))
             broken = False
-        except ActStoreError as exc:
-            # the run says so (not `running` forever); its stored shards stay, and submitting the
-            # capture again resumes it
-            if not isinstance(exc, Cancelled):
-                self.catalog.set_run_status(record.run_key, "failed")
-            raise
         finally:
-            self.pool.release(opened.model.digest, broken=broken)
+            self.pool.release(first.model.digest, broken=broken)
         if not complete:
-            raise Cancelled(f"capture of run {record.run_key[:12]} cancelled after {done} of "
-                            f"{layout.num_shards} shards; submit it again to resume")
-        self.arrays.write_means(record.run_key)
-        self.catalog.commit_run(record)
-        self.arrays.mark_committed(record.run_key)  # after the catalog: the store never claims more
+            raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
+        for o in opened:
+            commit(self.catalog, self.arrays, o.record)
+
+
+def shards_per_task(layout: RunLayout, batch_size: int) -> int:
+    """Consecutive shards one capture task computes, so its forward passes run full batches.
+
+    A pooled shard holds `shard_rows` samples, so one shard fills a batch once shard_rows >=
+    batch_size. A token-level shard holds `shard_rows` tokens: with ~26 tokens a review, a 256-token
+    shard is ~10 prompts, and a task per shard ran batches of 10 (and recomputed the prompts that
+    straddle its ends), at half the rate of 32-prompt batches (measured). A task then spans enough
+    shards for `TOKEN_BATCHES_PER_TASK` full batches, and writes each shard whole as before."""
+    prompts_per_shard = layout.shard_rows * layout.n / max(layout.rows, 1)
+    wanted = batch_size * (TOKEN_BATCHES_PER_TASK if layout.pooling == "tokens" else 1)
+    return max(1, math.ceil(wanted / prompts_per_shard))
+
+
+def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
+                recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1) -> bool:
+    """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
+    the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each task's
+    shards as it finishes, at most ``width`` tasks in flight. ``submit(shards, keys)`` is the ref
+    of a task that writes the consecutive ``shards`` (at most ``per_task``) of the runs ``keys``
+    (those that lack them) and returns their chunk rows, one table per shard and run. False when
+    the job was cancelled; a failure marks the runs failed (their stored shards stay: submitting
+    the same request again resumes them)."""
+    missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
+    needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
+    tasks: list[tuple[int, ...]] = []
+    for shard in missing:  # runs of consecutive shards that the same runs lack
+        last = tasks[-1] if tasks else ()
+        if last and shard == last[-1] + 1 and needs[shard] == needs[last[0]] and len(last) < per_task:
+            tasks[-1] = last + (shard,)
+        else:
+            tasks.append((shard,))
+    done = layout.num_shards - len(missing)
+    job.progress(done, layout.num_shards, "shards",
+                 f"resuming: {done} of {layout.num_shards} shards already stored" if done else "")
+
+    def collect(shards: tuple[int, ...], ref) -> None:
+        nonlocal done
+        tables = get_or_raise(ref, lambda cause: Unavailable(
+            f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
+        for rows in tables:
+            catalog.record_shard(pa.table(rows))
+        done += len(shards)
+        job.progress(done, layout.num_shards, "shards")
+
+    try:
+        return run_windowed(tasks, lambda shards: submit(shards, needs[shards[0]]), width, collect,
+                            job.cancel_requested)
+    except ActStoreError as exc:
+        # the runs say so (not `running` forever)
+        if not isinstance(exc, Cancelled):
+            for record in records:
+                catalog.set_run_status(record.run_key, "failed")
+        raise
+
+
+def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
+    """The layer means and statistics, then the catalog's commit, then the store's marker: the store
+    never claims more."""
+    arrays.write_means(record.run_key)
+    arrays.write_layer_stats(record.run_key)
+    catalog.commit_run(record)
+    arrays.mark_committed(record.run_key)

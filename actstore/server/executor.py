@@ -84,9 +84,10 @@ class Executor:
         """`evaluate(z)` on each whole layer, in one task (in-memory metrics, bounded by the caller)."""
         return gather(remote(evaluate_layers, num_cpus=1).remote(self.store, run_key, layers, evaluate))
 
-    def evaluate_pairs(self, run_a: str, layers_a: list[int], run_b: str, layers_b: list[int], evaluate):
+    def evaluate_pairs(self, run_a: str, layers_a: list[int], run_b: str, layers_b: list[int], evaluate,
+                       prepare=None):
         task = remote(evaluate_pairs, num_cpus=1)
-        return gather(task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate))
+        return gather(task.remote(self.store, run_a, layers_a, run_b, layers_b, evaluate, prepare))
 
     def gram_strip_map(self, rows: np.ndarray, means: np.ndarray, widths, strips: list[tuple[int, int]]):
         """A Gram-space finalize's strips (`similarity.gram_strip_products`) in `parts` Ray tasks:

@@ -113,9 +113,9 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
                     principal = caller[0] if caller else None
-                    self.audit.record(principal, method, request, getattr(exc, "code", "INTERNAL"), context.peer())
+                    self.audit.record(principal, method, request, getattr(exc, "code", "INTERNAL"), context.peer)
                     _abort(context, exc, method)
-                self.audit.record(caller[0] if caller else None, method, request, "OK", context.peer())
+                self.audit.record(caller[0] if caller else None, method, request, "OK", context.peer)
                 return response
 
             return grpc.unary_unary_rpc_method_handler(unary, response_serializer=handler.response_serializer)
@@ -129,7 +129,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
                 if getattr(exc, "code", None) == "UNAUTHENTICATED":
-                    self.audit.record(None, method, None, exc.code, context.peer())
+                    self.audit.record(None, method, None, exc.code, context.peer)
                 _abort(context, exc, method)
 
         return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)

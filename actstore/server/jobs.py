@@ -43,6 +43,8 @@ class JobSnapshot:
     cache_hit: bool = False
     joined: bool = False
     principal: str | None = None  # who submitted it (None without auth)
+    run_keys: tuple[str, ...] = ()  # a capture: the run of each of its `sites`
+    sites: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -110,6 +112,13 @@ class _ProgressRecorder:
             self._written_at, self._total = now, total
 
 
+def _runs(request: dict) -> dict:
+    """A capture request's run keys and sites, for its snapshot."""
+    if not isinstance(request, dict):
+        return {}
+    return {"run_keys": tuple(request.get("run_keys") or ()), "sites": tuple(request.get("sites") or ())}
+
+
 class JobManager:
     def __init__(self, catalog: Catalog, max_running: int, finished_kept: int, progress_seconds: float = 1.0,
                  max_per_principal: int | None = None) -> None:
@@ -132,8 +141,9 @@ class JobManager:
             return self._live.get(job_id) if job_id else None
 
     def start(self, kind: str, target: str, request: dict, work: Work, *, principal: str | None = None,
-              job_id: str | None = None) -> tuple[JobState, bool]:
-        """Start `work` for `target`, or join the live job for it. Returns (state, joined)."""
+              job_id: str | None = None, also: tuple[str, ...] = ()) -> tuple[JobState, bool]:
+        """Start `work` for `target` (and the targets `also`, which requests for them join), or join
+        the live job for it. Returns (state, joined)."""
         with self._lock:
             existing = self._by_target.get(target)
             if existing:
@@ -158,10 +168,11 @@ class JobManager:
             record = self.catalog.job(job_id) if resumed else None
             done, total = (record.done or 0, record.total or 0) if record else (0, 0)
             state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued", done=done,
-                                         total=total, principal=principal),
+                                         total=total, principal=principal, **_runs(request)),
                              _ProgressRecorder(self.catalog, job_id, self.progress_seconds))
             self._live[job_id] = state
-            self._by_target[target] = job_id
+            for each in (target, *also):
+                self._by_target[each] = job_id
         if resumed:
             self.catalog.update_job(job_id, status="queued")
         else:
@@ -178,7 +189,8 @@ class JobManager:
         job_id = uuid.uuid4().hex[:16]
         self.catalog.add_job(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
         return JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1,
-                           unit="run", cache_hit=cache_hit, message="served from the store", principal=principal)
+                           unit="run", cache_hit=cache_hit, message="served from the store", principal=principal,
+                           **_runs(request))
 
     def _run(self, state: JobState, work: Work) -> None:
         job_id = state.snapshot.job_id
@@ -203,7 +215,8 @@ class JobManager:
         self.catalog.update_job(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
                                 total=snap.total, error=changes.get("error") or None)
         with self._lock:
-            self._by_target.pop(snap.target, None)
+            for target in [t for t, job in self._by_target.items() if job == snap.job_id]:
+                self._by_target.pop(target)
             self._finished[snap.job_id] = self._live.pop(snap.job_id)
             self._threads.discard(threading.current_thread())
         state.publish(**changes)
@@ -227,7 +240,7 @@ class JobManager:
         status = record.status if record.status in TERMINAL else "interrupted"  # its server died
         return JobSnapshot(job_id=record.job_id, kind=record.kind, target=record.target, status=status,
                            done=record.done, total=record.total, error=record.error or "",
-                           principal=record.principal)
+                           principal=record.principal, **_runs(record.request))
 
     def follow(self, job_id: str) -> Iterator[JobSnapshot]:
         state = self._state(job_id)

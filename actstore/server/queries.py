@@ -12,6 +12,7 @@ from actstore.server.executor import Executor
 from actstore.server.planners import QueryParts
 from actstore.server.planners.depth import DepthPlanner
 from actstore.server.planners.entropy import EntropyPlanner
+from actstore.server.planners.measures import MeasurePlanner
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult, ResultCache
 from actstore.server.runs import RunChecks
@@ -36,6 +37,7 @@ class QueryEngine:
         entropy = EntropyPlanner(self.parts)
         depth = DepthPlanner(self.parts)
         self.similarity = similarity.similarity
+        self.measure = MeasurePlanner(self.parts).measure
         self.entropy = entropy.entropy
         self.residual_norm = depth.residual_norm
         self.lens = depth.lens

@@ -30,8 +30,12 @@ T = TypeVar("T")
 # What a caller is told about a file on the server it cannot use, by kind: the general
 # requirements only, never what the file holds (its header, its values) or why in detail.
 _UNUSABLE = {
-    "dataset": "is not a usable dataset file: it must be a .csv (with a header row), .jsonl, .json or .npz file, "
-               "UTF-8 text, with the columns the request names",
+    "dataset": "is not a usable dataset file: it must be a .csv (with a header row), .jsonl, .json, .npz, "
+               ".parquet or .arrow file or a Hugging Face save_to_disk folder, with the columns (of the types) "
+               "the request names",
+    "activations": "is not a usable activations source: it must be one of the layouts of docs/import.md (layer_<k>.npy "
+                   "or .safetensors arrays, vLLM extract_hidden_states files, a SAELens dataset) of float values, "
+                   "matching the model and the dataset",
     "model": "is not a model folder the server can load: it must be a Hugging Face model folder (config.json, "
              "weights and, for text, a tokenizer) of a supported architecture",
 }
@@ -86,15 +90,17 @@ class Registrar:
         # with auth on, callers are not the server's owner: what its files hold stays on the server
         self.redact_file_errors = settings.auth
 
-    def _from_server_path(self, path: str, kind: str, load: Callable[[], T]) -> T:
-        """`load()` of a file (dataset) or folder (model) on the server's disk. Redacted, a failure
+    def from_server_path(self, path: str, kind: str, load: Callable[[], T]) -> T:
+        """`load()` of a file (dataset), folder (model) or either (dataset, activations) on the server's
+        disk (`kind` is a key of _UNUSABLE). Redacted, a failure
         says only that the path is not found or not readable, or not usable and what a usable one
         is; the detail goes to the server log under an incident id the message names."""
         if not self.redact_file_errors:
             return load()
         p = server_path(path, kind)
         try:
-            usable = (p.is_dir() if kind == "model" else p.is_file()) and os.access(p, os.R_OK)
+            usable = {"model": p.is_dir(), "dataset": p.is_file() or ds.is_dataset_folder(p),
+                      "activations": p.exists()}[kind] and os.access(p, os.R_OK)
         except (OSError, ValueError):  # a name too long, a NUL byte
             usable = False
         if not usable:
@@ -134,7 +140,7 @@ class Registrar:
                 scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
             return get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
 
-        registered = self._from_server_path(path, "model", load) if path else load()
+        registered = self.from_server_path(path, "model", load) if path else load()
         record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
         self.catalog.add_model(record)
         self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
@@ -148,9 +154,10 @@ class Registrar:
         if source.builtin:
             data = ds.load_builtin(source.builtin, limit=source.limit, seed=source.seed, split=source.split)
         elif source.path:
-            data = self._from_server_path(source.path, "dataset", lambda: ds.load_file(
+            data = self.from_server_path(source.path, "dataset", lambda: ds.load_file(
                 server_path(source.path, "dataset"), text_column=source.text_column,
-                label_column=source.label_column, id_column=source.id_column, group_column=source.group_column))
+                label_column=source.label_column, id_column=source.id_column, group_column=source.group_column,
+                split=source.split))
             if source.limit:
                 data = data.take(range(min(source.limit, data.n)))
         else:

@@ -9,6 +9,7 @@ only route to them, so a servicer never reaches past this class.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,25 +17,30 @@ from pathlib import Path
 import numpy as np
 
 from actstore.config import Settings
-from actstore.errors import InvalidArgument
+from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.options import GC, duration_seconds, resolve
 from actstore.server import auth, cka_job
 from actstore.server.backup_schedule import BackupSchedule
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
+from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
+from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.planners.stitching import StitchPlanner
+from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
+from actstore.server.readers import Readers
 from actstore.server.registration import DatasetSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
 from actstore.store import backups
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
+from actstore.store.keys import site_of
 from actstore.workers import cluster
 
-__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "RunDescription", "TrainRequest"]
+__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "ImportRequest", "RunDescription", "TrainRequest"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,7 @@ class RunDescription:
     stored_bytes: int
     model_aliases: tuple[str, ...]
     dataset_aliases: tuple[str, ...]
+    stats: dict | None = None  # per-layer running statistics (committed runs captured with them)
 
 
 class ActStoreService:
@@ -55,6 +62,7 @@ class ActStoreService:
         self.store.path.mkdir(parents=True, exist_ok=True)
         self.store.check()
         self.catalog = Catalog(self.settings.catalog_path, self.settings.catalog_memory_bytes)
+        self._tokens_lock = threading.Lock()
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
                                self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)
@@ -64,14 +72,24 @@ class ActStoreService:
         self.registrar = Registrar(self.catalog, self.store, self.settings)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
+        self.imports = ImportJobs(self.catalog, self.store, self.jobs, self.registrar, self.settings,
+                                  self.captures.submissions)
         self.queries = QueryEngine(self.catalog, self.store, self.settings)
         self.similarity = self.queries.similarity
+        self.measure = self.queries.measure
         self.entropy = self.queries.entropy
         self.residual_norm = self.queries.residual_norm
         self.lens = self.queries.lens
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
         self.stitch = StitchPlanner(self.queries.parts).stitch
+        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
+        self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost
+        self.plan_cka_matrix = self.costs.cka_matrix
+        readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
+        self.read_batches, self.locate_run, self.sql = readers.batches, readers.locate, readers.sql
+        diagnostics = DiagnosticsPlanner(self.queries.parts)
+        self.similarity_stats, self.outliers = diagnostics.similarity_stats, diagnostics.outliers
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
@@ -93,7 +111,7 @@ class ActStoreService:
             if job.status in ("done", "failed", "cancelled"):
                 continue
             if job.kind == "cka-matrix":
-                records, key, options = cka_job.plan(self.queries.parts, job.request["runs"])
+                records, key, options = cka_job.plan(self.queries.parts, **job.request)
                 self.jobs.start("cka-matrix", key, job.request,
                                 lambda state, r=records, k=key, o=options: cka_job.run(self.queries.parts, state,
                                                                                        r, k, o),
@@ -117,17 +135,20 @@ class ActStoreService:
     def datasets(self) -> list[DatasetRecord]:
         return self.catalog.datasets()
 
-    def runs(self, model: str = "", dataset: str = "", status: str = "") -> list[RunRecord]:
+    def runs(self, model: str = "", dataset: str = "", status: str = "", site: str = "") -> list[RunRecord]:
         model_digest = self.catalog.model(model).digest if model else None
         dataset_digest = self.catalog.dataset(dataset).digest if dataset else None
-        return self.catalog.runs(model_digest, dataset_digest, status or None)
+        runs = self.catalog.runs(model_digest, dataset_digest, status or None)
+        return [r for r in runs if site_of(r.spec) == site] if site else runs
 
     def describe_run(self, run: str) -> RunDescription:
         record = self.catalog.run(run)
         health = self.catalog.chunk_health(record.run_key, record.num_layers)
-        stored = self.arrays.nbytes_stored(record.run_key) if record.status == "committed" else 0
+        committed = record.status == "committed"
+        stored = self.arrays.nbytes_stored(record.run_key) if committed else 0
         return RunDescription(record, health, stored, self.catalog.model(record.model_digest).aliases,
-                              self.catalog.dataset(record.dataset_digest).aliases)
+                              self.catalog.dataset(record.dataset_digest).aliases,
+                              self.arrays.layer_stats(record.run_key) if committed else None)
 
     def delete_run(self, run: str) -> str:
         record = self.catalog.run(run)
@@ -158,12 +179,16 @@ class ActStoreService:
     def submit_capture(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
         return self.captures.submit(request, principal)
 
+    def submit_import(self, request: ImportRequest, principal: str | None = None) -> JobSnapshot:
+        return self.imports.submit(request, principal)
+
     def submit_train(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
         return self.training.submit(request, principal)
 
-    def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None) -> JobSnapshot:
-        records, key, options = cka_job.plan(self.queries.parts, runs)
-        request = {"runs": [r.run_key for r in records]}
+    def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None,
+                          measure: str = "", alpha: float = 1.0) -> JobSnapshot:
+        records, key, options = cka_job.plan(self.queries.parts, runs, measure, alpha)
+        request = {"runs": [r.run_key for r in records], **({"measure": measure, "alpha": alpha} if measure else {})}
         if not refresh and self.catalog.result_record(key) is not None:
             return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
         state, joined = self.jobs.start("cka-matrix", key, request,
@@ -201,7 +226,16 @@ class ActStoreService:
         return self.catalog.principals()
 
     def revoke_token(self, name: str) -> None:
-        self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
+        """Revoke on the running server; never its last admin, which would leave nobody able to
+        administer it until a restart (offline, `actstore token revoke --store DIR` still can)."""
+        with self._tokens_lock:
+            roles = dict(self.catalog.principals())
+            if roles.get(name) == "admin" and list(roles.values()).count("admin") == 1:
+                raise FailedPrecondition(
+                    f"{name!r} holds this server's last admin token, and revoking it would leave nobody able to "
+                    "administer the running server: create another admin token first (actstore token create "
+                    "--name NAME --role admin), then revoke this one")
+            self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
 
     # ---- queries: the planners' methods, bound in __init__ -----------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int

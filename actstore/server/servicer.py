@@ -11,9 +11,11 @@ from actstore.errors import InvalidArgument
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire, resolve
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
+from actstore.server.planners.measures import measure_params
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
+from actstore.store.keys import site_of
 from actstore.wire import to_ndarray
 
 _EVENT_KIND = {"done": pb.JobEvent.DONE, "failed": pb.JobEvent.FAILED, "cancelled": pb.JobEvent.CANCELLED,
@@ -41,12 +43,13 @@ def run_proto(r: RunRecord, recorded_shards: int = 0) -> pb.Run:
     return pb.Run(run_key=r.run_key, model_digest=r.model_digest, dataset_digest=r.dataset_digest,
                   pooling=r.pooling, dtype=r.dtype, max_len=r.max_len, n=r.n, rows=r.rows,
                   num_layers=r.num_layers, width=r.width, status=r.status, num_shards=r.num_shards,
-                  recorded_shards=recorded_shards)
+                  recorded_shards=recorded_shards, site=site_of(r.spec), site_modules=r.spec.get("modules", ""))
 
 
 def job_proto(s: JobSnapshot) -> pb.Job:
     return pb.Job(job_id=s.job_id, kind=s.kind, status=s.status, target=s.target, done=s.done, total=s.total,
-                  error=s.error, error_code=s.error_code, cache_hit=s.cache_hit, joined=s.joined, unit=s.unit)
+                  error=s.error, error_code=s.error_code, cache_hit=s.cache_hit, joined=s.joined, unit=s.unit,
+                  run_keys=s.run_keys, sites=s.sites)
 
 
 def result_proto(r: MetricResult) -> pb.QueryResult:
@@ -61,6 +64,14 @@ def result_proto(r: MetricResult) -> pb.QueryResult:
     )
 
 
+def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
+    return CaptureRequest(model=request.model, dataset=request.dataset,
+                          pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
+                          dtype=from_wire(CAPTURE, "dtype", request.dtype),
+                          max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0,
+                          sites=tuple(from_wire(CAPTURE, "site", list(request.sites))))
+
+
 class CatalogServicer(rpc.CatalogServicer):
     def __init__(self, service: ActStoreService) -> None:
         self.service = service
@@ -72,7 +83,7 @@ class CatalogServicer(rpc.CatalogServicer):
         return pb.ListDatasetsResponse(datasets=[dataset_proto(d) for d in self.service.datasets()])
 
     def ListRuns(self, request, context):
-        runs = self.service.runs(request.model, request.dataset, request.status)
+        runs = self.service.runs(request.model, request.dataset, request.status, request.site)
         return pb.ListRunsResponse(runs=[run_proto(r) for r in runs])
 
     def DescribeRun(self, request, context):
@@ -82,10 +93,13 @@ class CatalogServicer(rpc.CatalogServicer):
         run.stored_bytes = described.stored_bytes
         run.model_aliases.extend(described.model_aliases)
         run.dataset_aliases.extend(described.dataset_aliases)
+        stats = described.stats or {}
         for layer in range(record.num_layers + 1):
             run.health.append(pb.LayerHealth(layer=layer, nan_count=int(health.nan_count[layer]),
                                              inf_count=int(health.inf_count[layer]),
-                                             min=float(health.min[layer]), max=float(health.max[layer])))
+                                             min=float(health.min[layer]), max=float(health.max[layer]),
+                                             has_stats=bool(stats),
+                                             **{k: float(v[layer]) for k, v in stats.items()}))
         return run
 
     def RegisterModel(self, request, context):
@@ -122,13 +136,7 @@ class CaptureServicer(rpc.CaptureServicer):
         self.service = service
 
     def SubmitCapture(self, request, context):
-        snapshot = self.service.submit_capture(
-            CaptureRequest(model=request.model, dataset=request.dataset,
-                           pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
-                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
-                           max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0),
-            principal=current_principal.get())
-        return job_proto(snapshot)
+        return job_proto(self.service.submit_capture(capture_request(request), principal=current_principal.get()))
 
     def WatchJob(self, request, context):
         for snapshot in self.service.follow_job(request.job_id):
@@ -162,6 +170,10 @@ class QueryServicer(rpc.QueryServicer):
 
     def Similarity(self, request, context):
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
+        if metric == "measure":
+            return result_proto(self.service.measure(request.run_a, request.run_b, list(request.layers_a),
+                                                     list(request.layers_b), request.refresh,
+                                                     **measure_params(request)))
         # only the options the metric uses are resolved; the others pass through, unread
         center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
         if metric == "cos":
@@ -192,8 +204,9 @@ class QueryServicer(rpc.QueryServicer):
                                                 tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
+        measure = measure_params(request) if request.measure else {}
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
-                                                        principal=current_principal.get()))
+                                                        principal=current_principal.get(), **measure))
 
     def Lens(self, request, context):
         return result_proto(self.service.lens(

@@ -43,13 +43,20 @@ class CkaSizing:
         return sim.SimilarityAccumulator.estimate_peak_nbytes(widths, mode, rows, itemsize=itemsize,
                                                               strip_tasks=self.strip_tasks)
 
-    def group_size(self, count: int, widest: list[int], mode: str, rows: int, itemsize: int) -> int:
-        """The most blocks per group such that two groups of the widest blocks fit the limit."""
+    def group_size(self, count: int, widest: list[int], mode: str, rows: int, itemsize: int, tasks: int = 0) -> int:
+        """The most blocks per group such that the accumulator of two groups of the widest blocks
+        fits the limit at the peak of its finalize, together with the states of `tasks` map tasks
+        running at the same time (a job's map tasks each hold one)."""
         widest = sorted(widest)
+
+        def nbytes(widths: list[int]) -> int:
+            held = sim.SimilarityAccumulator.estimate_nbytes(widths, mode, rows, itemsize)
+            return self.nbytes(widths, mode, rows, itemsize) + tasks * held
+
         for size in range(count, 0, -1):
-            if self.nbytes(widest[-2 * size:], mode, rows, itemsize) <= self.limit:
+            if nbytes(widest[-2 * size:]) <= self.limit:
                 return size
-        need = self.nbytes(widest[-2:], mode, rows, itemsize)
+        need = nbytes(widest[-2:])
         raise ResourceExhausted(f"one block pair needs {byte_size(need)} of accumulator, over the "
                                 f"{byte_size(self.limit)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 

@@ -149,6 +149,18 @@ class ArrayStore(ABC):
         """Every shard's rows kept by `write_chunk_rows`, concatenated column by column."""
 
     @abstractmethod
+    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
+        """Keep a written shard's per-layer running statistics (`metrics.layer_stats`) beside it."""
+
+    @abstractmethod
+    def write_layer_stats(self, run_key: str) -> dict | None:
+        """Merge every shard's statistics into the run's (at commit; None when a shard has none)."""
+
+    @abstractmethod
+    def layer_stats(self, run_key: str) -> dict | None:
+        """The run's per-layer statistics {mean, std, norm_mean, norm_std: [per layer]}, if written."""
+
+    @abstractmethod
     def mark_committed(self, run_key: str) -> None:
         """Write the run's commit marker (after the catalog committed it)."""
 

@@ -28,8 +28,10 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
+from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
+from actstore.store.misses import MissCountingStore
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
@@ -50,7 +52,8 @@ class ZarrArrayStore(ArrayStore):
         self.root = root
         self.compressor = compressor
         self._url = objects.is_url(str(root))
-        self._zarr = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
+        inner = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
+        self._zarr = MissCountingStore(inner)  # reads notice absent shards without asking first
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # opened arrays of runs with a known layout: opening one reads metadata (a round trip each
         # on an object store), so a capture or a map task opens each once, not once per shard
@@ -161,6 +164,10 @@ class ZarrArrayStore(ArrayStore):
                 array = self._opened[run_key, name] = self._group(run_key, mode="r+")[name]
         return array
 
+    def _opened_array(self, run_key: str, name: str) -> zarr.Array:
+        """`_array` without its existence check (one round trip) once the array is open."""
+        return self._opened.get((run_key, name)) or self._array(run_key, name)
+
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
             self._forget(run_key)  # deleted through another handle
@@ -179,22 +186,22 @@ class ZarrArrayStore(ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        with self._reported():
-            self._array(run_key, layout.array_name)[start:stop] = values
-            self._array(run_key, "layer_sums")[shard] = sums
+        with self._reported():  # `layout` checked that the run exists: its arrays, once opened, are kept
+            self._opened_array(run_key, layout.array_name)[start:stop] = values
+            self._opened_array(run_key, "layer_sums")[shard] = sums
             if token_ids is not None:
-                self._array(run_key, "token_ids")[start:stop] = token_ids
+                self._opened_array(run_key, "token_ids")[start:stop] = token_ids
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
-        # a known run's shard check also notices a run deleted through another handle, so the
-        # run's own existence is checked (a second round trip) only when a shard is missing
+        # no existence check before the read: Zarr reads an absent shard as zeros, and the store
+        # counts the reads of absent keys, so a shard missed by this read shows after it. A run
+        # deleted through another handle shows the same way; its own existence is checked (a
+        # second round trip) only then
         layout = self._layouts.get(run_key) or self.layout(run_key)
-        array = self._opened.get((run_key, layout.array_name)) or self._array(run_key, layout.array_name)
-        for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
-            if not self.shard_present(run_key, shard):  # Zarr would read it as zeros
-                self.layout(run_key)  # NotFound if the whole run is gone
-                raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
-                              rows=layout.shard_range(shard))
+        array = self._opened_array(run_key, layout.array_name)
+        shards = range(start // layout.shard_rows, -(-stop // layout.shard_rows))
+        keys = [_shard_key(run_key, layout, shard) for shard in shards]
+        before = self._zarr.misses(keys)
         try:
             with self._reported():
                 if len(layers) == 1:
@@ -207,6 +214,11 @@ class ZarrArrayStore(ArrayStore):
                     stored = np.stack([array[start:stop, layer, :] for layer in layers])
         except DECODE_ERRORS as exc:
             raise self._located(run_key, layout, array, layers, start, stop, exc) from None
+        for shard, was, now in zip(shards, before, self._zarr.misses(keys)):
+            if now > was:
+                self.layout(run_key)  # NotFound if the whole run is gone
+                raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
+                              rows=layout.shard_range(shard))
         return decode_stored(stored, layout.dtype)
 
     def _located(self, run_key, layout, array, layers, start, stop, exc: Exception) -> DataLoss:
@@ -293,8 +305,9 @@ class ZarrArrayStore(ArrayStore):
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
         layout = self.layout(run_key)
-        return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
-                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json"]
+        return [_shard_key(run_key, layout, shard), f"runs/{run_key}/layer_sums/c/{shard}/0/0",
+                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
+                f"runs/{run_key}/layer_stats/{shard}.json"]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])
@@ -370,11 +383,38 @@ class ZarrArrayStore(ArrayStore):
                 combined.setdefault(column, []).extend(cells)
         return combined
 
+    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
+        self._put(f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode())
+
+    def write_layer_stats(self, run_key: str) -> dict | None:
+        layout = self.layout(run_key)
+        total = LayerStats.empty(layout.num_states)
+        for shard in range(layout.num_shards):
+            payload = self._get(f"runs/{run_key}/layer_stats/{shard}.json")
+            if payload is None:  # a shard written before statistics existed: the run has none
+                return None
+            try:
+                total.merge(LayerStats.from_dict(json.loads(payload)))
+            except (ValueError, KeyError) as exc:
+                raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
+        stats = total.finalize()
+        with self._reported():
+            self._group(run_key, mode="r+").attrs.update({"layer_stats": stats})
+        return stats
+
+    def layer_stats(self, run_key: str) -> dict | None:
+        return self._group(run_key).attrs.asdict().get("layer_stats")
+
     def mark_committed(self, run_key: str) -> None:
         self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
+
+
+def _shard_key(run_key: str, layout: RunLayout, shard: int) -> str:
+    """The object of one shard of a run's activation array."""
+    return f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0"
 
 
 def _why(exc: BaseException) -> str:

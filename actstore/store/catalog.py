@@ -100,6 +100,12 @@ class Catalog:
                 raise
         return backups.publish(staged, self.path, keep)
 
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new connection to the same database, with its own transactions, for the read-only
+        SQL endpoint (`store.catalog_sql`); the caller closes it."""
+        with self._lock:
+            return self._con.cursor()
+
     def _rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
         with self._lock:
             return self._con.execute(sql, params).fetchall()
@@ -404,6 +410,13 @@ class Catalog:
             "SELECT job_id FROM jobs WHERE (? IS NULL OR status = ?) ORDER BY created_at", [status, status]
         )
         return [self.job(r[0]) for r in ids]
+
+    def finished_captures(self, limit: int) -> list[tuple[dict, float]]:
+        """(request, seconds from submit to done) of the newest `limit` capture jobs that computed
+        something (a cache hit is recorded done at once and never updated)."""
+        rows = self._rows("SELECT request, epoch(updated_at - created_at) FROM jobs WHERE kind = 'capture' "
+                          "AND status = 'done' AND updated_at > created_at ORDER BY updated_at DESC LIMIT ?", [limit])
+        return [(json.loads(r[0]), float(r[1])) for r in rows]
 
     # ---- principals and audit -----------------------------------------------------------------
     def add_principal(self, name: str, role: str, token_hash: str) -> None:

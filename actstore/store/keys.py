@@ -12,6 +12,10 @@ from typing import Any
 
 CAPTURE_VERSION = 1
 SITE = "residual-stream"  # HF hidden_states convention, layer L taken before the final norm
+# Capture sites (actstore.modeling.sites maps them to modules). resid_post keeps the spec's
+# historical site value SITE, so every run key made before sites existed stays the same.
+RESID_POST = "resid_post"
+CANONICAL_SITES = (RESID_POST, "attn_out", "mlp_out")
 # The one list of poolings (part of the run key). "tokens" keeps every non-pad token; the others
 # give one vector per sample (actstore.modeling.pooling derives its names from this tuple).
 POOLINGS = ("cls", "last", "mean", "tokens")
@@ -35,18 +39,29 @@ def run_spec(
     pooling: str,
     max_len: int,
     dtype: str,
+    site: str = RESID_POST,
+    modules: str = "",
 ) -> dict[str, Any]:
-    """The fields of DESIGN.md's run key; `layers` is every hidden state 0..L."""
+    """The fields of DESIGN.md's run key; `layers` is every hidden state 0..L. A site other than
+    resid_post also records `modules`, the module pattern it resolved to in this model."""
+    extra = {} if site == RESID_POST else {"modules": modules}
     return {
+        **extra,
         "model": model_digest,
         "dataset": dataset_digest,
-        "site": SITE,
+        "site": SITE if site == RESID_POST else site,
         "layers": list(range(num_layers + 1)),
         "pooling": pooling,
         "max_len": max_len,
         "dtype": dtype,
         "capture_version": CAPTURE_VERSION,
     }
+
+
+def site_of(spec: dict[str, Any] | None) -> str:
+    """The capture site of a run spec by its user-facing name (resid_post for older runs)."""
+    site = (spec or {}).get("site", SITE)
+    return RESID_POST if site == SITE else site
 
 
 def run_key(spec: dict[str, Any]) -> str:

@@ -1,13 +1,17 @@
-"""Capture: run a model over a dataset and write every layer's hidden states, one shard a task.
+"""Capture: run a model over a dataset and write every layer's hidden states, a few shards a task.
 
-A `ShardCapturer` holds one model replica. `capture(shard)` computes the rows of that shard,
-writes the whole shard (writers own whole shards) and returns the chunk metadata that the job
-manager records in the catalog after the write: write-then-commit. Rewriting a shard with the
-same content is harmless, so a retried or resumed task may recompute a shard.
+A `ShardCapturer` holds one model replica. `capture(shards)` computes the rows of one or more
+consecutive shards in full batches (`capture_job.shards_per_task`), writes each shard whole
+(writers own whole shards) and returns the chunk metadata that the job manager records in the
+catalog after the write: write-then-commit. Rewriting a shard with the same content is harmless,
+so a retried or resumed task may recompute a shard.
+
+Several capture sites (`CapturePlan.sites`) come from one forward pass: each site is its own run,
+laid out alike, and a task writes its shards of every site's run that still needs them.
 
 Pooled runs: shard k holds samples [k*S, (k+1)*S). Token-level runs: shard k holds token rows
 [k*S, (k+1)*S) of the concatenation of every prompt's non-pad tokens; the prompts that straddle a
-shard boundary are computed by both neighbours, and each writes only its own rows.
+task's ends are computed by both neighbouring tasks, and each writes only its own rows.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import crc32c
 import numpy as np
 import torch
 
+from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import ModelAdapter
-from actstore.store.array_store import RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 
@@ -35,6 +40,11 @@ class CapturePlan:
     max_len: int
     batch_size: int
     layout: RunLayout
+    sites: tuple[tuple[str, str], ...] = ()  # (site, run key) of every run; empty: resid_post into run_key
+
+    @property
+    def runs(self) -> tuple[tuple[str, str], ...]:
+        return self.sites or (("resid_post", self.run_key),)
 
 
 def model_inputs(data: DatasetData, start: int, stop: int):
@@ -95,55 +105,77 @@ class ShardCapturer:
             self._datasets[plan.dataset_path] = load_dataset(self.store.local(plan.dataset_path))
         return self._datasets[plan.dataset_path]
 
-    def _pooled(self, plan: CapturePlan, start: int, stop: int) -> torch.Tensor:
-        """(rows, L+1, d) float32 for samples [start, stop)."""
+    def _pooled(self, plan: CapturePlan, sites: list[str], start: int, stop: int) -> dict[str, torch.Tensor]:
+        """{site: (rows, L+1, d) float32} for samples [start, stop)."""
         data = self._data(plan)
-        parts = []
+        parts: dict[str, list] = {site: [] for site in sites}
         for lo in range(start, stop, plan.batch_size):
             hi = min(lo + plan.batch_size, stop)
             batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
-            hidden = self.adapter.hidden_states(batch)
-            parts.append(self.adapter.pool(hidden, batch.mask, plan.pooling).transpose(0, 1))
-        return torch.cat(parts)
+            for site, hidden in self.adapter.site_states(batch, sites).items():
+                parts[site].append(self.adapter.pool(hidden, batch.mask, plan.pooling).transpose(0, 1))
+        return {site: torch.cat(p) for site, p in parts.items()}
 
-    def _tokens(self, plan: CapturePlan, start: int, stop: int) -> tuple[torch.Tensor, np.ndarray | None]:
-        """(rows, L+1, d) float32 for token rows [start, stop), and their token ids (text models)."""
+    def _tokens(self, plan: CapturePlan, sites: list[str], start: int, stop: int
+                ) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+        """{site: (rows, L+1, d) float32} for token rows [start, stop), and their token ids (text models)."""
         if plan.run_key not in self._offsets:
             self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
         offsets = self._offsets[plan.run_key]
         data = self._data(plan)
         first = int(np.searchsorted(offsets, start, side="right")) - 1
         last = int(np.searchsorted(offsets, stop, side="left"))
-        parts, ids = [], []
+        parts: dict[str, list] = {site: [] for site in sites}
+        ids = []
         for lo in range(first, last, plan.batch_size):
             hi = min(lo + plan.batch_size, last)
             batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
-            hidden = self.adapter.hidden_states(batch)
-            tokens, _ = self.adapter.pool_tokens(hidden, batch.mask)
-            parts.append(tokens.transpose(0, 1))
+            for site, hidden in self.adapter.site_states(batch, sites).items():
+                parts[site].append(self.adapter.pool_tokens(hidden, batch.mask)[0].transpose(0, 1))
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
         begin = start - int(offsets[first])
         token_ids = np.concatenate(ids)[begin: begin + (stop - start)] if ids else None
-        return torch.cat(parts)[begin: begin + (stop - start)], token_ids
+        return {site: torch.cat(p)[begin: begin + (stop - start)] for site, p in parts.items()}, token_ids
 
-    def capture(self, plan: CapturePlan, shard: int) -> dict[str, list]:
+    def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
+                ) -> list[dict[str, list]]:
+        """Compute the consecutive `shards` of every site's run (of those in `run_keys`, when given)
+        in one pass of full batches, and write each shard whole; returns the chunk rows, one table
+        per shard and run."""
+        wanted = [(site, key) for site, key in plan.runs if run_keys is None or key in run_keys]
         layout = plan.layout
-        start, stop = layout.shard_range(shard)
+        start, stop = layout.shard_range(shards[0])[0], layout.shard_range(shards[-1])[1]
         token_ids = None
+        sites = [site for site, _ in wanted]
         with self._compute:
             if layout.pooling == "tokens":
-                values, token_ids = self._tokens(plan, start, stop)
+                values, token_ids = self._tokens(plan, sites, start, stop)
             else:
-                values = self._pooled(plan, start, stop)
-        stored = to_storage(values, layout.dtype)
-        numbers = stored if layout.dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
-        numbers = numbers.astype(np.float32, copy=False)
-        sums = numbers.sum(axis=0, dtype=np.float64)
-        self.arrays.write_shard(plan.run_key, shard, stored, sums, token_ids)
-        rows = chunk_metadata(plan.run_key, shard, stored, numbers)
-        self.arrays.write_chunk_rows(plan.run_key, shard, rows)
-        return rows
+                values = self._pooled(plan, sites, start, stop)
+        tables = []
+        for shard in shards:
+            lo, hi = (bound - start for bound in layout.shard_range(shard))
+            ids = token_ids[lo:hi] if token_ids is not None else None
+            tables += [store_shard(self.arrays, key, shard, layout.dtype, values[site][lo:hi], ids)
+                       for site, key in wanted]
+        return tables
+
+
+def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
+                token_ids: np.ndarray | None = None) -> dict[str, list]:
+    """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
+    layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
+    catalog records (a capture's and an import's shards take this one path)."""
+    stored = to_storage(values, dtype)
+    numbers = stored if dtype != "bfloat16" else values.to(torch.bfloat16).float().numpy()
+    numbers = numbers.astype(np.float32, copy=False)
+    sums = numbers.sum(axis=0, dtype=np.float64)
+    arrays.write_shard(run_key, shard, stored, sums, token_ids)
+    rows = chunk_metadata(run_key, shard, stored, numbers)
+    arrays.write_shard_stats(run_key, shard, LayerStats.empty(numbers.shape[1]).update(numbers).to_dict())
+    arrays.write_chunk_rows(run_key, shard, rows)
+    return rows
 
 
 def token_char_spans(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray | None:

@@ -54,6 +54,8 @@ def accumulate(store: StoreHandle, sources: list[tuple[str, list[int]]],
         blocks = []
         for run_key, layers in sources:
             blocks.extend(arrays.read_layers(run_key, layers, start, stop))
+        if hasattr(accumulator, "seek"):  # resampling accumulators key their weights on the global row
+            accumulator.seek(start)
         accumulator.update(blocks, *(() if labels is None else (labels[start:stop],)))
     return accumulator
 
@@ -141,14 +143,17 @@ def evaluate_layers(store: StoreHandle, run_key: str, layers: list[int],
 
 
 def evaluate_pairs(store: StoreHandle, run_a: str, layers_a: list[int], run_b: str,
-                   layers_b: list[int], evaluate: Callable[[np.ndarray, np.ndarray], float]) -> np.ndarray:
-    """In-memory pairwise metrics: `evaluate(x, y)` for every layer of A against every layer of B."""
+                   layers_b: list[int], evaluate: Callable[[object, object], float],
+                   prepare: Callable[[np.ndarray], object] | None = None) -> np.ndarray:
+    """In-memory pairwise metrics: `evaluate(x, y)` for every layer of A against every layer of B,
+    each layer passed through `prepare` once first when given (an RDM, a kernel)."""
     arrays = store.open()
     rows = arrays.layout(run_a).rows
-    b_layers = {layer: arrays.read_layers(run_b, [layer], 0, rows)[0] for layer in layers_b}
+    prepare = prepare or (lambda z: z)
+    b_layers = {layer: prepare(arrays.read_layers(run_b, [layer], 0, rows)[0]) for layer in layers_b}
     out = np.empty((len(layers_a), len(layers_b)))
     for i, la in enumerate(layers_a):
-        x = arrays.read_layers(run_a, [la], 0, rows)[0]
+        x = prepare(arrays.read_layers(run_a, [la], 0, rows)[0])
         for j, lb in enumerate(layers_b):
             out[i, j] = evaluate(x, b_layers[lb])
     return out

@@ -107,7 +107,8 @@ def timed_capture(client, model: str, dataset: str, **kwargs) -> dict:
     seconds = time.perf_counter() - started
     if last.status != "done":
         raise RuntimeError(f"capture job {job.job_id} ended {last.status}: {last.error}")
-    return {"run": job.target, "seconds": seconds, "events": events, "cached": job.finished}
+    return {"run": job.target, "seconds": seconds, "events": events, "cached": job.finished,
+            "runs": dict(zip(job.sites, job.run_keys))}  # site -> run key
 
 
 def in_job_rate(events: list[tuple[float, int]], shard_rows: int, n: int) -> float | None:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client import Client
-from actstore.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from actstore.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from actstore.server.app import start_server
 from actstore.server.auth import create_token
 from tests.conftest import make_settings
@@ -302,6 +302,11 @@ def test_admin_manages_tokens_on_the_running_server(auth_server, tokens):
         assert "bob" not in [name for name, _ in admin.tokens()]
         with pytest.raises(NotFound):
             admin.revoke_token("bob")
+        with pytest.raises(FailedPrecondition, match="last admin token.*create another admin token first"):
+            admin.revoke_token("admin-ann")
+        assert ("admin-ann", "admin") in admin.tokens()
+        admin.create_token("root-2", "admin")
+        admin.revoke_token("admin-ann")  # with a second admin, the first can go
     for row in audit_rows(auth_server):
         assert token.removeprefix("ast_") not in str(row)
 

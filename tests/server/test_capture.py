@@ -115,14 +115,33 @@ def test_token_level_capture(client, registered, tiny_models):
     assert info.rows == sum(counts) and info.n == 40
     values, ids = client.read_activations(run, 2)
     assert values.shape == (sum(counts), 16) and ids == []
-    # prompt 7 spans its own token rows; compare against the hand-computed hidden states
+    # every prompt spans its own token rows, across shard and task boundaries (8-token shards; a
+    # task computes several, shards_per_task): compare all against hand-computed hidden states
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(tiny_models["bert"]).eval()
-    start = sum(counts[:7])
+    starts = np.concatenate([[0], np.cumsum(counts)])
     with torch.no_grad():
-        hs = model(**tok([registered[7]], return_tensors="pt"), output_hidden_states=True).hidden_states[2][0]
-    np.testing.assert_allclose(values[start:start + counts[7]].astype(np.float32), hs.numpy(), atol=2e-3)
+        for i, text in enumerate(registered):
+            hs = model(**tok([text], return_tensors="pt"), output_hidden_states=True).hidden_states[2][0]
+            np.testing.assert_allclose(values[starts[i]:starts[i + 1]].astype(np.float32), hs.numpy(), atol=2e-3)
+
+
+def test_token_level_tasks_run_full_batches():
+    """A token-level capture task spans enough shards for TOKEN_BATCHES_PER_TASK full batches; a
+    pooled shard of at least a batch is a task of its own."""
+    from actstore.server.capture_job import TOKEN_BATCHES_PER_TASK, shards_per_task
+    from actstore.store.array_store import RunLayout
+
+    tokens = RunLayout(n=400, rows=10_400, num_states=7, width=384, dtype="float16", pooling="tokens",
+                       shard_rows=256)  # 26 tokens a prompt: ~9.8 prompts a shard
+    per_task = shards_per_task(tokens, batch_size=32)
+    assert per_task == int(np.ceil(TOKEN_BATCHES_PER_TASK * 32 / (256 * 400 / 10_400)))
+    assert per_task * 256 * 400 / 10_400 >= TOKEN_BATCHES_PER_TASK * 32
+    pooled = RunLayout(n=400, rows=400, num_states=7, width=384, dtype="float16", pooling="mean", shard_rows=256)
+    assert shards_per_task(pooled, batch_size=32) == 1
+    assert shards_per_task(RunLayout(n=400, rows=400, num_states=7, width=384, dtype="float16", pooling="mean",
+                                     shard_rows=8), batch_size=32) == 4
 
 
 def test_worker_killed_mid_capture_still_commits_exact_rows(server, client, tiny_models):

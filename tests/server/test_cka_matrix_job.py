@@ -126,32 +126,46 @@ def test_runs_with_other_samples_are_refused(client, runs):
 
 
 # ---- cancel and resume --------------------------------------------------------------------------
-@pytest.fixture
-def slow_server(tmp_path, ray_cluster):
-    """Small shards (4 rows), one map-task slot, and a 30 kB accumulator limit that allows only one
-    pair of 16-wide blocks per tile (25.6 kB at the peak of its finalize; two pairs hold 36 kB): the
-    matrix of two 4-layer runs is 36 tiles of 4 map tasks,
-    each reading its shards one by one, so the job is slow enough to cancel halfway. Both runs
-    are captures of one tiny model (mean and last-token pooling) with weights of its own, so this server
-    starts one capture replica of its own."""
+def slow_matrix_server(tmp_path, samples: int, limit: int):
+    """Small shards (4 rows), one map-task slot and a tiny accumulator limit, so the matrix of two
+    4-layer runs takes many small tasks, each reading its shards one by one: slow enough to cancel
+    halfway. Both runs are captures of one tiny model (mean and last-token pooling) with weights of
+    its own, so this server starts one capture replica of its own."""
     from actstore.client import Client
     from actstore.server.app import start_server
 
     model = save_tiny_model("bert", tmp_path / "bert", seed=7)
     server = start_server(make_settings(tmp_path / "store", shard_rows=4, metric_tasks=1,
-                                        max_accumulator_bytes=30_000))
+                                        max_accumulator_bytes=limit))
     try:
         with Client(f"127.0.0.1:{server.port}") as c:
             c.register_model(model, name="bert")
-            c.register_dataset(texts=sentences(160, seed=21), name="many")
+            c.register_dataset(texts=sentences(samples, seed=21), name="many")
             jobs = [c.submit_capture("bert", "many", pooling=pooling) for pooling in ("mean", "last")]
             yield c, [c.wait(job.job_id).target for job in jobs], tmp_path / "store"
     finally:
         server.stop()
 
 
-def test_cancel_then_resume_from_partial_results(slow_server):
-    c, runs, store = slow_server
+@pytest.fixture
+def slow_server(tmp_path, ray_cluster):
+    """Feature space (n = 160 against 8 blocks of 16): a 36 kB limit allows only one pair of
+    16-wide blocks per tile (25.6 kB at the peak of its finalize plus the 9.3 kB state of the one
+    running map task; two pairs need 138 kB), so the job is 36 tiles of 4 map tasks."""
+    yield from slow_matrix_server(tmp_path, 160, 36_000)
+
+
+@pytest.fixture
+def slow_gram_server(tmp_path, ray_cluster):
+    """Gram space (n = 64 against 8 blocks of 16): a 16 kB limit holds the reducer's 9.2 kB and
+    one tile task of one-shard panels (6.7 kB of float16 rows and products; two-shard panels need
+    8.2 kB), so the job is 4 map tasks for the means and the 136 tiles of 16 panels."""
+    yield from slow_matrix_server(tmp_path, 64, 16_000)
+
+
+@pytest.mark.parametrize("setup,space", [("slow_server", "feature"), ("slow_gram_server", "gram")])
+def test_cancel_then_resume_from_partial_results(request, setup, space):
+    c, runs, store = request.getfixturevalue(setup)
     job = c.submit_cka_matrix(runs)
     cancelled_at = None
     events = []
@@ -169,7 +183,7 @@ def test_cancel_then_resume_from_partial_results(slow_server):
     assert final.status == "cancelled", final
     assert final.total > final.done >= cancelled_at > 0
     partials = store / "partials" / job.target
-    assert partials.is_dir() and any(partials.iterdir()), "no partial results were stored for the resume"
+    assert partials.is_dir() and any(partials.iterdir()), f"no partial results were stored for the resume: {seen}"
     with pytest.raises(NotFound):
         c.result(job.target)
 
@@ -185,7 +199,7 @@ def test_cancel_then_resume_from_partial_results(slow_server):
     assert not partials.exists(), "partial results are left behind after the job finished"
 
     result = c.cka_matrix(runs)
-    assert result.provenance.cached
+    assert result.provenance.cached and result.notes[0].startswith(f"{space} space"), result.notes
     biased, debiased = numpy_matrices(c, runs)
     np.testing.assert_allclose(result.biased, biased, rtol=0, atol=1e-9)
     np.testing.assert_allclose(result.debiased, debiased, rtol=0, atol=1e-9)

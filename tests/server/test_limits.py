@@ -14,6 +14,7 @@ from actstore.errors import ResourceExhausted
 from actstore.server.app import start_server
 from actstore.server.auth import create_token
 from actstore.server.jobs import JobManager
+from actstore.server.limits import MAX_BUCKETS, RequestLimiter
 from actstore.store.catalog import Catalog
 from tests.conftest import make_settings
 
@@ -103,3 +104,16 @@ def test_the_server_applies_the_job_limit_setting(tmp_path, ray_cluster):
         assert running.service.jobs.max_per_principal == 3
     finally:
         running.stop()
+
+
+def test_rate_buckets_stay_bounded():
+    limiter = RequestLimiter(rate=1000.0, burst=2)
+    for i in range(3 * MAX_BUCKETS):
+        limiter.admit(f"principal-{i}")
+        if i % MAX_BUCKETS == MAX_BUCKETS - 1:
+            time.sleep(0.01)  # every bucket so far refills (2 tokens at 1000/s take 2 ms)
+    assert len(limiter._buckets) <= MAX_BUCKETS + 1
+    with pytest.raises(ResourceExhausted):  # a bucket still in use keeps its count
+        slow = RequestLimiter(rate=0.001, burst=1)
+        slow.admit("ann")
+        slow.admit("ann")

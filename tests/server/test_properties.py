@@ -1,6 +1,6 @@
 """Property: no request, valid or not, ever gets INTERNAL or UNKNOWN, and the server still answers.
 
-Hypothesis generates requests for every RPC of the three services (field values in and out of
+Hypothesis generates requests for every RPC of the four services (field values in and out of
 range, NaN and infinities, huge ints, odd text, random bytes instead of a message) and sends them
 over a raw gRPC channel to a real server. A quick sample runs by default; the slow variant sends
 more than 10,000.
@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore._proto.actstore.v1 import readers_pb2
 from actstore.client import Client
 from actstore.server.app import start_server
 from tests.conftest import make_settings
@@ -59,11 +60,14 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
     texts = st.builds(pb.TextList, texts=st.lists(TEXT, max_size=4), labels=st.lists(INT64, max_size=4),
                       sample_ids=st.lists(TEXT, max_size=4), label_names=st.lists(TEXT, max_size=3))
     # a delete or a capture must not touch the runs the other requests read
+    sites = st.lists(TEXT | st.sampled_from(["attn_out", "mlp_out", "*", "encoder.layer.*", "encoder.layer.*.output",
+                                             "encoder.layer.*.intermediate.dense", ",", "resid_post,*"]), max_size=3)
     not_a_run = TEXT.filter(lambda s: not any(r.startswith(s) for r in world.runs))
     messages = {
         "Catalog/ListModels": st.just(pb.ListModelsRequest()),
         "Catalog/ListDatasets": st.just(pb.ListDatasetsRequest()),
-        "Catalog/ListRuns": st.builds(pb.ListRunsRequest, model=TEXT | st.just("bert"), dataset=TEXT, status=TEXT),
+        "Catalog/ListRuns": st.builds(pb.ListRunsRequest, model=TEXT | st.just("bert"), dataset=TEXT, status=TEXT,
+                                      site=TEXT),
         "Catalog/DescribeRun": st.builds(pb.DescribeRunRequest, run=runs),
         "Catalog/RegisterModel": st.builds(pb.RegisterModelRequest, path=path, name=alias)
         | st.builds(pb.RegisterModelRequest, builtin=TEXT, name=alias),
@@ -73,7 +77,11 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
         | st.builds(pb.RegisterDatasetRequest, builtin=TEXT, split=TEXT, limit=INT64),
         "Catalog/DeleteRun": st.builds(pb.DeleteRunRequest, run=not_a_run),
         "Capture/SubmitCapture": st.builds(pb.CaptureRequest, model=st.just("bert") | TEXT, dataset=not_a_run,
-                                           pooling=TEXT, dtype=TEXT, max_len=INT32),
+                                           pooling=TEXT, dtype=TEXT, max_len=INT32, sites=sites),
+        "Planning/PlanCapture": st.builds(pb.CaptureRequest, model=st.just("bert") | TEXT,
+                                          dataset=st.just("toy") | TEXT, pooling=TEXT | st.just("mean"), dtype=TEXT,
+                                          max_len=INT32, sites=sites),
+        "Planning/PlanCKAMatrix": st.builds(pb.CKAMatrixRequest, runs=st.lists(runs, max_size=3)),
         "Capture/WatchJob": st.builds(pb.WatchJobRequest, job_id=TEXT),
         "Capture/CancelJob": st.builds(pb.CancelJobRequest, job_id=TEXT),
         "Capture/GetJob": st.builds(pb.GetJobRequest, job_id=TEXT),
@@ -95,6 +103,14 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
         "Query/GetResult": st.builds(pb.GetResultRequest, result_key=TEXT),
         "Query/ReadActivations": st.builds(pb.ReadActivationsRequest, run=runs, layer=SMALL, start=INT64 | SMALL,
                                            stop=INT64 | SMALL),
+        "Readers/ReadBatches": st.builds(readers_pb2.BatchesRequest, run=runs, layers=layers, batch_size=INT32 | SMALL,
+                                         shuffle=st.booleans(), seed=INT64, epoch=INT64 | SMALL, rank=INT32 | SMALL,
+                                         world_size=INT32 | SMALL, buffer_shards=INT32 | SMALL,
+                                         drop_last=st.booleans()),
+        "Readers/LocateRun": st.builds(readers_pb2.LocateRunRequest, run=runs),
+        "Readers/Sql": st.builds(readers_pb2.SqlRequest, query=TEXT | st.sampled_from(
+            ["SELECT * FROM runs", "SELECT ?", "SELECT $1", "DROP TABLE runs", "SELECT * FROM '/etc/passwd'"]),
+            limit=INT64 | SMALL),
     }
     typed = st.one_of(*[message.map(lambda m, name=name: (name, m.SerializeToString()))
                         for name, message in messages.items()])
@@ -102,7 +118,7 @@ def requests(world) -> st.SearchStrategy[tuple[str, bytes]]:
     return typed | raw
 
 
-STREAMS = {"Capture/WatchJob", "Query/ReadActivations"}
+STREAMS = {"Capture/WatchJob", "Query/ReadActivations", "Readers/ReadBatches"}
 
 
 def send(world, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:

@@ -426,9 +426,16 @@ class ArrayStoreContract:
             store.means(run_key)
         with pytest.raises(DataLoss, match="shard 1 of array 'tokens'"):
             store.read_layers(run_key, [0], 0, layout.rows)
+        every = list(range(layout.num_states))  # whole shards, one request each: no existence check first
+        with pytest.raises(DataLoss, match="shard 1 of array 'tokens' .*is missing"):
+            store.read_layers(run_key, every, *layout.shard_range(1))
+        np.testing.assert_array_equal(store.read_layers(run_key, every, *layout.shard_range(2)),
+                                      self.expected(numbers, every, *layout.shard_range(2)))
         with pytest.raises(DataLoss, match="shard 1 of array 'layer_sums' is missing"):
             store.layer_sums(run_key, 1)
         write(1)
         np.testing.assert_array_equal(store.read_layers(run_key, [0, 3], 0, layout.rows),
                                       self.expected(numbers, [0, 3], 0, layout.rows))
+        np.testing.assert_array_equal(store.read_layers(run_key, every, *layout.shard_range(1)),
+                                      self.expected(numbers, every, *layout.shard_range(1)))
         np.testing.assert_array_equal(store.token_ids(run_key, 2, 10), ids[2:10])

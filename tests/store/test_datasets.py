@@ -474,8 +474,8 @@ def test_csv_errors(tmp_path):
 
 
 def test_file_level_errors(tmp_path):
-    with pytest.raises(InvalidArgument, match=r"unknown extension '\.parquet'.*\.csv"):
-        load_file(tmp_path / "x.parquet")
+    with pytest.raises(InvalidArgument, match=r"unknown extension '\.xlsx'.*\.csv.*\.parquet.*save_to_disk"):
+        load_file(tmp_path / "x.xlsx")
     with pytest.raises(NotFound, match="no such file"):
         load_file(tmp_path / "missing.csv")
     (tmp_path / "dir.csv").mkdir()

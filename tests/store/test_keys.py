@@ -173,3 +173,14 @@ def test_result_key_changes_when_any_field_changes(metric, version, options, run
 def test_run_and_result_keys_are_sha256_hex():
     for k in (run_key(run_spec(**BASE)), result_key("cka", 1, OPTIONS, RUNS)):
         assert len(k) == 64 and set(k) <= set("0123456789abcdef")
+
+
+def test_the_resid_post_site_keeps_the_key_runs_had_before_sites():
+    from actstore.store.keys import site_of
+
+    assert run_key(run_spec(**BASE, site="resid_post")) == run_key(run_spec(**BASE)) == EXPECTED_RUN_KEY
+    assert site_of(run_spec(**BASE)) == "resid_post" and site_of({}) == "resid_post"
+    mlp = run_spec(**BASE, site="mlp_out", modules="encoder.layer.*.output.dense")
+    attn = run_spec(**BASE, site="attn_out", modules="encoder.layer.*.attention.output.dense")
+    assert len({run_key(mlp), run_key(attn), EXPECTED_RUN_KEY}) == 3
+    assert site_of(mlp) == "mlp_out" and mlp["modules"] == "encoder.layer.*.output.dense"

@@ -165,6 +165,10 @@ class CosineAccumulator:
         self._max = np.maximum(self._max, cosine.max(axis=1))
         self._zero_norm += np.stack([zero_norm for _, zero_norm in per_pair]).sum(axis=1)
         self._n += cosine.shape[1]
+        self._observe(cosine)
+
+    def _observe(self, cosine: np.ndarray) -> None:
+        """A subclass's look at one chunk's cosines, (P, rows) (`uncertain_cos` bootstraps them)."""
 
     def merge(self, other: CosineAccumulator) -> CosineAccumulator:
         """Add `other`'s samples (in place; `other` is unchanged) and return self."""

@@ -142,14 +142,20 @@ class FeatureMoments:
         self.norm_weighted_sum += other.norm_weighted_sum
         self.norm_products += other.norm_products
 
+    def centred(self) -> FeatureMoments:
+        """A copy moved to the exact mean: its G blocks are `Xc_b^T Xc_b'`, its A holds `s_b` and its
+        AA holds `r_b^T r_b'` (the state itself is unchanged)."""
+        centred = copy.deepcopy(self)
+        centred.move_shift(self.shift + self.row_sum / self.n)
+        return centred
+
     def pairwise_statistics(self, with_hsic: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """`(||Xc_b^T Xc_b'||_F^2, HSIC_u(K_b, K_b') or None)` for all block pairs (B x B each).
 
         Works on a copy moved to the exact mean, so the blocks of G are `Xc_b^T Xc_b'`, `A` holds
         `s_b` and `AA` holds `r_b^T r_b'` (METRICS.md feature-space form).
         """
-        centred = copy.deepcopy(self)
-        centred.move_shift(self.shift + self.row_sum / self.n)
+        centred = self.centred()
         squares = centred.cross_products.matrix()
         squares *= squares
         cross_sq = block_sums(block_sums(squares, self.widths, axis=0), self.widths, axis=1)

@@ -9,6 +9,7 @@ import numpy as np
 
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
+from actstore.metrics.similarity.features import TransformedAccumulator
 from actstore.options import SIMILARITY, from_wire, resolve
 from actstore.server.planners import Planner
 from actstore.server.planners.aligned import AlignedPlanner
@@ -28,14 +29,7 @@ class SimilarityPlanner(Planner):
             return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b,
                                                          from_wire(SIMILARITY, "word_pool", word_pool),
                                                          from_wire(SIMILARITY, "center", center), refresh)
-        a = self.checks.committed_run(run_a)
-        b = self.checks.committed_run(run_b) if run_b else a
-        la = self.checks.check_layers(a, layers_a, "layer")
-        lb = self.checks.check_layers(b, layers_b, "layer")
-        self.checks.check_matrix(len(la), len(lb))
-        self.checks.check_same_samples(a, b)
-        self.checks.check_finite(a, la)
-        self.checks.check_finite(b, lb)
+        a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
@@ -80,6 +74,20 @@ class SimilarityPlanner(Planner):
             return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
         raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
 
+    def checked_pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
+                     ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
+        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
+        the matrix within limits, the same samples, no NaN/Inf in the layers."""
+        a = self.checks.committed_run(run_a)
+        b = self.checks.committed_run(run_b) if run_b else a
+        la = self.checks.check_layers(a, layers_a, "layer")
+        lb = self.checks.check_layers(b, layers_b, "layer")
+        self.checks.check_matrix(len(la), len(lb))
+        self.checks.check_same_samples(a, b)
+        self.checks.check_finite(a, la)
+        self.checks.check_finite(b, lb)
+        return a, b, la, lb
+
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):
         full, short = divmod(a.rows, batch_size)
@@ -109,25 +117,39 @@ class SimilarityPlanner(Planner):
         return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
                 [len(la) + j for j in range(len(lb))])
 
-    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str):
+    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str, itemsize: int):
         """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
         widest = [a.width] * len(la) + [b.width] * len(lb)
-        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, row_itemsize(a, b))
+        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, itemsize)
         return [(tile_a, tile_b) for tile_a in chunks(la, size) for tile_b in chunks(lb, size)]
 
-    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]):
+    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], transforms: dict | None = None):
+        """Biased and debiased CKA of la x lb, tiled to the memory limit. `transforms` maps (run key,
+        layer) to a `features.FeatureTransform` applied to that block's rows first (float64 rows)."""
+        def blocks_of(sources):
+            return [(run, layer) for run, layers in sources for layer in layers]
+
+        def widths_of(sources):
+            return [transforms[run, layer].width if transforms else a.width if run == a.run_key else b.width
+                    for run, layer in blocks_of(sources)]
+
+        def accumulator(sources):
+            inner = sim.SimilarityAccumulator(widths_of(sources), mode)
+            if transforms is None:
+                return inner
+            return TransformedAccumulator(inner, [transforms[block] for block in blocks_of(sources)])
+
         sources, _, _ = self._blocks(a, b, la, lb)
-        mode = self.sizing.mode([a.width if run == a.run_key else b.width for run, layers in sources for _ in layers],
-                             a.rows, row_itemsize(a, b))
+        itemsize = row_itemsize(a, b) if transforms is None else 8
+        mode = self.sizing.mode(widths_of(sources), a.rows, itemsize)
         biased = np.empty((len(la), len(lb)))
         debiased = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self._tiles(a, b, la, lb, mode)
+        tiles = self._tiles(a, b, la, lb, mode, itemsize)
         for tile_a, tile_b in tiles:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
-            widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
-            total = self.executor.map_reduce(a.rows, sources, sim.SimilarityAccumulator(widths, mode))
+            total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
             matrices = total.finalize(strip_map=self.executor.gram_strip_map)
             rows = [pos_a[x] for x in tile_a]
             cols = [pos_b[x] for x in tile_b]

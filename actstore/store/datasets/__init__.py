@@ -7,7 +7,8 @@ ids, and optional augmentation groups. ``dataset_digest`` is its identity (DESIG
 Sources, all offline (DESIGN, "Models and data available offline"):
 
 - builtins, ``load_builtin(name, ...)``; ``BUILTIN_DATASETS`` lists them;
-- a user file, ``load_file(path, ...)``: ``.csv``, ``.jsonl``, ``.json`` or ``.npz``;
+- a user file, ``load_file(path, ...)``: ``.csv``, ``.jsonl``, ``.json``, ``.npz``, ``.parquet``,
+  ``.arrow`` or a Hugging Face ``save_to_disk`` folder (``tables``);
 - a Python list, ``from_texts(texts, ...)``;
 - text augmentations of another dataset for the invariance metrics, ``augment_texts(...)``.
 
@@ -17,7 +18,8 @@ directory holds a *different* dataset, ``DataLoss`` when stored or system files 
 
 Modules: ``core`` (the object, validation, digest), ``storage`` (the on-disk format),
 ``builtins`` (the builtin sources), ``austen`` (the Jane Austen builtin, from an R package),
-``columns`` (label/group/id columns, ``from_texts``), ``parsers`` (user files), ``augment``.
+``columns`` (label/group/id columns, ``from_texts``), ``parsers`` (user files), ``tables`` (Parquet,
+Arrow, Hugging Face folders), ``augment``.
 This package re-exports the public API, so callers import from ``actstore.store.datasets``.
 """
 
@@ -28,6 +30,7 @@ from actstore.store.datasets.columns import from_texts
 from actstore.store.datasets.core import DatasetData, dataset_digest
 from actstore.store.datasets.parsers import load_file
 from actstore.store.datasets.storage import load_dataset, save_dataset
+from actstore.store.datasets.tables import is_dataset_folder
 
 __all__ = [
     "AUGMENT_METHODS",
@@ -37,6 +40,7 @@ __all__ = [
     "austen_package_dir",
     "dataset_digest",
     "from_texts",
+    "is_dataset_folder",
     "load_builtin",
     "load_dataset",
     "load_file",

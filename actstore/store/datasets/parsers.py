@@ -1,4 +1,5 @@
-"""User files as datasets: ``load_file`` reads ``.csv``, ``.jsonl``, ``.json`` and ``.npz``.
+"""User files as datasets: ``load_file`` reads ``.csv``, ``.jsonl``, ``.json``, ``.npz``, and through
+``tables`` ``.parquet``, ``.arrow`` and Hugging Face ``save_to_disk`` folders.
 
 A bad user file raises ``InvalidArgument`` (it is the request that is wrong), a missing one
 ``NotFound``. Label, group and id columns are read by ``columns``, as ``from_texts`` reads them.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,9 @@ from actstore.store.datasets.columns import (
     labels_from_values,
 )
 from actstore.store.datasets.core import DatasetData
+from actstore.store.datasets.tables import TABLE_EXTENSIONS, is_dataset_folder, label_names, read_table
 
-FILE_EXTENSIONS = (".csv", ".jsonl", ".json", ".npz")
+FILE_EXTENSIONS = (".csv", ".jsonl", ".json", ".npz", *TABLE_EXTENSIONS)
 _TOO_DEEP = "{}: the JSON is nested too deeply to read: a dataset is a list of flat records or strings"
 
 
@@ -33,8 +36,9 @@ def load_file(
     label_column: str | None = None,
     id_column: str | None = None,
     group_column: str | None = None,
+    split: str | None = None,
 ) -> DatasetData:
-    """Load a dataset from a user file.
+    """Load a dataset from a user file (or a Hugging Face dataset folder).
 
     - ``.csv`` (header row; every cell read as a string, nothing turned into NaN),
       ``.jsonl`` (one JSON object, or one string, per line; blank lines skipped),
@@ -43,22 +47,28 @@ def load_file(
     - ``.npz`` (no pickles): ``images`` or ``x`` ((n, C, H, W) or (n, H, W), uint8 or float),
       or ``texts`` (a string array); optional ``labels`` / ``y`` (or ``label_column``),
       ``sample_ids`` (or ``id_column``), ``groups`` (or ``group_column``), ``label_names``.
+    - ``.parquet``, ``.arrow`` (a ``datasets`` split file) or a ``save_to_disk`` folder (``split``
+      picks a split of a DatasetDict): the columns as for CSV; a ``ClassLabel`` label column keeps
+      its class names (``tables``).
 
     Labels that are all integers (or integer strings) are used as they are; any other strings
     become ints with ``label_names`` sorted. Ids default to ``"row:<i>"`` (the row's position).
     """
     p = Path(path).expanduser()
     ext = p.suffix.lower()
-    if ext not in FILE_EXTENSIONS:
+    folder = is_dataset_folder(p)
+    if ext not in FILE_EXTENSIONS and not folder:
         raise InvalidArgument(
             f"cannot load {p}: unknown extension {p.suffix or '(none)'!r}; "
-            f"use one of {', '.join(FILE_EXTENSIONS)}"
+            f"use one of {', '.join(FILE_EXTENSIONS)} or a Hugging Face save_to_disk folder"
         )
     if not p.exists():
         raise NotFound(f"no such file: {p}")
-    if not p.is_file():
-        raise InvalidArgument(f"{p} is not a regular file")
-    source: dict[str, Any] = {"file": str(p.resolve())}
+    if not p.is_file() and not folder:
+        raise InvalidArgument(f"{p} is not a regular file (nor a Hugging Face save_to_disk folder)")
+    if split is not None and not (folder and (p / "dataset_dict.json").is_file()):
+        raise InvalidArgument(f"{p} has no splits: omit split (it picks a split of a DatasetDict folder or a builtin)")
+    source: dict[str, Any] = {"file": str(p.resolve()), **({"split": split} if split is not None else {})}
     opts = {
         "text_column": text_column,
         "label_column": label_column,
@@ -69,6 +79,11 @@ def load_file(
         source.update({k: v for k, v in opts.items() if k != "text_column" and v is not None})
         return _load_npz(p, label_column, id_column, group_column, source)
     source.update({k: v for k, v in opts.items() if v is not None})
+    if folder or ext in TABLE_EXTENSIONS:
+        columns, rows, features = read_table(p, opts, split)
+        data = _records_to_dataset(p, columns, rows, text_column, label_column, id_column, group_column, source)
+        names = label_names(features, label_column)
+        return data if names is None else replace(data, label_names=names)
     if ext == ".csv":
         columns, rows = _read_user_csv(p)
     else:

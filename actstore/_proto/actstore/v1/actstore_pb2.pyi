@@ -145,11 +145,28 @@ class LayerHealth(_message.Message):
     INF_COUNT_FIELD_NUMBER: _builtins.int
     MIN_FIELD_NUMBER: _builtins.int
     MAX_FIELD_NUMBER: _builtins.int
+    MEAN_FIELD_NUMBER: _builtins.int
+    STD_FIELD_NUMBER: _builtins.int
+    NORM_MEAN_FIELD_NUMBER: _builtins.int
+    NORM_STD_FIELD_NUMBER: _builtins.int
+    HAS_STATS_FIELD_NUMBER: _builtins.int
     layer: _builtins.int
     nan_count: _builtins.int
     inf_count: _builtins.int
     min: _builtins.float
     max: _builtins.float
+    mean: _builtins.float
+    """running statistics of the stored numbers, merged over every shard at capture
+    over rows and features
+    """
+    std: _builtins.float
+    """over rows and features"""
+    norm_mean: _builtins.float
+    """the L2 norm of a row: its mean over rows"""
+    norm_std: _builtins.float
+    """and its standard deviation"""
+    has_stats: _builtins.bool
+    """false for runs captured before statistics existed"""
     def __init__(
         self,
         *,
@@ -158,10 +175,15 @@ class LayerHealth(_message.Message):
         inf_count: _builtins.int = ...,
         min: _builtins.float = ...,
         max: _builtins.float = ...,
+        mean: _builtins.float = ...,
+        std: _builtins.float = ...,
+        norm_mean: _builtins.float = ...,
+        norm_std: _builtins.float = ...,
+        has_stats: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["inf_count", b"inf_count", "layer", b"layer", "max", b"max", "min", b"min", "nan_count", b"nan_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_stats", b"has_stats", "inf_count", b"inf_count", "layer", b"layer", "max", b"max", "mean", b"mean", "min", b"min", "nan_count", b"nan_count", "norm_mean", b"norm_mean", "norm_std", b"norm_std", "std", b"std"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -188,6 +210,8 @@ class Run(_message.Message):
     STORED_BYTES_FIELD_NUMBER: _builtins.int
     MODEL_ALIASES_FIELD_NUMBER: _builtins.int
     DATASET_ALIASES_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
+    SITE_MODULES_FIELD_NUMBER: _builtins.int
     run_key: _builtins.str
     model_digest: _builtins.str
     dataset_digest: _builtins.str
@@ -205,6 +229,10 @@ class Run(_message.Message):
     recorded_shards: _builtins.int
     stored_bytes: _builtins.int
     """filled by DescribeRun"""
+    site: _builtins.str
+    """resid_post | attn_out | mlp_out | a module path pattern"""
+    site_modules: _builtins.str
+    """the modules the site resolved to (`*` = block index); empty for resid_post"""
     @_builtins.property
     def health(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerHealth]:
         """filled by DescribeRun"""
@@ -233,10 +261,12 @@ class Run(_message.Message):
         stored_bytes: _builtins.int = ...,
         model_aliases: _abc.Iterable[_builtins.str] | None = ...,
         dataset_aliases: _abc.Iterable[_builtins.str] | None = ...,
+        site: _builtins.str = ...,
+        site_modules: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rows", b"rows", "run_key", b"run_key", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -319,20 +349,24 @@ class ListRunsRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     DATASET_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    SITE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """alias or digest; empty: all"""
     dataset: _builtins.str
     status: _builtins.str
+    site: _builtins.str
+    """empty: every site"""
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         dataset: _builtins.str = ...,
         status: _builtins.str = ...,
+        site: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "model", b"model", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "model", b"model", "site", b"site", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -499,7 +533,7 @@ class RegisterDatasetRequest(_message.Message):
     AUGMENT_VIEWS_FIELD_NUMBER: _builtins.int
     AUGMENT_METHOD_FIELD_NUMBER: _builtins.int
     path: _builtins.str
-    """.csv / .jsonl / .json / .npz on the server's file system"""
+    """.csv / .jsonl / .json / .npz / .parquet / .arrow or a save_to_disk folder on the server"""
     builtin: _builtins.str
     """rotten-tomatoes | fashion-mnist | digits | mnist-5k | austen"""
     name: _builtins.str
@@ -555,6 +589,7 @@ class CaptureRequest(_message.Message):
     POOLING_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
     MAX_LEN_FIELD_NUMBER: _builtins.int
+    SITES_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """alias or digest"""
     dataset: _builtins.str
@@ -564,6 +599,12 @@ class CaptureRequest(_message.Message):
     """float16 (default) | float32 | bfloat16"""
     max_len: _builtins.int
     """0: the server default"""
+    @_builtins.property
+    def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """resid_post (default) | attn_out | mlp_out | a module path pattern (`*` = block index); several
+        sites come from one forward pass, one run per site
+        """
+
     def __init__(
         self,
         *,
@@ -572,10 +613,11 @@ class CaptureRequest(_message.Message):
         pooling: _builtins.str = ...,
         dtype: _builtins.str = ...,
         max_len: _builtins.int = ...,
+        sites: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -596,6 +638,8 @@ class Job(_message.Message):
     JOINED_FIELD_NUMBER: _builtins.int
     UNIT_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
+    RUN_KEYS_FIELD_NUMBER: _builtins.int
+    SITES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     kind: _builtins.str
     """capture | similarity-matrix"""
@@ -614,6 +658,12 @@ class Job(_message.Message):
     """what done/total count: shards, tasks ..."""
     error_code: _builtins.str
     """the gRPC status name the error would carry (NOT_FOUND, ...)"""
+    @_builtins.property
+    def run_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """a capture: the run of each site, in the order of `sites`"""
+
+    @_builtins.property
+    def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -628,10 +678,12 @@ class Job(_message.Message):
         joined: _builtins.bool = ...,
         unit: _builtins.str = ...,
         error_code: _builtins.str = ...,
+        run_keys: _abc.Iterable[_builtins.str] | None = ...,
+        sites: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "error_code", b"error_code", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "error_code", b"error_code", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "run_keys", b"run_keys", "sites", b"sites", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -918,6 +970,8 @@ class SimilarityRequest(_message.Message):
         """Nguyen et al. 2021, over equal batches of batch_size rows"""
         MUTUAL_KNN: SimilarityRequest._Metric.ValueType  # 4
         """Huh et al. 2024, k nearest neighbours"""
+        MEASURE: SimilarityRequest._Metric.ValueType  # 5
+        """the measure named by `measure` (a similarity-repository identifier)"""
 
     class Metric(_Metric, metaclass=_MetricEnumTypeWrapper): ...
     METRIC_UNSPECIFIED: SimilarityRequest.Metric.ValueType  # 0
@@ -930,6 +984,8 @@ class SimilarityRequest(_message.Message):
     """Nguyen et al. 2021, over equal batches of batch_size rows"""
     MUTUAL_KNN: SimilarityRequest.Metric.ValueType  # 4
     """Huh et al. 2024, k nearest neighbours"""
+    MEASURE: SimilarityRequest.Metric.ValueType  # 5
+    """the measure named by `measure` (a similarity-repository identifier)"""
 
     METRIC_FIELD_NUMBER: _builtins.int
     RUN_A_FIELD_NUMBER: _builtins.int
@@ -941,6 +997,9 @@ class SimilarityRequest(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REMAINDER_FIELD_NUMBER: _builtins.int
     K_FIELD_NUMBER: _builtins.int
+    MEASURE_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
+    SIGMA_FRACTION_FIELD_NUMBER: _builtins.int
     ALIGN_FIELD_NUMBER: _builtins.int
     WORD_POOL_FIELD_NUMBER: _builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
@@ -956,7 +1015,13 @@ class SimilarityRequest(_message.Message):
     remainder: _builtins.str
     """MINIBATCH_CKA: drop (default) | merge the short final batch"""
     k: _builtins.int
-    """MUTUAL_KNN: neighbours (default 10)"""
+    """MUTUAL_KNN and the MEASURE kNN family (mutual_knn, cycle_knn, cknna): neighbours (default 10)"""
+    measure: _builtins.str
+    """MEASURE: e.g. procrustes-distance=angular, cca-squared_score (docs/metrics.md)"""
+    alpha: _builtins.float
+    """MEASURE shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
+    sigma_fraction: _builtins.float
+    """MEASURE RBF CKA: bandwidth / median distance; 0 means the default"""
     align: _builtins.str
     """CKA: none (default) | words: token runs of different tokenizers, rows = shared words"""
     word_pool: _builtins.str
@@ -980,14 +1045,19 @@ class SimilarityRequest(_message.Message):
         batch_size: _builtins.int = ...,
         remainder: _builtins.str = ...,
         k: _builtins.int = ...,
+        measure: _builtins.str = ...,
+        alpha: _builtins.float | None = ...,
+        sigma_fraction: _builtins.float = ...,
         align: _builtins.str = ...,
         word_pool: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["align", b"align", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "word_pool", b"word_pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
+    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
 
 Global___SimilarityRequest: _TypeAlias = SimilarityRequest  # noqa: Y015
 
@@ -1192,7 +1262,13 @@ class CKAMatrixRequest(_message.Message):
 
     RUNS_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
+    MEASURE_FIELD_NUMBER: _builtins.int
+    ALPHA_FIELD_NUMBER: _builtins.int
     refresh: _builtins.bool
+    measure: _builtins.str
+    """empty: linear CKA; else a streamed measure (procrustes-distance=angular, ...)"""
+    alpha: _builtins.float
+    """shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
     @_builtins.property
     def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """run keys or prefixes, same samples in the same order"""
@@ -1202,12 +1278,16 @@ class CKAMatrixRequest(_message.Message):
         *,
         runs: _abc.Iterable[_builtins.str] | None = ...,
         refresh: _builtins.bool = ...,
+        measure: _builtins.str = ...,
+        alpha: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
+    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
 
 Global___CKAMatrixRequest: _TypeAlias = CKAMatrixRequest  # noqa: Y015
 

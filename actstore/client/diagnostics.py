@@ -1,0 +1,176 @@
+"""The client's diagnostics: CKA and COS with bootstrap intervals, CKA's permutation null and
+calibrated score, feature options (standardise, exclude dimensions), and the outlier report.
+
+    with Client.embedded("./actstore-data") as c:
+        r = c.cka_stats(run_a, run_b, layers_a=[3], layers_b=[5], bootstrap=200, null=100)
+        r.biased, r.biased_ci[..., 0], r.biased_ci[..., 1], r.biased_null.calibrated
+        c.outliers(run).severity                 # ||mean|| / ||std|| per layer
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore._proto.actstore.v1 import diagnostics_pb2, diagnostics_pb2_grpc
+from actstore.client.results import Provenance, QueryAnswer
+from actstore.options import SIMILARITY, UNCERTAINTY
+
+U = UNCERTAINTY
+
+
+@dataclass(frozen=True)
+class NullStats:
+    """The permutation null of one CKA variant, per layer pair: its mean, quantiles (at the
+    result's quantile_levels), the calibrated score (CKA - mean) / (1 - mean) and the p-value."""
+
+    mean: np.ndarray
+    quantiles: np.ndarray
+    calibrated: np.ndarray
+    p_value: np.ndarray
+
+
+@dataclass(frozen=True)
+class CKAStatsResult:
+    """Linear CKA between layers_a (rows) and layers_b (columns) with what was asked: percentile
+    intervals `*_ci` (La, Lb, 2) and bootstrap standard errors `*_se`, the null per variant, and
+    the (layer, dimension) rows left out of each side. Unasked parts are None."""
+
+    biased: np.ndarray
+    debiased: np.ndarray
+    layers_a: list[int]
+    layers_b: list[int]
+    n: int
+    biased_ci: np.ndarray | None
+    debiased_ci: np.ndarray | None
+    biased_se: np.ndarray | None
+    debiased_se: np.ndarray | None
+    biased_null: NullStats | None
+    debiased_null: NullStats | None
+    quantile_levels: np.ndarray | None
+    excluded_a: np.ndarray
+    excluded_b: np.ndarray
+    provenance: Provenance
+    notes: list[str]
+
+    @staticmethod
+    def from_answer(answer: QueryAnswer) -> CKAStatsResult:
+        a, options = answer.arrays, answer.provenance.options
+
+        def null(variant: str) -> NullStats | None:
+            if f"{variant}_null_mean" not in a:
+                return None
+            return NullStats(*(a[f"{variant}_{part}"] for part in ("null_mean", "null_quantiles", "calibrated",
+                                                                    "p_value")))
+
+        return CKAStatsResult(a["biased"], a["debiased"], options["layers_a"], options["layers_b"],
+                              int(answer.scalars["n"]), a.get("biased_ci"), a.get("debiased_ci"), a.get("biased_se"),
+                              a.get("debiased_se"), null("biased"), null("debiased"), a.get("quantile_levels"),
+                              a["excluded_a"], a["excluded_b"], answer.provenance, answer.notes)
+
+
+@dataclass(frozen=True)
+class COSStatsResult:
+    """Sample-wise cosine (mean and quantiles) with the bootstrap interval of the mean, `mean_ci`
+    (La, Lb, 2), and its standard error `mean_se` (None without bootstrap)."""
+
+    mean: np.ndarray
+    quantiles: np.ndarray
+    quantile_levels: np.ndarray
+    layers_a: list[int]
+    layers_b: list[int]
+    n: int
+    mean_ci: np.ndarray | None
+    mean_se: np.ndarray | None
+    excluded_a: np.ndarray
+    excluded_b: np.ndarray
+    provenance: Provenance
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class OutlierReport:
+    """Per layer: severity ||mean|| / ||std||, the top-k dimensions by |mean| / std (`top_dims`,
+    with `top_ratio`, `top_mean`, `top_std`; -1 / NaN pads layers with fewer varying dimensions),
+    excess kurtosis max and mean over dimensions, and the outlier dimensions as (layer, dimension)
+    rows."""
+
+    layers: list[int]
+    severity: np.ndarray
+    top_dims: np.ndarray
+    top_ratio: np.ndarray
+    top_mean: np.ndarray
+    top_std: np.ndarray
+    kurtosis_max: np.ndarray
+    kurtosis_mean: np.ndarray
+    outlier_dims: np.ndarray
+    n: int
+    provenance: Provenance
+    notes: list[str]
+
+    def outliers_of(self, layer: int) -> list[int]:
+        """The outlier dimensions of one layer."""
+        return [int(d) for l_, d in self.outlier_dims if l_ == layer]
+
+
+class DiagnosticsMixin:
+    """Client methods over the Diagnostics service (mixed into `Client`)."""
+
+    @functools.cached_property
+    def _diagnostics(self):
+        from actstore.client import _Translating  # the client module imports this one first
+
+        return _Translating(diagnostics_pb2_grpc.DiagnosticsStub(self._channel), self._query._metadata)
+
+    def _stats(self, metric, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap, ci, seed, null,
+               standardize, exclude_dims, exclude_outliers, outlier_sigmas) -> QueryAnswer:
+        query = pb.SimilarityRequest(metric=metric, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
+                                     layers_b=list(layers_b or []), center=center, refresh=refresh)
+        features = diagnostics_pb2.FeatureOptions(standardize=standardize, exclude_dims=list(exclude_dims or []),
+                                                  exclude_outliers=exclude_outliers, outlier_sigmas=outlier_sigmas)
+        request = diagnostics_pb2.SimilarityStatsRequest(query=query, bootstrap=bootstrap, ci=ci, seed=seed,
+                                                         null_permutations=null, features=features)
+        return QueryAnswer.from_proto(self._diagnostics.SimilarityStats(request))
+
+    def cka_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
+                  layers_b: Sequence[int] | None = None, bootstrap: int = U.bootstrap.default,
+                  ci: float = U.ci.default, seed: int = U.seed.default, null: int = U.null.default,
+                  standardize: bool = U.standardize.default, exclude_dims: Sequence[int] | None = None,
+                  exclude_outliers: bool = U.exclude_outliers.default,
+                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> CKAStatsResult:
+        """Linear CKA (biased and debiased) with `bootstrap` Poisson-bootstrap replicates (percentile
+        intervals at `ci`), `null` permutations of B's rows (null mean, quantiles, calibrated score,
+        p-value), optionally on standardised features or without some dimensions. The bootstrap
+        and the null hold the rows in memory (n x width per layer), so ask them for chosen pairs."""
+        return CKAStatsResult.from_answer(self._stats(
+            pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh, bootstrap, ci, seed, null,
+            standardize, exclude_dims, exclude_outliers, outlier_sigmas))
+
+    def cos_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
+                  layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
+                  bootstrap: int = U.bootstrap.default, ci: float = U.ci.default, seed: int = U.seed.default,
+                  standardize: bool = U.standardize.default, exclude_dims: Sequence[int] | None = None,
+                  exclude_outliers: bool = U.exclude_outliers.default,
+                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> COSStatsResult:
+        """Sample-wise cosine with a Poisson-bootstrap interval of its mean (streamed), optionally on
+        standardised features or without some dimensions (the same ones on both sides)."""
+        answer = self._stats(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap,
+                             ci, seed, 0, standardize, exclude_dims, exclude_outliers, outlier_sigmas)
+        a, options = answer.arrays, answer.provenance.options
+        return COSStatsResult(a["mean"], a["quantiles"], a["quantile_levels"], options["layers_a"],
+                              options["layers_b"], int(answer.scalars["n"]), a.get("mean_ci"), a.get("mean_se"),
+                              a["excluded_a"], a["excluded_b"], answer.provenance, answer.notes)
+
+    def outliers(self, run: str, *, layers: Sequence[int] | None = None, top_k: int = U.top_k.default,
+                 outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> OutlierReport:
+        """Outlier and massive-activation diagnosis per layer (docs/metrics.md, "Outlier diagnostics")."""
+        answer = QueryAnswer.from_proto(self._diagnostics.Outliers(diagnostics_pb2.OutliersRequest(
+            run=run, layers=list(layers or []), top_k=top_k, outlier_sigmas=outlier_sigmas, refresh=refresh)))
+        a = answer.arrays
+        return OutlierReport(answer.provenance.options["layers"], a["severity"], a["top_dims"], a["top_ratio"],
+                             a["top_mean"], a["top_std"], a["kurtosis_max"], a["kurtosis_mean"], a["outlier_dims"],
+                             int(answer.scalars["n"]), answer.provenance, answer.notes)

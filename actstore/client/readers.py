@@ -1,0 +1,151 @@
+"""Data out of the store, for the client: batches for training (numpy, or a torch
+`IterableDataset`), a run as a lazy xarray, and read-only SQL over the catalog.
+
+A mixin of `Client` (it uses the client's `_readers` stub and its connection arguments); torch,
+xarray, zarr and pandas are imported only by the methods that need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from actstore._proto.actstore.v1 import readers_pb2 as pb
+from actstore.client.frames import pandas
+from actstore.options import BATCHES, SQL
+from actstore.wire import from_ndarray
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`values[i, j]` is layer `layers[j]` of row `rows[i]` of the run (a sample for pooled runs, a
+    token for token-level runs, whose `sample_ids[i]` names the token's sample)."""
+
+    values: np.ndarray  # (rows, len(layers), d), the stored dtype (bfloat16 widened to float32)
+    layers: list[int]
+    rows: np.ndarray  # the run's row index of each row
+    sample_ids: list[str]
+    labels: np.ndarray | None  # the sample's label of each row; None if the dataset has none
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def layer(self, layer: int) -> np.ndarray:
+        """(rows, d): one layer of the batch."""
+        return self.values[:, self.layers.index(layer)]
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    run_key: str
+    store: str
+    group: str
+    array: str
+    dtype: str
+    pooling: str
+    n: int
+    rows: int
+    num_layers: int
+    width: int
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple[Any, ...]]
+    truncated: bool  # more rows matched than the limit let through
+
+    def to_pandas(self):
+        return pandas().DataFrame(self.rows, columns=self.columns)
+
+
+def _cell(value: pb.SqlValue) -> Any:
+    kind = value.WhichOneof("value")
+    return None if kind in (None, "is_null") else getattr(value, kind)
+
+
+def _batch(parts: list[pb.BatchPart], layers: Sequence[int] | None) -> Batch:
+    values = np.concatenate([from_ndarray(p.values) for p in parts])
+    labels = [label for p in parts for label in p.labels]
+    return Batch(values=values, layers=list(layers) if layers else list(range(values.shape[1])),
+                 rows=np.array([r for p in parts for r in p.rows], dtype=np.int64),
+                 sample_ids=[s for p in parts for s in p.sample_ids],
+                 labels=np.array(labels, dtype=np.int64) if labels else None)
+
+
+class ReadersMixin:
+    _readers: Any
+    address: str
+    _connection: tuple[str | None, bytes | None]
+
+    def batches(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,
+                seed: int = BATCHES.seed.default, epoch: int = BATCHES.epoch.default, rank: int = BATCHES.rank.default,
+                world_size: int = BATCHES.world_size.default, buffer_shards: int = BATCHES.buffer_shards.default,
+                drop_last: bool = BATCHES.drop_last.default) -> Iterator[Batch]:
+        """One epoch of rank `rank`'s share of a committed run, as batches streamed from the server.
+
+        The run's shards are dealt to the `world_size` ranks round-robin in an order shuffled per
+        (seed, epoch): over all ranks every row comes exactly once per epoch; ranks' row counts
+        differ by at most one shard's rows (ACTSTORE_SHARD_ROWS; a rank may get none when there
+        are more ranks than shards). With `shuffle`, rows are drawn at random from a server-side
+        buffer of `buffer_shards` shards (bounded memory, not a full load); the same seed and epoch
+        give the same batches. Without, rows come in store order. Each batch holds `batch_size`
+        rows but a rank's last; `drop_last` drops that one (then not every row is read).
+        Token-level runs: a row is a token, with its sample's id and label."""
+        options = dict(batch_size=batch_size, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                       buffer_shards=buffer_shards, drop_last=drop_last)
+        for name, value in options.items():  # here too: a proto3 zero would read as "not given"
+            BATCHES[name].check(value)
+        request = pb.BatchesRequest(run=run, layers=list(layers or []), shuffle=shuffle, **options)
+        parts: list[pb.BatchPart] = []
+        for part in self._readers.ReadBatches(request):
+            parts.append(part)
+            if part.offset + len(part.rows) == part.batch_rows:
+                yield _batch(parts, layers)
+                parts = []
+
+    def torch_dataset(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,
+                      seed: int = BATCHES.seed.default, rank: int = BATCHES.rank.default,
+                      world_size: int = BATCHES.world_size.default,
+                      buffer_shards: int = BATCHES.buffer_shards.default,
+                      drop_last: bool = BATCHES.drop_last.default):
+        """A `torch.utils.data.IterableDataset` over `batches` (needs torch): each DataLoader worker
+        opens its own connection and reads its own share (ranks x workers readers in all). Use
+        `DataLoader(dataset, batch_size=None, num_workers=N)` and `dataset.set_epoch(e)` per epoch."""
+        from actstore.client.torch_data import ActivationBatches
+
+        token, root_certificates = self._connection
+        return ActivationBatches(self.address, run, token=token, root_certificates=root_certificates,
+                                 batch_size=batch_size, layers=layers, shuffle=shuffle, seed=seed, rank=rank,
+                                 world_size=world_size, buffer_shards=buffer_shards, drop_last=drop_last)
+
+    def locate_run(self, run: str) -> RunLocation:
+        """Where a committed run's Zarr arrays are (the server's store root and the run's group)."""
+        r = self._readers.LocateRun(pb.LocateRunRequest(run=run))
+        return RunLocation(r.run_key, r.store, r.group, r.array, r.dtype, r.pooling, r.n, r.rows, r.num_layers,
+                           r.width)
+
+    def to_xarray(self, run: str):
+        """The run as a lazy `xarray.DataArray` read straight from its Zarr arrays (needs xarray and
+        zarr: pip install 'actstore[readers]'; and a store this process can reach: the server's
+        local path, or its s3:// bucket with the AWS_* variables set). Pooled runs: dims
+        (sample, layer, feature); token-level runs: (token, layer, feature). Coordinates: layer,
+        sample_id and label (per token for token-level runs, plus `sample`, the sample index).
+        Nothing is read until values are asked for; a selection reads only its chunks."""
+        from actstore.client.xarray_view import open_run
+
+        return open_run(self.locate_run(run))
+
+    def sql(self, query: str, *, limit: int | None = SQL.limit.default) -> SqlResult:
+        """One read-only SELECT over the catalog tables (docs/sql.md), at most `limit` rows (default:
+        the server's ACTSTORE_SQL_MAX_ROWS); `truncated` says whether more matched. Writes, ATTACH,
+        COPY, file reads and table functions are refused (PermissionDenied)."""
+        if limit is not None:
+            SQL.limit.check(limit)
+        answer = self._readers.Sql(pb.SqlRequest(query=query, limit=limit or 0))
+        return SqlResult(list(answer.columns), list(answer.types),
+                         [tuple(_cell(v) for v in row.values) for row in answer.rows], answer.truncated)

@@ -1,0 +1,92 @@
+"""A run's Zarr arrays as a lazy `xarray.DataArray`, opened by the client itself (no server code).
+
+The server says where the run is (`LocateRun`: its store root and group); this module opens the
+group with zarr 3 (a local directory, or an s3:// bucket through obstore with the AWS_* variables)
+and wraps the activation array as an xarray lazy backend array: nothing is read until values are
+asked for, and a selection reads only the chunks it touches. Zarr decodes the stored chunks (Blosc
++ crc32c: a damaged chunk raises, never returns numbers); bfloat16, kept as the upper 16 bits in
+uint16, is widened to float32 here. xarray's own `open_zarr` is not used: Zarr v3 arrays need
+`dimension_names` metadata for it, which the store does not write.
+
+Layout read (store/arrays.py): `acts` (n, L+1, d) or `tokens` (T, L+1, d); `sample_ids` as UTF-8
+bytes with `sample_id_offsets`; `labels` (n,) where known; `offsets` (n+1,) for token-level runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import xarray as xr
+import zarr
+from xarray.backends import BackendArray
+from xarray.core import indexing
+
+from actstore.errors import DataLoss, FailedPrecondition
+
+# what zarr and its codecs raise for bytes that fail their crc32c or do not decode
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
+
+
+class _StoredActivations(BackendArray):
+    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str) -> None:
+        self.array = array
+        self.bfloat16 = bfloat16
+        self.run_key = run_key
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(np.float32) if bfloat16 else np.dtype(array.dtype)
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._read)
+
+    def _read(self, key: tuple) -> np.ndarray:
+        try:
+            values = self.array.oindex[key]
+        except _DECODE_ERRORS as exc:
+            raise DataLoss(f"run {self.run_key[:12]}: a chunk of {self.array.path} is damaged "
+                           f"({str(exc).splitlines()[0][:200]}); `actstore verify {self.run_key[:12]} --repair` "
+                           "drops the damaged shards, then submit the same capture again") from None
+        return (values.astype(np.uint32) << 16).view(np.float32) if self.bfloat16 else values
+
+
+def _store(root: str):
+    """A read-only zarr store for the server's store root, as this process can reach it."""
+    if urlparse(root).scheme == "s3":
+        from obstore.store import S3Store
+        from zarr.storage import ObjectStore
+
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        return ObjectStore(S3Store.from_url(root, client_options={"allow_http": endpoint.startswith("http://")}),
+                           read_only=True)
+    if not Path(root).is_dir():
+        raise FailedPrecondition(f"the server's store {root} is not a directory this machine can see: to_xarray "
+                                 "reads the arrays directly (run it where the store is mounted, or use an s3:// "
+                                 "store); client.batches streams them from any machine")
+    return zarr.storage.LocalStore(root, read_only=True)
+
+
+def open_run(location) -> xr.DataArray:
+    """`location`: the client's RunLocation of a committed run."""
+    group = zarr.open_group(store=_store(location.store), path=location.group, mode="r")
+    blob = group["sample_ids"][:].tobytes()
+    bounds = group["sample_id_offsets"][:]
+    ids = np.array([blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])], dtype=object)
+    labels = group["labels"][:] if "labels" in group else None
+    data = indexing.LazilyIndexedArray(_StoredActivations(group[location.array], location.dtype == "bfloat16",
+                                                                location.run_key))
+    coords: dict = {"layer": np.arange(location.num_layers + 1)}
+    if location.pooling == "tokens":
+        dims = ("token", "layer", "feature")
+        sample = np.searchsorted(group["offsets"][:], np.arange(location.rows), side="right") - 1
+        coords.update(sample=("token", sample), sample_id=("token", ids[sample]))
+        if labels is not None:
+            coords["label"] = ("token", labels[sample])
+    else:
+        dims = ("sample", "layer", "feature")
+        coords["sample_id"] = ("sample", ids)
+        if labels is not None:
+            coords["label"] = ("sample", labels)
+    attrs = {"run_key": location.run_key, "pooling": location.pooling, "stored_dtype": location.dtype}
+    return xr.DataArray(xr.Variable(dims, data), coords=coords, name="activations", attrs=attrs)

@@ -1,0 +1,134 @@
+"""Data out while the server runs: a run as shuffled, rank-partitioned batches (the partition and
+the buffer are `store.batches`), where a run's arrays are (for readers opening Zarr themselves),
+and read-only SQL over the catalog (`store.catalog_sql`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from actstore.config import Settings
+from actstore.errors import InvalidArgument, ResourceExhausted
+from actstore.options import BATCHES, SQL, resolve
+from actstore.server.runs import RunChecks, byte_size
+from actstore.store import batches
+from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.catalog import Catalog, RunRecord
+from actstore.store.catalog_sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
+
+
+@dataclass(frozen=True)
+class BatchPiece:
+    """Rows [offset, offset + len(rows)) of batch `batch` (of `batch_rows` rows) of a stream."""
+
+    batch: int
+    batch_rows: int
+    offset: int
+    values: np.ndarray  # (rows, layers, d)
+    rows: np.ndarray  # the run's row index of each row
+    sample_ids: list[str]
+    labels: np.ndarray | None
+    buffer_shards: int
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    layers: list[int]
+    batch_size: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+    buffer_shards: int
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    record: RunRecord
+    store: str
+    group: str
+    array: str
+
+
+class Readers:
+    def __init__(self, catalog: Catalog, arrays: ArrayStore, checks: RunChecks, settings: Settings) -> None:
+        self.arrays = arrays
+        self.checks = checks
+        self.settings = settings
+        self._sql = CatalogSql(catalog.cursor)
+
+    # ---- batches ------------------------------------------------------------------------------
+    def options(self, record: RunRecord, layers: list[int], **given) -> BatchOptions:
+        """The request's options, checked against the tables (None: the default)."""
+        resolved = {name: resolve(BATCHES, name, given.get(name)) for name in BATCHES}
+        if resolved["batch_size"] is None:
+            raise InvalidArgument("batch_size is required: the rows of one batch")
+        if resolved["rank"] >= resolved["world_size"]:
+            raise InvalidArgument(f"rank {resolved['rank']} is out of range for world_size {resolved['world_size']}: "
+                                  "ranks are 0..world_size-1")
+        chosen = self.checks.check_layers(record, layers, "layer")
+        return BatchOptions(layers=chosen, shuffle=bool(given.get("shuffle")), **resolved)
+
+    def batches(self, run: str, layers: list[int], **given) -> Iterator[BatchPiece]:
+        record = self.checks.committed_run(run)
+        options = self.options(record, layers, **given)
+        layout = self.arrays.layout(record.run_key)
+        k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)
+        itemsize = 2 if record.dtype == "float16" else 4  # bfloat16 is read back as float32
+        row_bytes = len(options.layers) * record.width * itemsize
+        # shuffled: K shards' rows; in order: a shard and the rows carried into the next batch
+        held = k * layout.shard_rows if options.shuffle else layout.shard_rows + options.batch_size
+        if held * row_bytes > self.settings.batch_buffer_bytes:
+            raise ResourceExhausted(
+                f"reading {held} rows x {len(options.layers)} layers at once (buffer_shards {k} of "
+                f"{layout.shard_rows} rows, batch_size {options.batch_size}) would hold {byte_size(held * row_bytes)}, "
+                f"over the {byte_size(self.settings.batch_buffer_bytes)} limit (ACTSTORE_BATCH_BUFFER_BYTES): ask "
+                "for fewer layers, a smaller buffer_shards or batch_size")
+        return self._stream(record, layout, options, k, row_bytes)
+
+    def _stream(self, record: RunRecord, layout: RunLayout, options: BatchOptions, k: int, row_bytes: int
+                ) -> Iterator[BatchPiece]:
+        key = record.run_key
+        ids = self.arrays.sample_ids(key)
+        labels = self.arrays.labels(key)
+        offsets = self.arrays.offsets(key) if record.pooling == "tokens" else None
+        shards = batches.shards_of_rank(layout, options.rank, options.world_size, options.shuffle,
+                                        options.seed, options.epoch)
+
+        def read(shard: int) -> np.ndarray:
+            lo, hi = layout.shard_range(shard)
+            return np.moveaxis(self.arrays.read_layers(key, options.layers, lo, hi), 0, 1)
+
+        if options.shuffle:
+            dtype = np.dtype(np.float16 if record.dtype == "float16" else np.float32)
+            rng = np.random.default_rng([options.seed, options.epoch, options.rank])
+            stream = batches.shuffled_batches(read, layout, shards, options.batch_size, k, rng,
+                                              (len(options.layers), record.width), dtype)
+        else:
+            stream = batches.sequential_batches(read, layout, shards, options.batch_size)
+        per_part = max(1, self.settings.read_chunk_bytes // row_bytes)
+        for index, (values, rows) in enumerate(stream):
+            if options.drop_last and len(rows) < options.batch_size:
+                return
+            samples = rows if offsets is None else np.searchsorted(offsets, rows, side="right") - 1
+            for lo in range(0, len(rows), per_part):
+                part = slice(lo, lo + per_part)
+                yield BatchPiece(index, len(rows), lo, values[part], rows[part], [ids[i] for i in samples[part]],
+                                 None if labels is None else labels[samples[part]], k if options.shuffle else 1)
+
+    # ---- where the arrays are -----------------------------------------------------------------
+    def locate(self, run: str) -> RunLocation:
+        record = self.checks.committed_run(run)
+        layout = self.arrays.layout(record.run_key)
+        return RunLocation(record, self.settings.store_root, f"runs/{record.run_key}", layout.array_name)
+
+    # ---- SQL ----------------------------------------------------------------------------------
+    def sql(self, query: str, limit: int | None, role: str | None) -> SqlAnswer:
+        """One read-only SELECT; `role` None (no auth: the store's one user) reads what an admin reads."""
+        limit = resolve(SQL, "limit", limit, self.settings) or self.settings.sql_max_rows
+        tables = ADMIN_TABLES if role in (None, "admin") else READABLE_TABLES
+        return self._sql.run(query, tables, limit, self.settings.sql_timeout_seconds)

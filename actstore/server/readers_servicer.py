@@ -1,0 +1,70 @@
+"""The Readers service (proto/actstore/v1/readers.proto): thin, as the other servicers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from actstore._proto.actstore.v1 import readers_pb2 as pb
+from actstore._proto.actstore.v1 import readers_pb2_grpc as rpc
+from actstore.options import BATCHES, SQL, from_wire
+from actstore.server.interceptors import current_role
+from actstore.server.service import ActStoreService
+from actstore.wire import to_ndarray
+
+_INT64 = 1 << 63
+
+
+def sql_value(value: Any) -> pb.SqlValue:
+    """One cell: numbers, text, booleans and bytes as themselves; times as ISO text; lists and
+    structs as JSON text; anything else (decimals, UUIDs, intervals) as its text."""
+    if value is None:
+        return pb.SqlValue(is_null=True)
+    if isinstance(value, bool):
+        return pb.SqlValue(flag=value)
+    if isinstance(value, int):
+        return pb.SqlValue(int=value) if -_INT64 <= value < _INT64 else pb.SqlValue(uint=value)
+    if isinstance(value, float):
+        return pb.SqlValue(float=value)
+    if isinstance(value, bytes):
+        return pb.SqlValue(blob=value)
+    if isinstance(value, (dt.date, dt.time, dt.datetime)):
+        return pb.SqlValue(text=value.isoformat())
+    if isinstance(value, (list, tuple, dict)):
+        return pb.SqlValue(text=json.dumps(value, default=str))
+    return pb.SqlValue(text=str(value))
+
+
+class ReadersServicer(rpc.ReadersServicer):
+    def __init__(self, service: ActStoreService) -> None:
+        self.service = service
+
+    def ReadBatches(self, request, context):
+        given = {name: from_wire(BATCHES, name, getattr(request, name)) for name in BATCHES}
+        for piece in self.service.read_batches(request.run, list(request.layers), shuffle=request.shuffle, **given):
+            if not context.is_active():
+                return
+            yield pb.BatchPart(batch=piece.batch, batch_rows=piece.batch_rows, offset=piece.offset,
+                               values=to_ndarray(piece.values), rows=piece.rows.tolist(), sample_ids=piece.sample_ids,
+                               labels=[] if piece.labels is None else piece.labels.tolist(),
+                               buffer_shards=piece.buffer_shards if piece.batch == 0 and piece.offset == 0 else 0)
+
+    def LocateRun(self, request, context):
+        found = self.service.locate_run(request.run)
+        r = found.record
+        return pb.RunLocation(run_key=r.run_key, store=found.store, group=found.group, array=found.array, dtype=r.dtype,
+                              pooling=r.pooling, n=r.n, rows=r.rows, num_layers=r.num_layers, width=r.width)
+
+    def Sql(self, request, context):
+        answer = self.service.sql(request.query, from_wire(SQL, "limit", request.limit), current_role.get())
+        result = pb.SqlResult(columns=answer.columns, types=answer.types, truncated=answer.truncated)
+        budget = self.service.settings.max_message_bytes // 2  # the rest of the message is small
+        for row in answer.rows:
+            message = pb.SqlRow(values=[sql_value(v) for v in row])
+            budget -= message.ByteSize()
+            if budget < 0:
+                result.truncated = True
+                break
+            result.rows.append(message)
+        return result

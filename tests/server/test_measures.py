@@ -1,0 +1,231 @@
+"""MEASURE similarity queries and the matrix job's `--measure` through gRPC: every streamed measure
+against the independent data-space formulas on the stored activations, provenance naming the
+similarity-repository identifier, the cache, validation, and the `actstore similarity` command."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from actstore.errors import InvalidArgument
+from actstore.options import STREAMED_MEASURES
+from tests.factories import sentences
+from tests.measure_formulas import (
+    cca_reference,
+    knn_reference,
+    procrustes_reference,
+    pwcca_reference,
+    rbf_cka_reference,
+    rsa_reference,
+    shape_metric_reference,
+    svcca_reference,
+)
+from tests.server.test_cka_matrix_job import slow_server  # noqa: F401  (a fixture)
+from tests.test_cli import actstore, ok
+
+ALPHA = 0.25
+REFERENCES = {
+    "procrustes-distance=angular": lambda x, y: procrustes_reference(x, y, "angular"),
+    "procrustes-distance=euclidean": lambda x, y: procrustes_reference(x, y, "euclidean"),
+    "shape_metric-alpha={alpha}-distance=angular": lambda x, y: shape_metric_reference(x, y, ALPHA),
+    "cca-squared_score": lambda x, y: cca_reference(x, y, squared=True),
+    "cca-score": lambda x, y: cca_reference(x, y, squared=False),
+    "svcca-var=0.99-score": svcca_reference,
+    "pwcca-score": pwcca_reference,
+}
+
+
+@pytest.fixture(scope="module")
+def client(module_client):
+    return module_client
+
+
+@pytest.fixture(scope="module")
+def runs(client, tiny_models) -> list[str]:
+    for name in ("bert", "gpt2"):
+        client.register_model(tiny_models[name], name=name)
+    client.register_dataset(texts=sentences(96, seed=11), name="measures")
+    jobs = [client.submit_capture(name, "measures", pooling="mean") for name in ("bert", "gpt2")]
+    return [client.wait(job.job_id).target for job in jobs]
+
+
+def layers_of(client, run: str) -> list[np.ndarray]:
+    info = client.describe(run)
+    return [client.read_activations(run, layer)[0].astype(np.float64) for layer in range(info.num_layers + 1)]
+
+
+@pytest.mark.parametrize("measure", STREAMED_MEASURES)
+def test_each_streamed_measure_equals_the_formula_on_the_stored_rows(client, runs, measure):
+    result = client.measure(measure, runs[0], runs[1], layers_a=[0, 2], layers_b=[1, 2], alpha=ALPHA)
+    xs, ys = layers_of(client, runs[0]), layers_of(client, runs[1])
+    expected = [[REFERENCES[measure](xs[a], ys[b]) for b in (1, 2)] for a in (0, 2)]
+    np.testing.assert_allclose(result.values, expected, rtol=1e-7, atol=1e-9)
+    identifier = measure.replace("{alpha}", "0.25")
+    assert result.provenance.metric == identifier
+    assert result.provenance.options["identifier"] == identifier
+    assert result.provenance.options["measure"] == measure
+    assert result.layers_a == [0, 2] and result.layers_b == [1, 2] and result.scalars["n"] == 96
+    assert ("alpha" in result.provenance.options) == ("{alpha}" in measure)
+
+
+IN_MEMORY = {
+    "rsa-rdm=cosine-compare=spearman": (lambda x, y: rsa_reference(x, y, "cosine", "spearman"),
+                                        "rsa-rdm=cosine-compare=spearman"),
+    "rsa-rdm=euclidean-compare=pearson": (lambda x, y: rsa_reference(x, y, "euclidean", "pearson"),
+                                          "rsa-rdm=euclidean-compare=pearson"),
+    "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score": (lambda x, y: rbf_cka_reference(x, y, 0.5, False),
+                                                          "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score"),
+    "cknna-topk={topk}": (lambda x, y: knn_reference(x, y, 6, "cknna"), "cknna-topk=6"),
+    "cycle_knn-topk={topk}": (lambda x, y: knn_reference(x, y, 6, "cycle_knn"), "cycle_knn-topk=6"),
+}
+
+
+@pytest.mark.parametrize("measure", list(IN_MEMORY))
+def test_in_memory_measures_equal_the_formulas_on_the_stored_rows(client, runs, measure):
+    reference, identifier = IN_MEMORY[measure]
+    result = client.measure(measure, runs[0], runs[1], layers_a=[0, 2], layers_b=[2], sigma_fraction=0.5, k=6)
+    xs, ys = layers_of(client, runs[0]), layers_of(client, runs[1])
+    np.testing.assert_allclose(result.values, [[reference(xs[0], ys[2])], [reference(xs[2], ys[2])]],
+                               rtol=1e-7, atol=1e-9)
+    assert result.provenance.metric == identifier and result.provenance.options["identifier"] == identifier
+    assert ("sigma_fraction" in result.provenance.options) == ("rbf" in measure)
+    assert ("k" in result.provenance.options) == ("knn" in measure)
+
+
+def test_in_memory_measures_are_refused_by_the_matrix_job(client, runs):
+    with pytest.raises(InvalidArgument, match="ask for rsa-rdm=cosine-compare=pearson between run pairs"):
+        client.measure_matrix(runs, "rsa-rdm=cosine-compare=pearson")
+    with pytest.raises(InvalidArgument, match="k=96 must be between 1 and n-1=95"):
+        client.measure("cknna-topk={topk}", runs[0], k=96)
+
+
+def test_cached_and_parameters_key_the_cache(client, runs):
+    shape = "shape_metric-alpha={alpha}-distance=angular"
+    first = client.measure(shape, runs[0], alpha=0.0, refresh=True)
+    again = client.measure(shape, runs[0], alpha=0.0)
+    other = client.measure(shape, runs[0], alpha=1.0)
+    assert not first.provenance.cached and again.provenance.cached
+    np.testing.assert_array_equal(first.values, again.values)
+    assert not other.provenance.cached and other.provenance.metric == "shape_metric-alpha=1-distance=angular"
+    # alpha = 1 is the angular Procrustes distance; within one run the diagonal is 0
+    procrustes = client.measure("procrustes-distance=angular", runs[0])
+    np.testing.assert_allclose(other.values, procrustes.values, atol=1e-9)
+    np.testing.assert_array_equal(np.diag(procrustes.values), 0.0)
+    # alpha is ignored by the measures that do not use it: one cached answer
+    assert client.measure("cca-score", runs[0], alpha=0.5).provenance.result_key == \
+        client.measure("cca-score", runs[0]).provenance.result_key
+
+
+def test_matrix_job_computes_a_streamed_measure_for_all_pairs(client, runs):
+    matrix = client.measure_matrix(runs, "pwcca-score")
+    assert matrix.identifier == "pwcca-score" and matrix.provenance.options["measure"] == "pwcca-score"
+    for i, run_i in enumerate(runs):
+        for j, run_j in enumerate(runs):
+            np.testing.assert_allclose(matrix.block(i, j), client.measure("pwcca-score", run_i, run_j).values,
+                                       rtol=1e-9, atol=1e-12)
+    again = client.measure_matrix(runs, "pwcca-score")
+    assert again.provenance.cached
+    cka = client.cka_matrix(runs)
+    assert cka.provenance.result_key != matrix.provenance.result_key
+
+
+def test_refusals(client, runs):
+    with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
+        client.measure("cka", runs[0])
+    with pytest.raises(InvalidArgument, match="alpha 2.0 must be in"):
+        client.measure("shape_metric-alpha={alpha}-distance=angular", runs[0], alpha=2.0)
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+
+    with pytest.raises(InvalidArgument, match="name the measure"):  # the server, not only the client
+        client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0]))
+
+
+def test_similarity_command(client, runs, module_server, tmp_path):
+    out = ok(actstore("similarity", "cca-squared_score", runs[0], runs[1], "--layers-a", "1", "--json",
+                      server=module_server))
+    answer = json.loads(out)
+    assert answer["metric"] == "cca-squared_score"
+    expected = client.measure("cca-squared_score", runs[0], runs[1], layers_a=[1]).values
+    np.testing.assert_allclose(answer["matrix"], expected)
+    plot = tmp_path / "m.png"
+    text = ok(actstore("cka-matrix", *runs, "--measure", "procrustes-distance=angular", "--plot", str(plot),
+                       server=module_server))
+    assert "procrustes-distance=angular matrix" in text and plot.exists()
+
+
+def test_the_servicer_resolves_measure_options_through_the_table():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import QueryServicer
+    from tests.test_options import _call, _Recorder
+
+    query = QueryServicer(_Recorder())
+    request = pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cca-score")
+    name, args, kwargs = _call(query, "Similarity", request)
+    assert name == "measure" and args[0] == "r"
+    assert kwargs == {"measure": "cca-score", "alpha": 1.0, "sigma_fraction": 1.0, "k": 10}
+    request.alpha = 0.0  # proto3 optional: 0 is a value (full whitening), not "not given"
+    assert _call(query, "Similarity", request)[2]["alpha"] == 0.0
+    _, _, kwargs = _call(query, "SubmitCKAMatrix", pb.CKAMatrixRequest(runs=["r"], measure="pwcca-score"))
+    assert kwargs["measure"] == "pwcca-score" and kwargs["alpha"] == 1.0
+    with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
+        query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cka"), None)
+
+
+def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_cluster, tiny_models, client, runs):
+    """A server whose limit holds only a few prepared layers answers in groups, the same numbers;
+    one that cannot hold two is refused with RESOURCE_EXHAUSTED."""
+    from actstore.client import Client
+    from actstore.errors import ResourceExhausted
+    from actstore.server.app import start_server
+    from tests.conftest import make_settings
+
+    n, width = 96, 16
+    per_layer, working = 8 * n * n, 8 * n * n * 4 + 8 * n * width * 2
+    expected = client.measure("rsa-rdm=cosine-compare=pearson", runs[0], runs[1]).values
+    for limit, group in [(working + 3 * per_layer, 2), (working + per_layer, None)]:
+        running = start_server(make_settings(tmp_path / f"store-{limit}", max_accumulator_bytes=limit))
+        try:
+            with Client(f"127.0.0.1:{running.port}") as small:
+                for name in ("bert", "gpt2"):
+                    small.register_model(tiny_models[name], name=name)
+                small.register_dataset(texts=sentences(96, seed=11), name="measures")
+                keys = [small.capture(name, "measures", pooling="mean").run_key for name in ("bert", "gpt2")]
+                assert keys == runs
+                if group is None:
+                    with pytest.raises(ResourceExhausted, match="two prepared layers"):
+                        small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                    continue
+                answer = small.measure("rsa-rdm=cosine-compare=pearson", keys[0], keys[1])
+                np.testing.assert_allclose(answer.values, expected, rtol=1e-12)
+                assert f"in groups of {group}" in answer.notes[0]
+        finally:
+            running.stop()
+
+
+def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server):  # noqa: F811 (the fixture)
+    """The matrix job with a streamed measure checkpoints tiles of `values` like the CKA job: a
+    cancelled job resumes from them and ends equal to the pairwise queries."""
+    c, runs, store = slow_server
+    job = c.submit_measure_matrix(runs, "cca-score")
+    cancelled = False
+    for final in c.watch(job.job_id):
+        if not cancelled and final.total and final.total // 3 <= final.done < final.total:
+            c.cancel(job.job_id)
+            cancelled = True
+    if final.status == "done":
+        pytest.fail("the job finished before the cancel landed: the setup is not slow enough to test resuming")
+    assert final.status == "cancelled" and any((store / "partials" / job.target).iterdir())
+    resumed = c.submit_measure_matrix(runs, "cca-score")
+    assert resumed.target == job.target and resumed.job_id != job.job_id
+    events = list(c.watch(resumed.job_id))
+    first = next(e for e in events if e.total)
+    assert "resuming" in first.message or first.done > 0
+    assert events[-1].status == "done" and not (store / "partials" / job.target).exists()
+    result = c.measure_matrix(runs, "cca-score")
+    assert result.provenance.cached and result.identifier == "cca-score"
+    for i, run_i in enumerate(runs):
+        for j, run_j in enumerate(runs):
+            np.testing.assert_allclose(result.block(i, j), c.measure("cca-score", run_i, run_j).values,
+                                       rtol=1e-9, atol=1e-12)
