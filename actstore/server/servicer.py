@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -197,7 +198,15 @@ class CaptureServicer(rpc.CaptureServicer):
 class QueryServicer(rpc.QueryServicer):
     def __init__(self, service: ActStoreService) -> None:
         self.service = service
-        self.reply = ResultMessages(service.settings.result_messages_kept)
+
+    @functools.cached_property
+    def _messages(self) -> ResultMessages:
+        return ResultMessages(self.service.settings.result_messages_kept)
+
+    def reply(self, result: MetricResult) -> pb.QueryResult:
+        """An answer's reply message (the cache of them is made on the first answer: the settings
+        bound it)."""
+        return self._messages(result)
 
     def Similarity(self, request, context):
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
