@@ -76,14 +76,16 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         self.path_role = settings.register_paths_role
         self.audit = AuditLog(catalog)
         self.limiter = RequestLimiter(settings.principal_requests_per_second, settings.principal_request_burst)
+        # our methods' wrapped handlers, made once each (keys: the API's methods only, so bounded)
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
-    def _admit(self, details: grpc.HandlerCallDetails, method: str, payload: bytes, parse, caller: list):
+    def _admit(self, context: grpc.ServicerContext, method: str, payload: bytes, parse, caller: list):
         """The parsed request of an authenticated, authorised caller within its rate (appended to
         `caller`, so a failure after authentication is audited with the principal)."""
         current_principal.set(None)  # the handler threads are reused: nothing carries over
         current_role.set(None)
         if self.auth:
-            name, role = authenticate(self.catalog, dict(details.invocation_metadata or ()))
+            name, role = authenticate(self.catalog, dict(context.invocation_metadata() or ()))
             caller.append(name)
             check_role(name, role, method)
             self.limiter.admit(name)
@@ -95,10 +97,18 @@ class ServiceInterceptor(grpc.ServerInterceptor):
         return request
 
     def intercept_service(self, continuation, details):
+        wrapped = self._wrapped.get(details.method)
+        if wrapped is not None:
+            return wrapped
         handler = continuation(details)
         if handler is None or not details.method.startswith(_OURS):
-            return handler
-        method = details.method.rsplit("/", 1)[-1]
+            return handler  # unknown methods are not remembered: callers choose those names
+        wrapped = self._wrapped[details.method] = self._wrap(handler, details.method.rsplit("/", 1)[-1])
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """`handler` behind authentication, limits, audit and error translation (the request is
+        parsed inside, so undecodable bytes are INVALID_ARGUMENT)."""
         parse = _parsing(handler.request_deserializer, method)
 
         if handler.unary_unary is not None:
@@ -108,7 +118,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
                 caller: list[str] = []
                 request = payload
                 try:
-                    request = self._admit(details, method, payload, parse, caller)
+                    request = self._admit(context, method, payload, parse, caller)
                     _follow_call(context)
                     response = inner(request, context)
                 except Exception as exc:  # noqa: BLE001 - every error leaves as a status
@@ -124,7 +134,7 @@ class ServiceInterceptor(grpc.ServerInterceptor):
 
         def stream(payload, context):
             try:
-                request = self._admit(details, method, payload, parse, [])
+                request = self._admit(context, method, payload, parse, [])
                 _follow_call(context)
                 yield from inner_stream(request, context)
             except Exception as exc:  # noqa: BLE001
