@@ -229,3 +229,15 @@ def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server
         for j, run_j in enumerate(runs):
             np.testing.assert_allclose(result.block(i, j), c.measure("cca-score", run_i, run_j).values,
                                        rtol=1e-9, atol=1e-12)
+
+
+def test_whitening_measures_say_when_too_few_samples_make_them_one(client, tiny_models):
+    """n - 1 <= width: centred rows span at most n - 1 dimensions, so CCA is 1 by construction;
+    the answer says so (Procrustes, which does not whiten, does not)."""
+    client.register_model(tiny_models["bert"], name="bert")
+    client.register_dataset(texts=sentences(12, seed=3), name="few")  # 12 samples, 16 wide
+    run = client.capture("bert", "few", pooling="mean").run_key
+    cca = client.measure("cca-squared_score", run, layers_a=[2], layers_b=[3])
+    assert np.allclose(cca.values, 1.0) and any("1 by construction" in note for note in cca.notes)
+    procrustes = client.measure("procrustes-distance=angular", run, layers_a=[2], layers_b=[3])
+    assert not any("by construction" in note for note in procrustes.notes)

@@ -75,6 +75,14 @@ class MeasurePlanner(SimilarityPlanner):
         notes = [f"{measure.identifier} from streamed second moments over {a.rows} rows in {len(tiles)} tile(s)"]
         if np.isnan(values).any():
             notes.append("NaN where a layer is constant over the samples (the measure is undefined)")
+        whitens = measure.identifier.startswith(("cca", "svcca", "pwcca")) or (
+            measure.identifier.startswith("shape_metric") and "alpha=1-" not in measure.identifier)
+        if whitens and a.rows - 1 <= max(a.width, b.width):
+            # centred rows span at most n - 1 dimensions: a layer that wide can match any direction
+            # of the other exactly, so every canonical correlation is 1 by construction
+            notes.append(f"only {a.rows} samples for layers {max(a.width, b.width)} wide: whitening measures "
+                         "(CCA, SVCCA, PWCCA, the shape metric below alpha 1) are 1 by construction when "
+                         "n - 1 <= width; capture more samples than the width or compare with CKA or Procrustes")
         return {"values": values}, {"n": float(a.rows)}, notes
 
     def _in_memory(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], refresh: bool, measure: str,
