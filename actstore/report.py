@@ -40,11 +40,7 @@ def heatmap(matrix: np.ndarray, path: Path, *, title: str, xlabel: str, ylabel: 
             for j in range(cols):
                 ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
                         color="white" if matrix[i, j] < 0.6 else "black")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def curves(series: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, ylabel: str,
@@ -76,16 +72,21 @@ def bars(counts: dict[str, np.ndarray], path: Path, *, title: str, xlabel: str, 
     return _finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
-def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
+
+def _save(plt, fig, path: Path) -> Path:
+    """Lay out, write (making the folder) and close one figure."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
 
 
 def markdown_matrix(matrix: np.ndarray, row_labels: Sequence, col_labels: Sequence, digits: int = 2) -> str:
@@ -142,8 +143,4 @@ def outlier_panels(layers: Sequence[int], severity: np.ndarray, top_dims: np.nda
     step = max(1, len(layers) // 16)
     bottom.set_xticks(xs[::step], [str(layer) for layer in list(layers)[::step]], fontsize=7)
     bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
