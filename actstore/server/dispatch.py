@@ -4,9 +4,11 @@ A bounded window of tasks is in flight at a time, so cancelling means submitting
 ``ray.cancel`` racing a finishing task can crash the driver), a warm replica is free again soon,
 and the results of the tasks already running are still collected before the caller stops.
 
-A query's tasks belong to the gRPC call that asked for it: ``call_ended`` is the event the
-interceptor sets when that call ends (its deadline passed, or the client cancelled), and
-``gather`` cancels the outstanding tasks then instead of waiting for an answer nobody reads.
+A query's tasks belong to the gRPC call that asked for it: ``call_active`` is the call's own
+``is_active`` (the interceptor sets it for each call; it turns false when the deadline passed or
+the client cancelled), and ``gather`` cancels the outstanding tasks then instead of waiting for an
+answer nobody reads. Polling it costs nothing per call, where a completion callback per call would
+add work to gRPC's one polling thread on every cached answer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from actstore.workers import cluster
 
 WAIT_SECONDS = 0.5
 
-call_ended: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("call_ended", default=None)
+call_active: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("call_active", default=None)
 
 
 def gather(refs):
@@ -33,10 +35,10 @@ def gather(refs):
     are raised as themselves (a DataLoss names the damaged chunk, without Ray's traceback around
     it). And if the gRPC call this thread serves ends first, the tasks not yet finished are
     cancelled (a running one is interrupted) and ``Cancelled`` is raised."""
-    ended = call_ended.get()
+    active = call_active.get()
     pending = [refs] if isinstance(refs, ray.ObjectRef) else list(refs)
-    while ended is not None and pending:
-        if ended.is_set():
+    while active is not None and pending:
+        if not active():
             for ref in pending:
                 ray.cancel(ref)
             raise Cancelled(f"the call ended before its answer (deadline passed or cancelled): {len(pending)} "

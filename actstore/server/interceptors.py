@@ -2,8 +2,8 @@
 
 An `ActStoreError` becomes its gRPC status with its message; any other exception is a bug and
 becomes INTERNAL: the server log keeps its traceback under a short correlation id, and the status
-names only that id. Each call's end (deadline, cancel, or done) sets `dispatch.call_ended`, so the
-Ray tasks of a query nobody waits for any more are cancelled. Health and reflection pass straight
+names only that id. Each call's `is_active` goes into `dispatch.call_active`, so the Ray tasks of a
+query nobody waits for any more (deadline passed, or cancelled) are cancelled. Health and reflection pass straight
 through.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 import uuid
 
 import grpc
@@ -20,7 +19,7 @@ from actstore.config import Settings
 from actstore.errors import ActStoreError, InvalidArgument
 from actstore.server.audit import AuditLog
 from actstore.server.auth import authenticate, check_role, check_server_path
-from actstore.server.dispatch import call_ended
+from actstore.server.dispatch import call_active
 from actstore.server.limits import RequestLimiter
 from actstore.store.catalog import Catalog
 
@@ -62,11 +61,8 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
 
 
 def _follow_call(context: grpc.ServicerContext) -> None:
-    """Tie this thread's work to the call: `call_ended` is set when the call ends for any reason."""
-    ended = threading.Event()
-    if not context.add_callback(ended.set):  # the call is over already
-        ended.set()
-    call_ended.set(ended)
+    """Tie this thread's work to the call: `call_active` says whether it is still going."""
+    call_active.set(context.is_active)
 
 
 class ServiceInterceptor(grpc.ServerInterceptor):

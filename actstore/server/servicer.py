@@ -28,9 +28,10 @@ _EVENT_KIND = {"done": pb.JobEvent.DONE, "failed": pb.JobEvent.FAILED, "cancelle
 
 def enum_name(enum_type, value: int, what: str) -> str:
     """The lower-case name of a proto enum value; an unknown number is the caller's mistake."""
-    if value not in enum_type.values():
-        raise InvalidArgument(f"unknown {what} {value}: use one of {', '.join(enum_type.keys()[1:])}")
-    return enum_type.Name(value).lower()
+    try:
+        return enum_type.Name(value).lower()
+    except ValueError:
+        raise InvalidArgument(f"unknown {what} {value}: use one of {', '.join(enum_type.keys()[1:])}") from None
 
 
 def model_proto(m: ModelRecord) -> pb.Model:
