@@ -80,8 +80,9 @@ class Settings(BaseSettings):
                                     "hold (every result also stays in the catalog)")
     catalog_memory_bytes: int = Field(256 * MiB, ge=16 * MiB, description="memory the catalog's DuckDB buffer pool "
                                       "may hold (DuckDB's own default is 80% of the machine's)")
-    result_messages_kept: int = Field(1024, ge=0, description="reply messages of recent small answers (at most 64 kB "
-                                      "of arrays each) kept built, so a cached query does not rebuild its reply")
+    result_messages_kept: int = Field(1024, ge=0, description="replies to recent cached queries (at most 64 kB of "
+                                      "arrays each) kept built, so a repeated request is answered without planning "
+                                      "it again (0: none kept)")
     run_cache_entries: int = Field(4096, ge=1, description="runs whose records, chunk health and sample checks "
                                    "the server remembers")
     finished_jobs_kept: int = Field(1000, ge=1, description="finished jobs kept in memory with their full status "

@@ -8,7 +8,8 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import diagnostics_pb2_grpc as rpc
 from actstore.options import SIMILARITY, UNCERTAINTY, from_wire
 from actstore.server.planners.diagnostics import StatsOptions
-from actstore.server.servicer import enum_name, result_proto
+from actstore.server.replies import result_proto
+from actstore.server.servicer import enum_name
 
 
 class DiagnosticsServicer(rpc.DiagnosticsServicer):

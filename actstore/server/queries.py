@@ -7,6 +7,8 @@ planners (`planners/`). The matrix job and stitching use the same parts.
 
 from __future__ import annotations
 
+import itertools
+
 from actstore.config import Settings
 from actstore.server.executor import Executor
 from actstore.server.planners import QueryParts
@@ -33,6 +35,8 @@ class QueryEngine:
             executor=executor,
             sizing=CkaSizing(settings, executor),
         )
+        self._generations = itertools.count(1)
+        self._generation = 0
         similarity = SimilarityPlanner(self.parts)
         entropy = EntropyPlanner(self.parts)
         depth = DepthPlanner(self.parts)
@@ -47,6 +51,16 @@ class QueryEngine:
         return self.parts.results.result(result_key)
 
     def forget(self) -> None:
-        """Drop what is remembered about runs and results (a run was deleted)."""
+        """Drop what is remembered about runs and results (a run was deleted), and start a new
+        generation of the query state (`is_current`)."""
         self.parts.checks.forget()
         self.parts.results.forget()
+        self._generation = next(self._generations)
+
+    def is_current(self, generation: int, result: MetricResult) -> bool:
+        """Whether an answer given in `generation` is still the answer: nothing was forgotten since
+        (no run deleted or repaired, no result collected) and the result cache still holds it."""
+        return generation == self._generation and self.parts.results.holds(result)
+
+    def current_generation(self) -> int:
+        return self._generation

@@ -73,6 +73,12 @@ class ResultCache:
         with self._lock:
             self._results.clear()
 
+    def holds(self, result: MetricResult) -> bool:
+        """Whether the memory cache still answers this very result object for its key (not
+        replaced by a refresh, not evicted)."""
+        with self._lock:
+            return self._results.get(result.provenance.result_key) is result
+
     def cached_or_compute(self, metric: str, version: int, options: dict, run_keys: list[str], refresh: bool,
                           compute: Callable[[], Computed]) -> MetricResult:
         key = result_key(metric, version, options, run_keys)

@@ -82,6 +82,8 @@ class ActStoreService:
         self.lens = self.queries.lens
         self.neural_collapse = self.queries.neural_collapse
         self.result = self.queries.result
+        self.query_generation = self.queries.current_generation  # the servicer's kept replies ask these two
+        self.answer_is_current = self.queries.is_current
         self.stitch = StitchPlanner(self.queries.parts).stitch
         self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
         self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
-
-from cachetools import LRUCache
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
@@ -16,6 +13,7 @@ from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, S
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.planners.measures import measure_params
+from actstore.server.replies import KeptReplies
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -55,45 +53,6 @@ def job_proto(s: JobSnapshot) -> pb.Job:
     return pb.Job(job_id=s.job_id, kind=s.kind, status=s.status, target=s.target, done=s.done, total=s.total,
                   error=s.error, error_code=s.error_code, cache_hit=s.cache_hit, joined=s.joined, unit=s.unit,
                   run_keys=s.run_keys, sites=s.sites)
-
-
-class ResultMessages:
-    """The reply message of each recent answer, built once. A cached answer is the same
-    `MetricResult` object on every hit (`results.ResultCache`), and building its QueryResult
-    (arrays to bytes, options to JSON) cost as much as the rest of a cached query (measured ~55 of
-    ~125 us in-process). Kept by object identity (the entry holds the object, so its id stays
-    its own), at most `entries` of them, and only answers whose arrays are small: a large answer's
-    bytes dominate its reply anyway, and the bound stays `entries` x SMALL_ANSWER_BYTES."""
-
-    SMALL_ANSWER_BYTES = 64 * 1024
-
-    def __init__(self, entries: int) -> None:
-        self._kept: LRUCache[int, tuple[MetricResult, pb.QueryResult]] = LRUCache(maxsize=max(entries, 1))
-        self._keep = entries > 0
-        self._lock = threading.Lock()
-
-    def __call__(self, result: MetricResult) -> pb.QueryResult:
-        with self._lock:
-            hit = self._kept.get(id(result))
-        if hit is not None and hit[0] is result:
-            return hit[1]
-        message = result_proto(result)
-        if self._keep and sum(a.nbytes for a in result.arrays.values()) <= self.SMALL_ANSWER_BYTES:
-            with self._lock:
-                self._kept[id(result)] = (result, message)
-        return message
-
-
-def result_proto(r: MetricResult) -> pb.QueryResult:
-    p = r.provenance
-    return pb.QueryResult(
-        arrays={k: to_ndarray(v) for k, v in r.arrays.items()},
-        scalars=r.scalars,
-        provenance=pb.Provenance(metric=p.metric, definition_version=p.definition_version,
-                                 options_json=json.dumps(p.options), run_keys=p.run_keys, cached=p.cached,
-                                 seconds=p.seconds, result_key=p.result_key),
-        notes=r.notes,
-    )
 
 
 def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
@@ -201,20 +160,19 @@ class QueryServicer(rpc.QueryServicer):
         self.service = service
 
     @functools.cached_property
-    def _messages(self) -> ResultMessages:
-        return ResultMessages(self.service.settings.result_messages_kept)
-
-    def reply(self, result: MetricResult) -> pb.QueryResult:
-        """An answer's reply message (the cache of them is made on the first answer: the settings
-        bound it)."""
-        return self._messages(result)
+    def _replies(self) -> KeptReplies:
+        # made on the first answer: the settings bound it
+        return KeptReplies(self.service.settings.result_messages_kept, self.service.query_generation,
+                           self.service.answer_is_current)
 
     def Similarity(self, request, context):
+        return self._replies.answer("Similarity", request, lambda: self._similarity(request))
+
+    def _similarity(self, request) -> MetricResult:
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
         if metric == "measure":
-            return self.reply(self.service.measure(request.run_a, request.run_b, list(request.layers_a),
-                                                     list(request.layers_b), request.refresh,
-                                                     **measure_params(request)))
+            return self.service.measure(request.run_a, request.run_b, list(request.layers_a),
+                                        list(request.layers_b), request.refresh, **measure_params(request))
         # only the options the metric uses are resolved; the others pass through, unread
         center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
         if metric == "cos":
@@ -224,25 +182,25 @@ class QueryServicer(rpc.QueryServicer):
             remainder = from_wire(SIMILARITY, "remainder", remainder)
         elif metric == "mutual_knn":
             k = from_wire(SIMILARITY, "k", k)
-        result = self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                         list(request.layers_b), center, request.refresh, batch_size, remainder, k,
-                                         align=request.align, word_pool=request.word_pool)
-        return self.reply(result)
+        return self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
+                                       list(request.layers_b), center, request.refresh, batch_size, remainder, k,
+                                       align=request.align, word_pool=request.word_pool)
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
         options = {name: from_wire(ENTROPY, name, getattr(request, name)) for name in ENTROPY if name != "metric"}
-        return self.reply(self.service.entropy(metric, request.run, list(request.layers), **options,
-                                                 refresh=request.refresh))
+        return self._replies.answer("Entropy", request, lambda: self.service.entropy(
+            metric, request.run, list(request.layers), **options, refresh=request.refresh))
 
     def ResidualNorm(self, request, context):
-        return self.reply(self.service.residual_norm(request.run, list(request.layers), request.refresh))
+        return self._replies.answer("ResidualNorm", request, lambda: self.service.residual_norm(
+            request.run, list(request.layers), request.refresh))
 
     def Stitch(self, request, context):
-        return self.reply(self.service.stitch(request.run_a, request.layer_a, request.run_b, request.layer_b,
-                                                from_wire(STITCH, "test_fraction", request.test_fraction),
-                                                from_wire(STITCH, "seed", request.seed), request.refresh,
-                                                tune_steps=request.tune_steps, tune_lr=request.tune_lr))
+        return self._replies.answer("Stitch", request, lambda: self.service.stitch(
+            request.run_a, request.layer_a, request.run_b, request.layer_b,
+            from_wire(STITCH, "test_fraction", request.test_fraction), from_wire(STITCH, "seed", request.seed),
+            request.refresh, tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
         measure = measure_params(request) if request.measure else {}
@@ -250,16 +208,16 @@ class QueryServicer(rpc.QueryServicer):
                                                         principal=current_principal.get(), **measure))
 
     def Lens(self, request, context):
-        return self.reply(self.service.lens(
+        return self._replies.answer("Lens", request, lambda: self.service.lens(
             request.run, from_wire(LENS, "epsilon", request.epsilon), from_wire(LENS, "taus", list(request.taus)),
             from_wire(LENS, "heads", request.heads), request.refresh))
 
     def NeuralCollapse(self, request, context):
-        return self.reply(self.service.neural_collapse(
+        return self._replies.answer("NeuralCollapse", request, lambda: self.service.neural_collapse(
             request.run, list(request.layers), from_wire(LENS, "rcond", request.rcond), request.refresh))
 
     def GetResult(self, request, context):
-        return self.reply(self.service.result(request.result_key))
+        return self._replies.answer("GetResult", request, lambda: self.service.result(request.result_key))
 
     def ReadActivations(self, request, context):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,
