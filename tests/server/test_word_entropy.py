@@ -187,3 +187,21 @@ def test_span_aligned_cka_and_cos_match_an_independent_computation(module_client
     x, y = span_matrices(client, keys, folders, suffix, 3, 2, how)
     assert cos.mean[0, 0] == pytest.approx(np.mean(np.sum(x * y, 1) / np.linalg.norm(x, axis=1)
                                                    / np.linalg.norm(y, axis=1)), abs=1e-12)
+
+
+def test_the_cli_gives_word_curves_and_span_matrices(module_server, module_client, runs):
+    import json
+
+    from tests.test_cli import actstore, ok
+
+    keys, _ = runs
+    direct = module_client.entropy("prompt_entropy", keys["bpe"], layers=[2], align="words", word_pool="last")
+    out = json.loads(ok(actstore("entropy", "prompt-entropy", keys["bpe"], "--layers", "2", "--align", "words",
+                                 "--word-pool", "last", "--json", server=module_server)))
+    assert out["values"] == direct.values.tolist() and out["cached"]  # the same options, the same result key
+    assert any("words of" in note for note in out["notes"])
+    text = ok(actstore("cka", keys["bert"], keys["bpe"], "--layers-a", "1", "--layers-b", "2", "--align", "spans",
+                       server=module_server))
+    assert "shared span" in text
+    refused = actstore("entropy", "curvature", keys["bert"], "--align", "spans", server=module_server)
+    assert refused.returncode != 0 and "invalid choice: 'spans'" in refused.stderr
