@@ -205,3 +205,5 @@ def test_the_cli_gives_word_curves_and_span_matrices(module_server, module_clien
     assert "shared span" in text
     refused = actstore("entropy", "curvature", keys["bert"], "--align", "spans", server=module_server)
     assert refused.returncode != 0 and "invalid choice: 'spans'" in refused.stderr
+    refused = actstore("cka", keys["bert"], keys["bpe"], "--align", "words", "--bootstrap", "20", server=module_server)
+    assert refused.returncode != 0 and "does not combine with --bootstrap" in refused.stdout + refused.stderr
