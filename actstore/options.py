@@ -220,10 +220,11 @@ SIMILARITY = Table(
     Option("remainder", str, "drop", choices=("drop", "merge"),
            help="minibatch CKA: drop the short final batch or merge it into the one before"),
     Option("k", int, 10, minimum=1, help="kNN measures (mutual kNN, cycle kNN, CKNNA): neighbours"),
-    Option("align", str, "none", choices=("none", "words"),
-           help="CKA of token-level runs of different tokenizers: rows are the (sample, word) pairs both share"),
+    Option("align", str, "none", choices=("none", "words", "spans"),
+           help="CKA/COS of token-level runs of different tokenizers: rows are the (sample, word) pairs both "
+                "share, or the finest character spans both tokenizations can be cut at (docs/metrics.md)"),
     Option("word_pool", str, "mean", choices=("mean", "last"),
-           help="--align words: a word's vector is the mean of its tokens or its last token"),
+           help="--align: a word's (span's) vector is the mean of its tokens or its last token"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
     Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
     Option("alpha", float, 1.0, minimum=0, maximum=1,
@@ -268,6 +269,11 @@ ENTROPY = Table(
     Option("preset", str, "none", choices=("none", "skean2025"),
            help="a reference pipeline by name: skean2025 = the Layer by Layer code (token-level run; "
                 "dataset_entropy, prompt_entropy, curvature; docs/metrics.md)"),
+    Option("align", str, "none", choices=("none", "words"),
+           help="token-level run: pool its tokens to the words of the text first (dataset entropy and effective "
+                "rank over word vectors, prompt entropy and curvature over each prompt's words), so models with "
+                "different tokenizers give curves over the same units"),
+    SIMILARITY.word_pool,
 )
 
 LENS = Table(

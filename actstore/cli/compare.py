@@ -8,6 +8,7 @@ from pathlib import Path
 
 from actstore.cli import diagnostics, dryrun
 from actstore.cli.common import add_option, connect, output_options, parse_layers
+from actstore.errors import InvalidArgument
 from actstore.options import SIMILARITY, STITCH, STREAMED_MEASURES
 
 
@@ -34,8 +35,17 @@ def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, 
         print(f"plot written to {args.plot}")
 
 
+def refuse_aligned_stats(args) -> None:
+    """Intervals, nulls and feature options work on row-aligned runs only: say so instead of
+    dropping --align."""
+    if args.align != "none":
+        raise InvalidArgument(f"--align {args.align} does not combine with --bootstrap, --null, --standardize or "
+                              "--exclude-*: ask for the aligned matrix without them")
+
+
 def cmd_cka(args) -> int:
     if diagnostics.wanted(args):
+        refuse_aligned_stats(args)
         return diagnostics.cmd_cka_stats(args)
     with connect(args) as client:
         result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
@@ -50,6 +60,7 @@ def cmd_cka(args) -> int:
 
 def cmd_cos(args) -> int:
     if diagnostics.wanted(args):
+        refuse_aligned_stats(args)
         return diagnostics.cmd_cos_stats(args)
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),

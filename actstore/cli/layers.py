@@ -35,7 +35,7 @@ def cmd_entropy(args) -> int:
                                 alpha=args.alpha, normalization=args.normalization, clamp=args.clamp,
                                 convention=args.convention, abs_cos=args.abs_cos, permutations=args.permutations,
                                 seed=args.seed, exp=args.exp, temperature=args.temperature, preset=args.preset,
-                                refresh=args.refresh)
+                                align=args.align, word_pool=args.word_pool, refresh=args.refresh)
     show_curve(args.metric, result.layers, result.values, result.provenance, result.notes, args)
     return 0
 
@@ -97,7 +97,11 @@ def add_commands(command) -> None:
     p = command("entropy", cmd_entropy, "matrix-entropy family per layer (Skean et al. 2025)",
                 "dataset-entropy, effective-rank: pooled runs. prompt-entropy, curvature: token-level runs\n"
                 "(--pooling tokens). infonce, dime, lidar: pooled runs of an augmented dataset\n"
-                "(register-dataset --augment-views 2).")
+                "(register-dataset --augment-views 2).\n"
+                "--align words (token-level run): pool each word's tokens first (--word-pool mean|last);\n"
+                "dataset-entropy and effective-rank then run over all word vectors, prompt-entropy and\n"
+                "curvature over each text's words, so two models with different tokenizers give curves\n"
+                "over the same units.")
     p.add_argument("metric", choices=[m.replace("_", "-") for m in ENTROPY.metric.choices])
     p.add_argument("run")
     _curve_args(p)

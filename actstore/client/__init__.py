@@ -30,6 +30,7 @@ from actstore._proto.actstore.v1 import (
     tokens_pb2_grpc,
 )
 from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
+from actstore.client.entropy import EntropyMixin
 from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
 from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
@@ -136,7 +137,8 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin):
+class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin,
+             EntropyMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
@@ -385,26 +387,6 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return self._matrix(self._similarity(pb.SimilarityRequest.MUTUAL_KNN, run_a, run_b, layers_a, layers_b,
                                              refresh=refresh, k=k))
 
-    def entropy(self, metric: str, run: str, *, layers: Sequence[int] | None = None,
-                alpha: float = ENTROPY.alpha.default, normalization: str = ENTROPY.normalization.default,
-                clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
-                abs_cos: bool = ENTROPY.abs_cos.default, permutations: int = ENTROPY.permutations.default,
-                seed: int = ENTROPY.seed.default, exp: bool = ENTROPY.exp.default,
-                temperature: float = ENTROPY.temperature.default, preset: str = ENTROPY.preset.default,
-                refresh: bool = False) -> LayerValues:
-        """One value per layer of a matrix-entropy family metric (Skean et al. 2025): one of
-        dataset_entropy, effective_rank (pooled runs), prompt_entropy, curvature (token-level runs),
-        infonce, dime, lidar (pooled runs of an augmented dataset). preset="skean2025" reproduces the
-        Layer by Layer reference code from a token-level run (docs/metrics.md, Reference presets)."""
-        metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
-        request = pb.EntropyRequest(
-            metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
-            normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,
-            permutations=permutations, seed=seed, exp=exp, temperature=temperature, preset=preset, refresh=refresh)
-        answer = QueryAnswer.from_proto(self._query.Entropy(request))
-        return LayerValues(answer.arrays["values"], answer.provenance.options["layers"], answer.scalars,
-                           answer.provenance, answer.notes)
-
     def residual_norm(self, run: str, *, layers: Sequence[int] | None = None, refresh: bool = False
                       ) -> LayerDistribution:
         """||h_l|| / ||h_(l+1) - h_l|| per sample: mean and quantiles per layer l."""
@@ -448,7 +430,8 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         """Linear CKA (biased and debiased) between layers of run A and run B (default: A itself).
         Layer lists default to all layers; one layer each gives a 1 x 1 matrix. align="words":
         token-level runs of different tokenizers, rows = the (sample, word) pairs both reach, each
-        word the mean (word_pool="mean") or last of its tokens."""
+        word the mean (word_pool="mean") or last of its tokens; align="spans": rows = the finest
+        character spans both tokenizations share (docs/metrics.md, Cross-tokenizer alignment)."""
         answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh,
                                   align=align, word_pool=word_pool)
         options = answer.provenance.options

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from actstore.errors import InvalidArgument
+from tests.alignment_formulas import word_units
 from tests.factories import build_tiny_model
 from tests.formulas import cka_numpy, debiased_numpy
 from tests.server.test_metric_engine import unique_sentences
@@ -31,22 +32,35 @@ def bpe_tokenizer(texts: list[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<eos>")
 
 
-@pytest.fixture(scope="module")
-def runs(module_client, tiny_models, tmp_path_factory):
+def save_bpe_gpt2(folder, texts: list[str], seed: int):
+    """A tiny GPT-2 with `bpe_tokenizer(texts)`, saved to `folder` (returned)."""
     import transformers as T
 
-    folder = tmp_path_factory.mktemp("bpe-gpt2")
-    tok = bpe_tokenizer(TEXTS)
-    model, _ = build_tiny_model("gpt2", seed=3)
+    tok = bpe_tokenizer(texts)
+    model, _ = build_tiny_model("gpt2", seed=seed)
     model.resize_token_embeddings(len(tok))
     model.config.vocab_size = len(tok)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     assert isinstance(T.AutoTokenizer.from_pretrained(folder), T.PreTrainedTokenizerFast)
+    return folder
+
+
+def register_pair(client, bert_folder, folder, texts: list[str], seed: int, bpe: str, dataset: str):
+    """Register the tiny BERT as "bert", a BPE GPT-2 trained on `texts` (saved to `folder`) as
+    `bpe`, and the texts as `dataset`; the GPT-2's folder."""
+    save_bpe_gpt2(folder, texts, seed)
+    client.register_model(bert_folder, name="bert")
+    client.register_model(folder, name=bpe)
+    client.register_dataset(texts=texts, name=dataset)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(module_client, tiny_models, tmp_path_factory):
     client = module_client
-    client.register_model(tiny_models["bert"], name="bert")
-    client.register_model(folder, name="gpt2-bpe")
-    client.register_dataset(texts=TEXTS, name="words")
+    folder = register_pair(client, tiny_models["bert"], tmp_path_factory.mktemp("bpe-gpt2"), TEXTS, 3, "gpt2-bpe",
+                           "words")
     client.register_dataset(texts=OTHER, name="other")
     runs = {name: client.capture(name, "words", pooling="tokens").run_key for name in ("bert", "gpt2-bpe")}
     runs["other"] = client.capture("gpt2-bpe", "other", pooling="tokens").run_key
@@ -54,15 +68,6 @@ def runs(module_client, tiny_models, tmp_path_factory):
 
 
 # ---- independent computation ----------------------------------------------------------------------
-def words_of(text: str) -> list[tuple[int, int]]:
-    spans, at = [], 0
-    for word in text.split():
-        start = text.index(word, at)
-        spans.append((start, start + len(word)))
-        at = start + len(word)
-    return spans
-
-
 def word_tokens(folder, max_len: int) -> tuple[dict, int]:
     """{(sample, word): [row, ...]} from the tokenizer's offset mapping, and the number of rows."""
     from transformers import AutoTokenizer
@@ -70,13 +75,10 @@ def word_tokens(folder, max_len: int) -> tuple[dict, int]:
     tok = AutoTokenizer.from_pretrained(folder)
     out, row = {}, 0
     for sample, text in enumerate(TEXTS):
-        enc = tok(text, truncation=True, max_length=max_len, return_offsets_mapping=True)
-        words = words_of(text)
-        for start, end in enc["offset_mapping"]:
-            hit = [w for w, (ws, we) in enumerate(words) if end > start and ws < end and we > start]
-            if hit:
-                out.setdefault((sample, hit[0]), []).append(row)
-            row += 1
+        offsets = tok(text, truncation=True, max_length=max_len, return_offsets_mapping=True)["offset_mapping"]
+        for word, tokens in word_units(text, offsets).items():
+            out[sample, word] = [row + t for t in tokens]
+        row += len(offsets)
     return out, row
 
 

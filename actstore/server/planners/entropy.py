@@ -14,6 +14,7 @@ from actstore.metrics import entropy as ent
 from actstore.metrics import entropy_presets as presets
 from actstore.options import ENTROPY, from_wire
 from actstore.server.planners import Planner
+from actstore.server.planners.word_entropy import WordEntropyPlanner
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 from actstore.store.datasets import load_dataset
@@ -24,23 +25,20 @@ class EntropyPlanner(Planner):
 
     def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
                 clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
-                seed: int = 0, exp: bool = False, temperature: float = 0.0, preset: str = "",
-                refresh: bool = False) -> MetricResult:
+                seed: int = 0, exp: bool = False, temperature: float = 0.0, preset: str = "", align: str = "",
+                word_pool: str = "", refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)
         chosen = self.checks.check_layers(record, layers, "layer")
         self.checks.check_finite(record, chosen)
         alpha = from_wire(ENTROPY, "alpha", alpha)
         normalization = from_wire(ENTROPY, "normalization", normalization)
         preset = from_wire(ENTROPY, "preset", preset)
+        align = from_wire(ENTROPY, "align", align)
+        if preset != "none" and align != "none":
+            raise InvalidArgument(f"preset {preset} reproduces a pipeline over token rows: drop --align {align}")
         if preset != "none":
             return self._preset(preset, metric, record, chosen, refresh, alpha=alpha, normalization=normalization,
                                 clamp=clamp, abs_cos=abs_cos)
-        token_level = metric in ("prompt_entropy", "curvature")
-        if token_level != (record.pooling == "tokens"):
-            raise InvalidArgument(
-                f"{metric} needs a {'token-level' if token_level else 'pooled'} run; run {record.run_key[:12]} is "
-                f"pooled '{record.pooling}': capture with "
-                f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last)'}")
         options: dict[str, Any] = {"layers": chosen}
         if metric in ("dataset_entropy", "prompt_entropy", "dime", "lidar"):
             options["alpha"] = alpha
@@ -57,6 +55,15 @@ class EntropyPlanner(Planner):
             options["exp"] = exp
         if metric == "infonce":
             options["temperature"] = from_wire(ENTROPY, "temperature", temperature)
+        if align == "words":  # a token-level run's words: the same units whatever the tokenizer
+            return WordEntropyPlanner(self.parts).entropy(metric, record, chosen, options,
+                                                          from_wire(ENTROPY, "word_pool", word_pool), refresh)
+        token_level = metric in ("prompt_entropy", "curvature")
+        if token_level != (record.pooling == "tokens"):
+            raise InvalidArgument(
+                f"{metric} needs a {'token-level' if token_level else 'pooled'} run; run {record.run_key[:12]} is "
+                f"pooled '{record.pooling}': capture with "
+                f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last) or give --align words'}")
         compute = {
             "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
             "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,

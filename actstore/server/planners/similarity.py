@@ -23,10 +23,11 @@ class SimilarityPlanner(Planner):
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                    center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
                    k: int = 0, align: str = "", word_pool: str = "") -> MetricResult:
-        if from_wire(SIMILARITY, "align", align) == "words":  # different tokenizers: rows are shared words
+        align = from_wire(SIMILARITY, "align", align)
+        if align != "none":  # different tokenizers: rows are shared words (or spans)
             if metric not in ("cka", "cos"):
-                raise InvalidArgument(f"--align words is implemented for cka and cos, not {metric}")
-            return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b,
+                raise InvalidArgument(f"--align {align} is implemented for cka and cos, not {metric}")
+            return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b, align,
                                                          from_wire(SIMILARITY, "word_pool", word_pool),
                                                          from_wire(SIMILARITY, "center", center), refresh)
         a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)

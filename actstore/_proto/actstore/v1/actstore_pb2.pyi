@@ -1023,9 +1023,11 @@ class SimilarityRequest(_message.Message):
     sigma_fraction: _builtins.float
     """MEASURE RBF CKA: bandwidth / median distance; 0 means the default"""
     align: _builtins.str
-    """CKA: none (default) | words: token runs of different tokenizers, rows = shared words"""
+    """CKA, COS: none (default) | words | spans: token runs of different tokenizers, rows ="""
     word_pool: _builtins.str
-    """align words: mean (default) | last token of each word"""
+    """the words both share, or the finest character spans both can be cut at
+    align: mean (default) | last token of each word (span)
+    """
     @_builtins.property
     def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all layers 0..L"""
@@ -1122,6 +1124,8 @@ class EntropyRequest(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     REFRESH_FIELD_NUMBER: _builtins.int
     PRESET_FIELD_NUMBER: _builtins.int
+    ALIGN_FIELD_NUMBER: _builtins.int
+    WORD_POOL_FIELD_NUMBER: _builtins.int
     metric: Global___EntropyRequest.Metric.ValueType
     run: _builtins.str
     alpha: _builtins.float
@@ -1145,6 +1149,10 @@ class EntropyRequest(_message.Message):
     refresh: _builtins.bool
     preset: _builtins.str
     """none (default) | skean2025: a reference pipeline by name, from a token-level run"""
+    align: _builtins.str
+    """none (default) | words: a token-level run's tokens pooled to the words of the text first"""
+    word_pool: _builtins.str
+    """align words: mean (default) | last token of each word"""
     @_builtins.property
     def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """empty: all"""
@@ -1166,10 +1174,12 @@ class EntropyRequest(_message.Message):
         temperature: _builtins.float = ...,
         refresh: _builtins.bool = ...,
         preset: _builtins.str = ...,
+        align: _builtins.str = ...,
+        word_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "align", b"align", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
