@@ -11,6 +11,7 @@ from typing import get_args
 
 import pytest
 
+from actstore.config import Settings
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
     BATCHES,
@@ -94,7 +95,6 @@ def test_every_float_must_be_finite_even_without_bounds():
 
 
 def test_a_limit_names_a_setting_that_caps_the_value_on_the_server():
-    from actstore.config import Settings
 
     limited = [option for table in TABLES.values() for option in table.values() if option.limit]
     assert {o.name for o in limited} >= {"permutations", "augment_views"}
@@ -129,7 +129,6 @@ def test_help_shows_the_default():
 # ---- the server's own constants ---------------------------------------------------------------------
 def test_choices_match_what_the_server_knows():
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
-    from actstore.config import Settings
     from actstore.metrics.similarity import MIN_HSIC_SAMPLES
     from actstore.store.datasets import AUGMENT_METHODS
     from actstore.store.keys import POOLINGS, STORAGE_DTYPES
@@ -319,6 +318,7 @@ class _Recorder:
 
     def __init__(self):
         self.calls = []
+        self.settings = Settings(result_messages_kept=0)  # no kept replies: every call reaches the service
 
     def __getattr__(self, name):
         def record(*args, **kwargs):
