@@ -172,6 +172,15 @@ class ArrayStoreContract:
         np.testing.assert_array_equal(store.read_layers(run_key, [0, 3], 8, 11),
                                       self.expected(numbers, [0, 3], 8, 11))
 
+    def test_a_shard_of_zeros_is_stored_not_taken_for_a_missing_one(self, store):
+        run_key, layout = key("zeros"), pooled_layout("float16")
+        self.create(store, run_key, layout)
+        store.write_shard(run_key, 1, np.zeros((SHARD_ROWS, NUM_STATES, WIDTH), np.float16),
+                          np.zeros((NUM_STATES, WIDTH)))
+        assert store.shard_present(run_key, 1)
+        for layers in ([2], list(range(NUM_STATES))):
+            assert not store.read_layers(run_key, layers, *layout.shard_range(1)).any()
+
     def test_shards_write_in_any_order(self, store):
         run_key, layout = key("o"), pooled_layout()
         self.create(store, run_key, layout)
