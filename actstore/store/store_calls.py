@@ -41,17 +41,14 @@ class StoreCalls:
     def _put(self, key: str, data: bytes) -> None:
         self._store({key: default_buffer_prototype().buffer.from_bytes(data)})
 
-    def _store(self, contents: dict[str, Buffer], present: str | None = None) -> bool:
-        """PUT whole objects, all at once (one call into zarr's event loop); with them, whether
-        the key `present` exists."""
+    def _store(self, contents: dict[str, Buffer]) -> None:
+        """PUT whole objects, all at once (one call into zarr's event loop)."""
 
-        async def put() -> bool:
-            done = await asyncio.gather(*(self._zarr.set(key, value) for key, value in contents.items()),
-                                        *([self._zarr.exists(present)] if present else []))
-            return all(done[len(contents):])
+        async def put() -> None:
+            await asyncio.gather(*(self._zarr.set(key, value) for key, value in contents.items()))
 
         with self._reported():
-            return sync(put())
+            sync(put())
 
     def _fetch(self, requests: list[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
         """GET objects or byte ranges of them, all at once; None for an absent object."""

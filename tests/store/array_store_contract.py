@@ -355,6 +355,24 @@ class ArrayStoreContract:
         assert other_handle.layout(run_key) == resized
         assert store.layout(run_key) == resized
 
+    def test_a_late_write_after_a_delete_never_reads_as_the_run(self, store, tmp_path):
+        # a cancelled capture's last task may still write a shard after the server deleted the run
+        run_key, layout, _ = self.filled_run(store)
+        late = self.make_store(tmp_path)
+        stored, numbers = make_values(layout, seed=3)
+        late.write_shard(run_key, 1, stored[SHARD_ROWS:2 * SHARD_ROWS], shard_sums(numbers, layout, 1))
+        store.delete_run(run_key)
+        try:  # a backend may notice the delete, or write into the deleted run's folder
+            late.write_shard(run_key, 0, stored[:SHARD_ROWS], shard_sums(numbers, layout, 0))
+        except NotFound:
+            pass
+        assert run_key not in store.run_keys()
+        with pytest.raises(NotFound):
+            store.layout(run_key)
+        self.create(store, run_key, layout)  # captured again: the leftover shard is gone, not read
+        with pytest.raises(DataLoss, match="shard 0 .*is missing"):
+            store.read_layers(run_key, [0], 0, SHARD_ROWS)
+
     def test_a_deleted_run_can_be_created_again(self, store):
         run_key, layout, _ = self.filled_run(store)
         store.delete_run(run_key)
