@@ -10,6 +10,9 @@ Layout of one run (DESIGN.md, Storage):
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
+Zarr opens the groups and arrays and codes the side arrays; a shard (and its layer sums and token
+ids) moves as whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of
+one call at once (`store.store_calls`).
 """
 
 from __future__ import annotations
@@ -154,7 +157,9 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                 with self._reported():
                     array = zarr.open_array(store=self._zarr, path=f"runs/{run_key}/{name}", mode="r+", zarr_format=3)
             except NodeNotFoundError:
-                raise self._gone(run_key) from None
+                self._forget(run_key)
+                self.layout(run_key)  # NotFound if the whole run is gone
+                raise NotFound(f"run {run_key[:12]} has no {name!r} array") from None
             codec = self._coders[run_key, name] = ChunkCodec(array)
         return codec
 
