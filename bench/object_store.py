@@ -2,8 +2,8 @@
 
 A real S3-protocol server process on loopback (moto's server mode; on a cluster this is MinIO or
 S3) holds one bucket. Both sides use the same client library (obstore) and the same concurrency,
-so the ratio measures actstore's own overhead (Zarr sharding, Blosc + crc32c, the shard index,
-the existence checks), not the server's speed.
+so the ratio measures actstore's own overhead (coding each shard: Blosc, crc32c, the shard index;
+the layer-sums object each shard writes beside it; opening the run), not the server's speed.
 
   * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
     capture writes them, with their layer sums computed beforehand, as the capture does),
