@@ -2,16 +2,20 @@
 
 A real S3-protocol server process on loopback (moto's server mode; on a cluster this is MinIO or
 S3) holds one bucket. Both sides use the same client library (obstore) and the same concurrency,
-so the ratio measures actstore's own overhead (Zarr sharding, Blosc + crc32c, the shard index,
-the existence checks), not the server's speed.
+so the ratio measures actstore's own overhead (coding each shard: Blosc, crc32c, the shard index;
+the layer-sums object each shard writes beside it; opening the run), not the server's speed.
 
   * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
-    capture writes them), `--concurrency` shards in flight (a capture keeps 2 per replica);
-    baseline: `obstore.put` of random objects of exactly the sizes the shard objects have, same
-    concurrency. Rate = stored bytes / s.
-  * read: `read_layers(run, all layers, shard)` per shard, as a CKA map task reads (decoded to
-    numbers); baseline: `obstore.get` of the same shard objects. Rate = stored bytes / s.
-  * rounds alternate actstore and baseline; medians. Target >= 0.8 of the raw rate each way.
+    capture writes them, with their layer sums computed beforehand, as the capture does),
+    `--concurrency` shards in flight (a capture keeps 2 per replica); baseline: `obstore.put` of
+    random objects of exactly the sizes the shard objects have, same concurrency. Rate = stored
+    shard bytes / s (the layer-sum objects written beside them count for nothing).
+  * read: `read_layers(run, all layers, shard)` per shard from a fresh handle, as a CKA map task
+    reads (decoded to numbers); baseline: `obstore.get` of the same shard objects.
+  * each side runs batches of 2 x concurrency shards in turn with the other (shared machines drift
+    within seconds); medians over rounds. Target >= 0.8 of the raw rate each way. Also printed:
+    CPU ms per shard of this process (every thread) and of the S3 server, per side: unlike the
+    rates, these hardly move with the machine's load.
 
     python bench/object_store.py [--quick] [--shards 32] [--concurrency 4] [--repeats 3]
 """
@@ -54,14 +58,33 @@ def start_s3_server() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def timed(pool: ThreadPoolExecutor, work, items) -> float:
-    started = time.perf_counter()
-    list(pool.map(work, items))
-    return time.perf_counter() - started
+class Meter:
+    """Wall seconds and CPU seconds (this process: every thread; and the S3 server's process) per side."""
+
+    def __init__(self, server_pid: int) -> None:
+        import psutil
+
+        self.me, self.server = psutil.Process(), psutil.Process(server_pid)
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.server_cpu: dict[str, float] = {}
+
+    def _cpu(self, process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    def run(self, side: str, pool: ThreadPoolExecutor, work, items) -> None:
+        mine, theirs, started = self._cpu(self.me), self._cpu(self.server), time.perf_counter()
+        list(pool.map(work, items))
+        for record, value in ((self.wall, time.perf_counter() - started), (self.cpu, self._cpu(self.me) - mine),
+                              (self.server_cpu, self._cpu(self.server) - theirs)):
+            record[side] = record.get(side, 0.0) + value
 
 
-def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng) -> tuple[int, int, dict[str, float]]:
-    """One fresh bucket: actstore's writes, raw PUTs of the same sizes, actstore's reads, raw GETs."""
+def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, meter: Meter) -> tuple[int, int]:
+    """One fresh bucket: actstore's writes and raw PUTs of the same sizes, then actstore's reads and
+    raw GETs of the same objects, each side in batches of 2 x concurrency shards taken in turn, so
+    both see the same machine load (shared machines drift within seconds)."""
     import boto3
     import obstore
 
@@ -75,21 +98,23 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng) -
     run = f"{r:064d}"
     arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
     store, raw = s3_store(url), s3_store(f"s3://{bucket}/raw")
-    seconds = {}
+    sums = [shard.astype(np.float64).sum(0) for shard in shards]  # the capture's work, not the store's
+    key = f"runs/{run}/acts/c/{{}}/0/0"
+    batches = [range(i, min(i + 2 * concurrency, len(shards))) for i in range(0, len(shards), 2 * concurrency)]
+    reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
+    everything = list(range(layout.num_states))
+    sizes: dict[int, int] = {}
+    payloads: dict[int, bytes] = {}
     with ThreadPoolExecutor(concurrency) as pool:
-        seconds["write"] = timed(pool, lambda s: arrays.write_shard(run, s, shards[s],
-                                                                    shards[s].astype(np.float64).sum(0)),
-                                 range(len(shards)))
-        objects = [(m["path"], m["size"]) for batch in obstore.list(store, prefix=f"runs/{run}/acts/c/")
-                   for m in batch]
-        payloads = [rng.bytes(size) for _, size in objects]
-        seconds["put"] = timed(pool, lambda i: obstore.put(raw, f"obj-{i}", payloads[i]), range(len(payloads)))
-        reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
-        everything = list(range(layout.num_states))
-        seconds["read"] = timed(pool, lambda s: reader.read_layers(run, everything, *layout.shard_range(s)),
-                                range(len(shards)))
-        seconds["get"] = timed(pool, lambda o: bytes(obstore.get(store, o[0]).bytes()), objects)
-    return sum(size for _, size in objects), len(objects), seconds
+        for batch in batches:
+            meter.run("write", pool, lambda s: arrays.write_shard(run, s, shards[s], sums[s]), batch)
+            sizes.update({s: obstore.head(store, key.format(s))["size"] for s in batch})
+            payloads.update({s: rng.bytes(sizes[s]) for s in batch})
+            meter.run("put", pool, lambda s: obstore.put(raw, f"obj-{s}", payloads[s]), batch)
+        for batch in batches:
+            meter.run("read", pool, lambda s: reader.read_layers(run, everything, *layout.shard_range(s)), batch)
+            meter.run("get", pool, lambda s: bytes(obstore.get(store, key.format(s)).bytes()), batch)
+    return sum(sizes.values()), len(sizes)
 
 
 def main() -> None:
@@ -120,14 +145,21 @@ def main() -> None:
     layout = RunLayout(n=args.rows * args.shards, rows=args.rows * args.shards, num_states=args.states,
                        width=args.width, dtype="float16", pooling="mean", shard_rows=args.rows)
     rounds: dict[str, list[float]] = {"write": [], "put": [], "read": [], "get": []}
+    cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
+    server_cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
     try:
         for r in range(args.repeats):
-            stored, objects, seconds = one_round(r, shards, layout, args.concurrency, rng)
-            for name, value in seconds.items():
-                rounds[name].append(stored / value / 1e6)
+            meter = Meter(process.pid)
+            stored, objects = one_round(r, shards, layout, args.concurrency, rng, meter)
+            for side in rounds:
+                rounds[side].append(stored / meter.wall[side] / 1e6)
+                cpu_ms[side].append(meter.cpu[side] / objects * 1e3)
+                server_cpu_ms[side].append(meter.server_cpu[side] / objects * 1e3)
             print(f"  round {r + 1}: {stored / 1e6:.1f} MB stored ({objects} objects); MB/s write "
                   f"{rounds['write'][-1]:.1f} vs put {rounds['put'][-1]:.1f}, read {rounds['read'][-1]:.1f} vs "
-                  f"get {rounds['get'][-1]:.1f}", flush=True)
+                  f"get {rounds['get'][-1]:.1f}; CPU ms per shard, client (server): "
+                  + ", ".join(f"{side} {cpu_ms[side][-1]:.2f} ({server_cpu_ms[side][-1]:.2f})" for side in rounds),
+                  flush=True)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -135,8 +167,11 @@ def main() -> None:
     read_ratio = median(rounds["read"]) / median(rounds["get"])
     print(f"write path / raw PUT: {write_ratio:.2f} (target >= {TARGET}: {verdict(write_ratio, TARGET)})")
     print(f"read path / raw GET:  {read_ratio:.2f} (target >= {TARGET}: {verdict(read_ratio, TARGET)})")
+    print("client CPU per shard (ms): " + ", ".join(f"{side} {median(cpu_ms[side]):.2f}" for side in rounds)
+          + f"; load at end {machine()['loadavg_start']}")
     path = write_result("object_store", {"machine": info, "rounds_mb_per_s": rounds, "write_ratio": write_ratio,
-                                         "read_ratio": read_ratio, "target": TARGET, "args": vars(args)})
+                                         "read_ratio": read_ratio, "target": TARGET, "args": vars(args),
+                                         "client_cpu_ms_per_shard": cpu_ms, "server_cpu_ms_per_shard": server_cpu_ms})
     print(f"wrote {path}")
 
 

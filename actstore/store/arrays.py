@@ -10,28 +10,30 @@ Layout of one run (DESIGN.md, Storage):
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
+Zarr opens the groups and arrays and codes the side arrays; a shard (and its layer sums and token
+ids) moves as whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of
+one call at once (`store.store_calls`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import zarr
-from obstore.exceptions import BaseError as ObjectStoreError
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, Crc32cCodec
-from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
+from zarr.errors import NodeNotFoundError
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
-from actstore.store.misses import MissCountingStore
+from actstore.store.codecs import ChunkCodec
+from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
@@ -41,7 +43,7 @@ DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFE
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
 
-class ZarrArrayStore(ArrayStore):
+class ZarrArrayStore(StoreCalls, ArrayStore):
     """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
     `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
@@ -52,33 +54,25 @@ class ZarrArrayStore(ArrayStore):
         self.root = root
         self.compressor = compressor
         self._url = objects.is_url(str(root))
-        inner = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
-        self._zarr = MissCountingStore(inner)  # reads notice absent shards without asking first
+        self._zarr = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
-        # opened arrays of runs with a known layout: opening one reads metadata (a round trip each
-        # on an object store), so a capture or a map task opens each once, not once per shard
-        self._opened: dict[tuple[str, str], zarr.Array] = {}
+        # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
+        # round trip each on an object store), so a capture or a map task opens each once, not
+        # once per shard; shards and their side chunks then move as whole objects (`store.codecs`)
+        self._coders: dict[tuple[str, str], ChunkCodec] = {}
 
-    @contextmanager
-    def _reported(self) -> Iterator[None]:
-        """Object-store errors as ours (a local store's errors are left as they are)."""
-        try:
-            yield
-        except (ObjectStoreError, OSError) as exc:
-            if not self._url or isinstance(exc, FileNotFoundError):
-                raise
-            raise objects.failure(exc, str(self.root)) from None
-
-    def _exists(self, key: str) -> bool:
-        with self._reported():
-            return sync(self._zarr.exists(key))
+    def _gone(self, run_key: str) -> NotFound:
+        self._forget(run_key)
+        return NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
 
     def _group(self, run_key: str, mode: str = "r") -> zarr.Group:
-        if mode == "r" and not self._exists(f"runs/{run_key}/zarr.json"):
-            raise NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
+        """The run's group: one GET of its metadata (zarr 3's own format: no probing for zarr 2's)."""
         try:
             with self._reported():
-                return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode)
+                return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode, zarr_format=3,
+                                       use_consolidated=False)
+        except NodeNotFoundError:
+            raise self._gone(run_key) from None
         except (ValueError, KeyError, TypeError) as exc:  # a truncated or garbled zarr.json
             raise DataLoss(f"run {run_key[:12]}: its group metadata is damaged ({type(exc).__name__}); delete "
                            "the run and capture it again") from None
@@ -152,21 +146,22 @@ class ZarrArrayStore(ArrayStore):
 
     def _forget(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)
-        for key in [k for k in self._opened if k[0] == run_key]:
-            self._opened.pop(key, None)
+        for key in [k for k in self._coders if k[0] == run_key]:
+            self._coders.pop(key, None)
 
-    def _array(self, run_key: str, name: str) -> zarr.Array:
-        """An array of a run, opened once while the run exists (`layout` checks that)."""
-        self.layout(run_key)
-        array = self._opened.get((run_key, name))
-        if array is None:
-            with self._reported():
-                array = self._opened[run_key, name] = self._group(run_key, mode="r+")[name]
-        return array
-
-    def _opened_array(self, run_key: str, name: str) -> zarr.Array:
-        """`_array` without its existence check (one round trip) once the array is open."""
-        return self._opened.get((run_key, name)) or self._array(run_key, name)
+    def _codec(self, run_key: str, name: str) -> ChunkCodec:
+        """The codec of an array of a run, from the array's metadata (one GET, then kept)."""
+        codec = self._coders.get((run_key, name))
+        if codec is None:
+            try:
+                with self._reported():
+                    array = zarr.open_array(store=self._zarr, path=f"runs/{run_key}/{name}", mode="r+", zarr_format=3)
+            except NodeNotFoundError:
+                self._forget(run_key)
+                self.layout(run_key)  # NotFound if the whole run is gone
+                raise NotFound(f"run {run_key[:12]} has no {name!r} array") from None
+            codec = self._coders[run_key, name] = ChunkCodec(array)
+        return codec
 
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
@@ -179,60 +174,72 @@ class ZarrArrayStore(ArrayStore):
         return self._layouts[run_key]
 
     def write_shard(self, run_key, shard, values, sums, token_ids=None) -> None:
-        layout = self.layout(run_key)
+        layout = self._layouts.get(run_key) or self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
             expected = (stop - start, layout.num_states, layout.width)
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        with self._reported():  # `layout` checked that the run exists: its arrays, once opened, are kept
-            self._opened_array(run_key, layout.array_name)[start:stop] = values
-            self._opened_array(run_key, "layer_sums")[shard] = sums
-            if token_ids is not None:
-                self._opened_array(run_key, "token_ids")[start:stop] = token_ids
+        # whole objects, coded here and PUT together (`store.codecs`): the shard, its layer sums, its
+        # token ids. A known run's existence is not asked first (a round trip per shard): the service
+        # deletes no run while its capture writes, and what a cancelled capture's last tasks write
+        # after a delete lies in a folder without group metadata, which no read takes for a run
+        # (`gc` removes it; `create_run` of the key replaces it)
+        written = {layout.array_name: values, "layer_sums": sums[None], "token_ids": token_ids}
+        self._store({codec.key((shard,) + (0,) * (len(codec.shape) - 1)): codec.encode(part)
+                     for name, part in written.items() if part is not None
+                     for codec in [self._codec(run_key, name)]})
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
-        # no existence check before the read: Zarr reads an absent shard as zeros, and the store
-        # counts the reads of absent keys, so a shard missed by this read shows after it. A run
-        # deleted through another handle shows the same way; its own existence is checked (a
-        # second round trip) only then
+        # no existence check before the read: an absent shard reads as absent, and the run's own
+        # existence (it may have been deleted through another handle) is checked only then
         layout = self._layouts.get(run_key) or self.layout(run_key)
-        array = self._opened_array(run_key, layout.array_name)
+        codec = self._codec(run_key, layout.array_name)
         shards = range(start // layout.shard_rows, -(-stop // layout.shard_rows))
-        keys = [_shard_key(run_key, layout, shard) for shard in shards]
-        before = self._zarr.misses(keys)
-        try:
-            with self._reported():
-                if len(layers) == 1:
-                    stored = array[start:stop, layers[0], :][None]
-                elif len(set(layers)) == layout.num_states:
-                    # every layer: whole shards, one request each (a layer alone costs two: the
-                    # shard's index, then its chunk); fewer layers never decode the others
-                    stored = np.moveaxis(array[start:stop], 1, 0)[layers]
-                else:
-                    stored = np.stack([array[start:stop, layer, :] for layer in layers])
-        except DECODE_ERRORS as exc:
-            raise self._located(run_key, layout, array, layers, start, stop, exc) from None
-        for shard, was, now in zip(shards, before, self._zarr.misses(keys)):
-            if now > was:
-                self.layout(run_key)  # NotFound if the whole run is gone
-                raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
-                              rows=layout.shard_range(shard))
-        return decode_stored(stored, layout.dtype)
-
-    def _located(self, run_key, layout, array, layers, start, stop, exc: Exception) -> DataLoss:
-        """The DataLoss of a failed read, naming the first inner chunk (shard, layer) that fails
-        alone (read again one by one: only on this error path)."""
-        for shard in range(start // layout.shard_rows, -(-stop // layout.shard_rows)):
+        keys = [codec.key((shard, 0, 0)) for shard in shards]
+        # every layer: whole shards, one GET each; fewer layers fetch the shards' indexes, then
+        # only their own inner chunks, as zarr reads them. Every shard's requests go out at once.
+        whole = len(set(layers)) == layout.num_states
+        found = self._fetch([(key, None if whole else SuffixByteRequest(codec.index_size)) for key in keys])
+        ranges = [self._chunk_ranges(run_key, layout, codec, shard, data, layers) for shard, data in zip(shards, found)]
+        if whole:
+            parts = [[None if r is None else data[r[0]:r[1]] for r in rs] for data, rs in zip(found, ranges)]
+        else:
+            wanted = [(i, key, r) for i, (key, rs) in enumerate(zip(keys, ranges)) for r in rs if r is not None]
+            fetched = self._fetch([(key, RangeByteRequest(*r)) for _, key, r in wanted])
+            for (i, _, _), data in zip(wanted, fetched):
+                if data is None:  # vanished since its index was read
+                    raise self._missing(run_key, layout, shards[i])
+            chunks = iter(fetched)
+            parts = [[None if r is None else next(chunks) for r in rs] for rs in ranges]
+        out = np.empty((len(layers), stop - start, layout.width), codec.dtype)
+        for shard, shard_parts in zip(shards, parts):
             lo, hi = layout.shard_range(shard)
-            for layer in layers:
+            a, b = max(lo, start), min(hi, stop)
+            for i, (layer, part) in enumerate(zip(layers, shard_parts)):
                 try:
-                    with self._reported():
-                        array[lo:hi, layer, :]
-                except DECODE_ERRORS as inner:
-                    return damaged(run_key, layout.array_name, _why(inner), shard=shard, layer=layer, rows=(lo, hi))
-        return damaged(run_key, layout.array_name, _why(exc), rows=(start, stop))
+                    out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
+                except DECODE_ERRORS as exc:
+                    raise damaged(run_key, layout.array_name, _why(exc), shard=shard, layer=layer,
+                                  rows=(lo, hi)) from None
+        return decode_stored(out, layout.dtype)
+
+    def _chunk_ranges(self, run_key, layout, codec, shard, data, layers) -> list[tuple[int, int] | None]:
+        """Where each layer's inner chunk lies in the shard whose object (or index) is `data`."""
+        if data is None:
+            raise self._missing(run_key, layout, shard)
+        try:
+            index = codec.index(data[len(data) - codec.index_size:])
+        except DECODE_ERRORS as exc:
+            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {_why(exc)}", shard=shard,
+                          rows=layout.shard_range(shard)) from None
+        return [codec.chunk_range(index, (0, layer, 0)) for layer in layers]
+
+    def _missing(self, run_key: str, layout: RunLayout, shard: int) -> DataLoss:
+        self.layout(run_key)  # NotFound if the whole run is gone
+        return damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
+                       rows=layout.shard_range(shard))
 
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
@@ -305,7 +312,7 @@ class ZarrArrayStore(ArrayStore):
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
         layout = self.layout(run_key)
-        return [_shard_key(run_key, layout, shard), f"runs/{run_key}/layer_sums/c/{shard}/0/0",
+        return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
                 f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
                 f"runs/{run_key}/layer_stats/{shard}.json"]
 
@@ -339,25 +346,6 @@ class ZarrArrayStore(ArrayStore):
             sync(self._zarr.delete_dir(f"runs/{run_key}/means"))
 
     # ---- description ------------------------------------------------------------------------------
-    def _put(self, key: str, data: bytes) -> None:
-        with self._reported():
-            sync(self._zarr.set(key, default_buffer_prototype().buffer.from_bytes(data)))
-
-    def _get(self, key: str) -> bytes | None:
-        with self._reported():
-            found = sync(self._zarr.get(key, prototype=default_buffer_prototype()))
-        return None if found is None else found.to_bytes()
-
-    def _listed(self, method: str, prefix: str) -> list[str]:
-        """`list_dir` or `list_prefix` of the zarr store (made inside the event loop: the
-        object store's listing needs a running loop)."""
-
-        async def collect() -> list[str]:
-            return [name async for name in getattr(self._zarr, method)(prefix)]
-
-        with self._reported():
-            return sync(collect())
-
     def run_keys(self) -> list[str]:
         return sorted(key for key in self._listed("list_dir", "runs")
                       if self._exists(f"runs/{key}/zarr.json"))
@@ -410,11 +398,6 @@ class ZarrArrayStore(ArrayStore):
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
-
-
-def _shard_key(run_key: str, layout: RunLayout, shard: int) -> str:
-    """The object of one shard of a run's activation array."""
-    return f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0"
 
 
 def _why(exc: BaseException) -> str:

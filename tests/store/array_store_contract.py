@@ -172,6 +172,15 @@ class ArrayStoreContract:
         np.testing.assert_array_equal(store.read_layers(run_key, [0, 3], 8, 11),
                                       self.expected(numbers, [0, 3], 8, 11))
 
+    def test_a_shard_of_zeros_is_stored_not_taken_for_a_missing_one(self, store):
+        run_key, layout = key("zeros"), pooled_layout("float16")
+        self.create(store, run_key, layout)
+        store.write_shard(run_key, 1, np.zeros((SHARD_ROWS, NUM_STATES, WIDTH), np.float16),
+                          np.zeros((NUM_STATES, WIDTH)))
+        assert store.shard_present(run_key, 1)
+        for layers in ([2], list(range(NUM_STATES))):
+            assert not store.read_layers(run_key, layers, *layout.shard_range(1)).any()
+
     def test_shards_write_in_any_order(self, store):
         run_key, layout = key("o"), pooled_layout()
         self.create(store, run_key, layout)
@@ -345,6 +354,24 @@ class ArrayStoreContract:
         other_handle.create_run(run_key, resized, [f"s{i}" for i in range(N)], None, None)
         assert other_handle.layout(run_key) == resized
         assert store.layout(run_key) == resized
+
+    def test_a_late_write_after_a_delete_never_reads_as_the_run(self, store, tmp_path):
+        # a cancelled capture's last task may still write a shard after the server deleted the run
+        run_key, layout, _ = self.filled_run(store)
+        late = self.make_store(tmp_path)
+        stored, numbers = make_values(layout, seed=3)
+        late.write_shard(run_key, 1, stored[SHARD_ROWS:2 * SHARD_ROWS], shard_sums(numbers, layout, 1))
+        store.delete_run(run_key)
+        try:  # a backend may notice the delete, or write into the deleted run's folder
+            late.write_shard(run_key, 0, stored[:SHARD_ROWS], shard_sums(numbers, layout, 0))
+        except NotFound:
+            pass
+        assert run_key not in store.run_keys()
+        with pytest.raises(NotFound):
+            store.layout(run_key)
+        self.create(store, run_key, layout)  # captured again: the leftover shard is gone, not read
+        with pytest.raises(DataLoss, match="shard 0 .*is missing"):
+            store.read_layers(run_key, [0], 0, SHARD_ROWS)
 
     def test_a_deleted_run_can_be_created_again(self, store):
         run_key, layout, _ = self.filled_run(store)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
@@ -34,6 +35,40 @@ class TestZarrArrayStore(ArrayStoreContract):
     @staticmethod
     def files_under(path: Path) -> list[Path]:
         return sorted(p for p in path.rglob("*") if p.is_file())
+
+    def test_a_fresh_handle_reads_and_writes_a_shard_in_few_requests(self, store, tmp_path):
+        # each request is a round trip on an object store: opening reads the group's and the
+        # array's metadata once (zarr 3 only, no probing for zarr 2 keys); then one request a shard
+        run_key, layout, numbers = self.filled_run(store)
+        requests = []
+
+        class Counted(WrapperStore):
+            async def get(self, key, prototype, byte_range=None):
+                requests.append(("get", key.rsplit(run_key + "/", 1)[-1]))
+                return await self._store.get(key, prototype, byte_range)
+
+            async def set(self, key, value):
+                requests.append(("set", key.rsplit(run_key + "/", 1)[-1]))
+                return await self._store.set(key, value)
+
+            async def exists(self, key):
+                requests.append(("exists", key.rsplit(run_key + "/", 1)[-1]))
+                return await self._store.exists(key)
+
+        fresh = self.make_store(tmp_path)
+        fresh._zarr = Counted(fresh._zarr)
+        every = list(range(NUM_STATES))
+        np.testing.assert_array_equal(fresh.read_layers(run_key, every, 0, SHARD_ROWS),
+                                      self.expected(numbers, every, 0, SHARD_ROWS))
+        assert requests == [("get", "zarr.json"), ("get", "acts/zarr.json"), ("get", "acts/c/0/0/0")]
+        requests.clear()
+        fresh.read_layers(run_key, every, SHARD_ROWS, N)  # two shards, fetched together
+        assert sorted(requests) == [("get", "acts/c/1/0/0"), ("get", "acts/c/2/0/0")]
+        requests.clear()
+        start, stop = layout.shard_range(1)
+        fresh.write_shard(run_key, 1, numbers[start:stop], numbers[start:stop].sum(0, dtype=np.float64))
+        assert sorted(requests) == [("get", "layer_sums/zarr.json"), ("set", "acts/c/1/0/0"),
+                                    ("set", "layer_sums/c/1/0/0")]
 
     def test_one_file_per_shard(self, store, tmp_path):
         run_key, layout, _ = self.filled_run(store)

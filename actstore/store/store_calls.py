@@ -1,0 +1,75 @@
+"""How `ZarrArrayStore` talks to its zarr store: whole objects and byte ranges, many at once in
+one call into zarr's event loop (the store's calls are async; a shard write or read makes one
+such call, not one per object), and object-store failures as our errors (`objects.failure`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from obstore.exceptions import BaseError as ObjectStoreError
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.sync import sync
+
+from actstore.store import objects
+
+
+class StoreCalls:
+    """Mixin over ``self._zarr`` (a zarr store), ``self._url`` (whether it is an object store)
+    and ``self.root`` (named in errors)."""
+
+    _zarr: Store
+    _url: bool
+    root: object
+
+    @contextmanager
+    def _reported(self) -> Iterator[None]:
+        """Object-store errors as ours (a local store's errors are left as they are)."""
+        try:
+            yield
+        except (ObjectStoreError, OSError) as exc:
+            if not self._url or isinstance(exc, FileNotFoundError):
+                raise
+            raise objects.failure(exc, str(self.root)) from None
+
+    def _exists(self, key: str) -> bool:
+        with self._reported():
+            return sync(self._zarr.exists(key))
+
+    def _put(self, key: str, data: bytes) -> None:
+        self._store({key: default_buffer_prototype().buffer.from_bytes(data)})
+
+    def _store(self, contents: dict[str, Buffer]) -> None:
+        """PUT whole objects, all at once (one call into zarr's event loop)."""
+
+        async def put() -> None:
+            await asyncio.gather(*(self._zarr.set(key, value) for key, value in contents.items()))
+
+        with self._reported():
+            sync(put())
+
+    def _fetch(self, requests: list[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
+        """GET objects or byte ranges of them, all at once; None for an absent object."""
+
+        async def get() -> list[Buffer | None]:
+            prototype = default_buffer_prototype()
+            return await asyncio.gather(*(self._zarr.get(key, prototype, byte_range) for key, byte_range in requests))
+
+        with self._reported():
+            return sync(get()) if requests else []
+
+    def _get(self, key: str) -> bytes | None:
+        found = self._fetch([(key, None)])[0]
+        return None if found is None else found.to_bytes()
+
+    def _listed(self, method: str, prefix: str) -> list[str]:
+        """`list_dir` or `list_prefix` of the zarr store (made inside the event loop: the
+        object store's listing needs a running loop)."""
+
+        async def collect() -> list[str]:
+            return [name async for name in getattr(self._zarr, method)(prefix)]
+
+        with self._reported():
+            return sync(collect())
