@@ -97,7 +97,8 @@ class GroupedBootstrapCKA:
         """Bytes of one accumulator's state: every group's moments plus the row buffer."""
         widths = validated_widths(block_widths)
         used = tuple(widths[b] for b in sorted({x for pair in pairs for x in pair}))
-        return groups * FeatureMoments.estimate_nbytes(used) + PENDING_BYTES
+        pending = min(PENDING_ROWS_PER_GROUP * groups * FLOAT64_BYTES * sum(used), PENDING_BYTES)
+        return groups * FeatureMoments.estimate_nbytes(used) + pending
 
     @staticmethod
     def estimate_peak_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int,
