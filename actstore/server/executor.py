@@ -41,6 +41,11 @@ def merged(partials: list):
     return total
 
 
+def merged_and_finalized(*partials):
+    """`map_finalize`'s reduce task: the map tasks' accumulators merged, then finalized."""
+    return merged(list(partials)).finalize()
+
+
 class Executor:
     def __init__(self, store: StoreHandle, settings: Settings) -> None:
         self.store = store
@@ -73,6 +78,14 @@ class Executor:
         submit = self.device_task(accumulate)
         groups = groups or self.row_groups(rows)
         return merged(gather([submit(self.store, sources, g, accumulator, labels) for g in groups]))
+
+    def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
+        """`map_reduce` and `finalize`, the merge and the finalize in one more Ray task (single-threaded
+        BLAS, off the server process), for accumulators with a large state and a heavy finalize: only
+        the finalized result comes back."""
+        submit = self.device_task(accumulate)
+        refs = [submit(self.store, sources, g, accumulator, None) for g in groups or self.row_groups(rows)]
+        return gather(remote(merged_and_finalized, num_cpus=1).remote(*refs))
 
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""

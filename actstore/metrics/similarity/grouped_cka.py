@@ -74,7 +74,9 @@ class GroupedBootstrapCKA:
 
     Feed chunks with `seek(first_row)` + `update(blocks)`, `merge` partial accumulators in any
     order, then `finalize` (a `ResampledCKAStats` without a null). Rows wait in a buffer (at most
-    `PENDING_BYTES` as float64) so that each group's moments grow by one syrk of many rows.
+    `PENDING_BYTES` as float64) so that each group's moments grow by one syrk of many rows;
+    pickling (how a map task returns its accumulator) flushes it, so those products run in the
+    single-threaded map tasks rather than in the reducer.
     """
 
     def __init__(self, block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int,
@@ -110,6 +112,10 @@ class GroupedBootstrapCKA:
         largest = max(widths[a] * widths[b] for a, b in _products(pairs))
         finalize = FLOAT64_BYTES * (groups * largest + 2 * groups**3 + (replicates + 1) * groups**2)
         return (tasks + 1) * GroupedBootstrapCKA.state_nbytes(widths, pairs, groups) + finalize
+
+    def __getstate__(self) -> dict:
+        self._flush()
+        return self.__dict__.copy()
 
     @property
     def n(self) -> int:

@@ -30,6 +30,7 @@ from actstore.server.planners import QueryParts
 from actstore.server.runs import byte_size
 
 TARGET_RATIO = 3.0
+ROWS_PER_TASK = 8192  # a grouped map task's syrk of this many rows costs about what merging its state does
 MIN_GROUPS = 16  # below this the standard error's relative error (~ 1/sqrt(2(G-1))) passes 18%
 
 
@@ -53,7 +54,9 @@ class BootstrapPlan:
         fewer = f" (fewer than the {self.requested} asked: memory)" if self.groups < self.requested else ""
         return (f"grouped Poisson bootstrap: {self.groups} random groups of samples{fewer}, each drawn Poisson(1) "
                 f"times; the standard error's relative error from the grouping is about "
-                f"{(2 * (self.groups - 1)) ** -0.5:.0%} (docs/metrics.md)")
+                f"{(2 * (self.groups - 1)) ** -0.5:.0%}. Prefer the debiased interval: whole groups repeat, so biased "
+                "CKA's duplication bias (~ width / n) varies between replicates and widens the biased interval "
+                "where width / n is not small (docs/metrics.md)")
 
 
 def _largest_fitting(widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int, limit: int,
@@ -70,7 +73,8 @@ def plan_bootstrap(method: str, groups: int, widths: Sequence[int], pairs: Seque
     """The bootstrap for `replicates` replicates of CKA between the block `pairs` over n rows.
     Grouped: the requested `groups` or the most that fit `limit` with one map task (at least
     `min(groups, MIN_GROUPS)`, else RESOURCE_EXHAUSTED naming the size), then as many of the
-    executor's `parts` map tasks as fit beside them."""
+    executor's `parts` map tasks as fit beside them, one per `ROWS_PER_TASK` rows (every task
+    returns a state of G x D^2 floats that the reducer merges)."""
     if method not in ("auto", "exact", "grouped"):
         raise InvalidArgument(f"bootstrap_method must be auto, exact or grouped, got {method!r}")
     if method == "exact":
@@ -91,7 +95,8 @@ def plan_bootstrap(method: str, groups: int, widths: Sequence[int], pairs: Seque
         exact = exact_bootstrap_cost(widths, pairs, n, replicates)
         if exact <= max(TARGET_RATIO * plain, grouped_bootstrap_cost(widths, pairs, n, replicates, fitting)):
             return BootstrapPlan("exact")
-    tasks = max(t for t in range(1, max(parts, 1) + 1)
+    most = min(max(parts, 1), -(-n // ROWS_PER_TASK))
+    tasks = max(t for t in range(1, most + 1)
                 if GroupedBootstrapCKA.estimate_peak_nbytes(widths, pairs, fitting, replicates, t) <= limit or t == 1)
     return BootstrapPlan("grouped", fitting, groups, tasks)
 
@@ -100,10 +105,8 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
                   pairs: list[tuple[int, int]], transforms: list[FeatureTransform] | None, itemsize: int,
                   replicates: int, permutations: int, seed: int, plan: BootstrapPlan | None) -> ResampledCKAStats:
     """The sample's CKA, the bootstrap replicates' (by `plan`; None: no bootstrap) and the null's."""
-    def run(accumulator, groups=None):
-        if transforms is not None:
-            accumulator = TransformedAccumulator(accumulator, transforms)
-        return parts.executor.map_reduce(rows, sources, accumulator, groups).finalize()
+    def wrapped(accumulator):
+        return accumulator if transforms is None else TransformedAccumulator(accumulator, transforms)
 
     grouped = plan is not None and plan.method == "grouped"
     exact_replicates = 0 if grouped else replicates
@@ -115,10 +118,11 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
             f"{len(pairs)} layer pair(s) (the rows and their Gram strips, n={rows})",
             "ask for fewer layer pairs, fewer replicates or permutations, a run with fewer samples, or "
             "--bootstrap-method grouped")
-        stats = run(ResampledCKA(widths, pairs, exact_replicates, permutations, seed))
-    if grouped:
-        boot = run(GroupedBootstrapCKA(widths, pairs, replicates, plan.groups, seed),
-                   parts.executor.row_groups(rows, plan.tasks))
+        accumulator = wrapped(ResampledCKA(widths, pairs, exact_replicates, permutations, seed))
+        stats = parts.executor.map_reduce(rows, sources, accumulator).finalize()
+    if grouped:  # its state is G x D^2 floats per task: merged and finalized in a Ray task
+        boot = parts.executor.map_finalize(rows, sources, wrapped(GroupedBootstrapCKA(
+            widths, pairs, replicates, plan.groups, seed)), parts.executor.row_groups(rows, plan.tasks))
         stats = boot if stats is None else dataclasses.replace(boot, null_biased=stats.null_biased,
                                                                null_debiased=stats.null_debiased)
     return stats
