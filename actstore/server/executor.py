@@ -42,8 +42,9 @@ def merged(partials: list):
 
 
 def merged_and_finalized(*partials):
-    """`map_finalize`'s reduce task: the map tasks' accumulators merged, then finalized."""
-    return merged(list(partials)).finalize()
+    """`map_finalize`'s reduce task: the map tasks' accumulators merged, then finalized (a single
+    one as it came: `map_finalize` is for accumulators whose finalize only reads their state)."""
+    return (partials[0] if len(partials) == 1 else merged(list(partials))).finalize()
 
 
 class Executor:
@@ -81,8 +82,8 @@ class Executor:
 
     def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
         """`map_reduce` and `finalize`, the merge and the finalize in one more Ray task (single-threaded
-        BLAS, off the server process), for accumulators with a large state and a heavy finalize: only
-        the finalized result comes back."""
+        BLAS, off the server process), for accumulators with a large state and a heavy finalize that
+        only reads it: only the finalized result comes back."""
         submit = self.device_task(accumulate)
         refs = [submit(self.store, sources, g, accumulator, None) for g in groups or self.row_groups(rows)]
         return gather(remote(merged_and_finalized, num_cpus=1).remote(*refs))

@@ -69,6 +69,11 @@ def test_chunking_merge_order_and_the_row_buffer_change_nothing(monkeypatch):
     many = fed(blocks, [(0, 1)], 30, 8, 1, [7, 300, 301, 650], [2, 4, 3, 0, 1]).finalize()
     np.testing.assert_allclose(many.bootstrap_biased, one.bootstrap_biased, atol=1e-12)
     np.testing.assert_allclose(many.bootstrap_debiased, one.bootstrap_debiased, atol=1e-12)
+    near = [block[3] for block in blocks]  # any shift is exact; one near the data keeps the sums small
+    shifted = fed_in_chunks(lambda: GroupedBootstrapCKA([5, 7], [(0, 1)], 30, 8, 1, shifts=near), blocks,
+                            [350], [1, 0]).finalize()
+    np.testing.assert_allclose(shifted.bootstrap_debiased, one.bootstrap_debiased, atol=1e-10)
+    np.testing.assert_allclose(shifted.bootstrap_biased, one.bootstrap_biased, atol=1e-10)
     other = fed(blocks, [(0, 1)], 30, 8, 2, [], [0]).finalize()
     assert not np.allclose(other.bootstrap_biased, one.bootstrap_biased)
     again = fed(blocks, [(0, 1)], 30, 8, 1, [], [0])
@@ -134,8 +139,13 @@ def test_bad_inputs_are_refused():
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 0)
     with pytest.raises(ValueError, match="pairs must name blocks"):
         GroupedBootstrapCKA([3, 3], [(0, 2)], 10, 4)
-    with pytest.raises(ValueError, match="different blocks, pairs, replicates, groups or seeds"):
+    with pytest.raises(ValueError, match="different blocks, pairs, replicates, groups, seeds or shifts"):
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4).merge(GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 5))
+    with pytest.raises(ValueError, match="different blocks, pairs, replicates, groups, seeds or shifts"):
+        GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4).merge(
+            GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4, shifts=[np.ones(3), np.zeros(3)]))
+    with pytest.raises(ValueError, match="one vector per block"):
+        GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4, shifts=[np.ones(3)])
     with pytest.raises(ValueError, match="no rows were added"):
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4).finalize()
     with pytest.raises(ValueError, match="block shapes"):
@@ -145,9 +155,9 @@ def test_bad_inputs_are_refused():
 def test_the_plan_picks_by_modelled_cost_and_sizes_groups_and_tasks_to_memory():
     widths, pair, gib = [384, 384], [(0, 1)], 1 << 30
     assert plan_bootstrap("auto", 48, widths, pair, 512, 200, gib, 2).method == "exact"
-    assert plan_bootstrap("auto", 48, widths, pair, 8192, 200, gib, 16).tasks == 1  # one task per 8192 rows
-    large = plan_bootstrap("auto", 48, widths, pair, 65536, 200, gib, 16)
-    assert (large.method, large.groups) == ("grouped", 48) and 1 <= large.tasks < 8  # 9 states would not fit
+    assert plan_bootstrap("auto", 48, widths, pair, 32768, 200, gib, 16).tasks == 1  # one task per 32768 rows
+    large = plan_bootstrap("auto", 48, widths, pair, 1 << 20, 200, gib, 16)
+    assert (large.method, large.groups) == ("grouped", 48) and 1 <= large.tasks < 16  # 17 states would not fit
     assert GroupedBootstrapCKA.estimate_peak_nbytes(widths, pair, 48, 200, large.tasks) <= gib
     assert GroupedBootstrapCKA.estimate_peak_nbytes(widths, pair, 48, 200, large.tasks + 1) > gib
     assert large.key() == {"bootstrap_method": "grouped", "bootstrap_groups": 48}

@@ -65,3 +65,14 @@ def test_cli_asks_for_the_method(module_server, client, runs, capsys):  # noqa: 
     printed = json.loads(capsys.readouterr().out)
     assert printed["options"]["bootstrap_method"] == "grouped" and printed["options"]["bootstrap_groups"] == 5
     assert any("5 random groups" in note for note in printed["notes"])
+
+
+def test_grouped_on_standardised_features(client, runs):  # noqa: F811 (the fixtures)
+    x, y = rows(client, runs["bert"], 1), rows(client, runs["gpt2"], 2)
+    zx, zy = (x - x.mean(0)) / x.std(0), (y - y.mean(0)) / y.std(0)
+    result = client.cka_stats(runs["bert"], runs["gpt2"], layers_a=[1], layers_b=[2], standardize=True, bootstrap=20,
+                              seed=4, bootstrap_method="grouped", bootstrap_groups=6)
+    weights = group_poisson_weights(4, 20, 6)[:, sample_groups(4, np.arange(40), 6)]
+    boot_d = np.array([debiased_resampled_numpy(zx, zy, w) for w in weights])
+    np.testing.assert_allclose(result.debiased_ci[0, 0], np.quantile(boot_d, [0.025, 0.975]), atol=1e-9)
+    assert result.provenance.options["standardize"] is True

@@ -35,14 +35,13 @@ are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da d
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import numpy as np
 
+from .._numerics import _add_syrk_upper, _mirror_upper
 from .cka import hsic_u_from_grams, normalised
-from .inputs import FLOAT64_BYTES, MIN_HSIC_SAMPLES, block_starts, validated_blocks, validated_widths
-from .moments import FeatureMoments
+from .inputs import FLOAT64_BYTES, MIN_HSIC_SAMPLES, validated_blocks, validated_widths
 from .resampling import group_poisson_weights, sample_groups
 from .uncertain_cka import ResampledCKAStats
 
@@ -73,14 +72,16 @@ class GroupedBootstrapCKA:
     over `groups` random groups, seeded by `seed`.
 
     Feed chunks with `seek(first_row)` + `update(blocks)`, `merge` partial accumulators in any
-    order, then `finalize` (a `ResampledCKAStats` without a null). Rows wait in a buffer (at most
-    `PENDING_BYTES` as float64) so that each group's moments grow by one syrk of many rows;
+    order, then `finalize` (a `ResampledCKAStats` without a null). Every sum is of the rows minus
+    `shifts[b]` (one vector per block, the same in every task: e.g. the run's stored means, so the
+    sums stay near the centred ones; default 0), so partial states simply add. Rows wait in a buffer
+    (at most `PENDING_BYTES` as float64) so that each group's products take many rows at once;
     pickling (how a map task returns its accumulator) flushes it, so those products run in the
     single-threaded map tasks rather than in the reducer.
     """
 
     def __init__(self, block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int,
-                 groups: int, seed: int = 0) -> None:
+                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None) -> None:
         self.block_widths = validated_widths(block_widths)
         self.pairs = tuple((int(a), int(b)) for a, b in pairs)
         if not self.pairs or any(not (0 <= x < len(self.block_widths)) for pair in self.pairs for x in pair):
@@ -89,28 +90,34 @@ class GroupedBootstrapCKA:
             raise ValueError(f"replicates must be >= 0 and groups >= 1, got {replicates} and {groups}")
         self.replicates, self.groups, self.seed = int(replicates), int(groups), int(seed)
         self.used = sorted({x for pair in self.pairs for x in pair})
-        self.used_widths = tuple(self.block_widths[b] for b in self.used)
-        self._moments: dict[int, FeatureMoments] = {}
+        self.products = _products(self.pairs)
+        shifts = [np.zeros(w) for w in self.block_widths] if shifts is None else shifts
+        if [np.shape(v) for v in shifts] != [(w,) for w in self.block_widths]:
+            raise ValueError(f"shifts must be one vector per block of widths {self.block_widths}")
+        self.shifts = tuple(np.asarray(v, dtype=np.float64) for v in shifts)
+        self._state: dict | None = None  # allocated at the first flush
         self._pending: list[tuple[int, np.ndarray]] = []
         self._next_row = 0
 
     @staticmethod
     def state_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int) -> int:
-        """Bytes of one accumulator's state: every group's moments plus the row buffer."""
+        """Bytes of one accumulator's state: every group's sums and products plus the row buffer."""
         widths = validated_widths(block_widths)
-        used = tuple(widths[b] for b in sorted({x for pair in pairs for x in pair}))
+        used = [widths[b] for b in sorted({x for pair in pairs for x in pair})]
+        per_group = 1 + sum(w + 1 for w in used) + sum(widths[a] * widths[b] + widths[a] + widths[b] + 1
+                                                         for a, b in _products(pairs))
         pending = min(PENDING_ROWS_PER_GROUP * groups * FLOAT64_BYTES * sum(used), PENDING_BYTES)
-        return groups * FeatureMoments.estimate_nbytes(used) + pending
+        return FLOAT64_BYTES * groups * per_group + pending
 
     @staticmethod
     def estimate_peak_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int,
                              replicates: int, tasks: int) -> int:
         """Bytes held at the peak of a query's reduce and finalize: `tasks` partial states and
-        their merge, plus the finalize's largest product (its G group blocks, T and the
-        replicates' contraction of T)."""
+        their merge, plus the finalize's largest product (its G group blocks moved to the mean,
+        T and the replicates' contraction of T)."""
         widths = validated_widths(block_widths)
         largest = max(widths[a] * widths[b] for a, b in _products(pairs))
-        finalize = FLOAT64_BYTES * (groups * largest + 2 * groups**3 + (replicates + 1) * groups**2)
+        finalize = FLOAT64_BYTES * (2 * groups * largest + 2 * groups**3 + (replicates + 1) * groups**2)
         return (tasks + 1) * GroupedBootstrapCKA.state_nbytes(widths, pairs, groups) + finalize
 
     def __getstate__(self) -> dict:
@@ -119,7 +126,8 @@ class GroupedBootstrapCKA:
 
     @property
     def n(self) -> int:
-        return sum(m.n for m in self._moments.values()) + sum(len(rows) for _, rows in self._pending)
+        flushed = 0 if self._state is None else int(self._state["n"].sum())
+        return flushed + sum(len(rows) for _, rows in self._pending)
 
     def seek(self, row: int) -> None:
         """The global index of the next chunk's first row (the map task's range start)."""
@@ -130,75 +138,125 @@ class GroupedBootstrapCKA:
         the buffer as they are and are upcast before any product."""
         matrices = validated_blocks(blocks, self.block_widths, upcast=False)
         if len(matrices[0]):
-            self._pending.append((self._next_row, np.concatenate([matrices[b] for b in self.used], axis=1)))
+            self._pending.append((self._next_row, [matrices[b] for b in self.used]))
             self._next_row += len(matrices[0])
-            buffered = sum(len(rows) for _, rows in self._pending)
-            if buffered >= min(PENDING_ROWS_PER_GROUP * self.groups,
-                               PENDING_BYTES // (FLOAT64_BYTES * sum(self.used_widths))):
+            buffered = sum(len(rows[0]) for _, rows in self._pending)
+            used_width = sum(self.block_widths[b] for b in self.used)
+            if buffered >= min(PENDING_ROWS_PER_GROUP * self.groups, PENDING_BYTES // (FLOAT64_BYTES * used_width)):
                 self._flush()
 
+    def _allocate(self) -> dict:
+        g, w = self.groups, self.block_widths
+        return {"n": np.zeros(g), "sums": {b: np.zeros((g, w[b])) for b in self.used},
+                "norms": {b: np.zeros(g) for b in self.used},
+                "cross": {p: np.zeros((g, w[p[0]], w[p[1]])) for p in self.products},
+                "rho": {p: np.zeros(g) for p in self.products},
+                "u": {p: np.zeros((g, w[p[1]])) for p in self.products},
+                "v": {p: np.zeros((g, w[p[0]])) for p in self.products}}
+
     def _flush(self) -> None:
-        """Add the buffered rows to their groups' moments, one group at a time."""
+        """Add the buffered rows to their groups' sums; one product per group and block pair."""
         if not self._pending:
             return
-        rows = np.concatenate([chunk for _, chunk in self._pending])
-        index = np.concatenate([np.arange(first, first + len(chunk)) for first, chunk in self._pending])
-        self._pending = []
+        index = np.concatenate([np.arange(first, first + len(rows[0])) for first, rows in self._pending])
         group = sample_groups(self.seed, index, self.groups)
         order = np.argsort(group, kind="stable")
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(group, minlength=self.groups))))
-        for g in np.flatnonzero(np.diff(bounds)):
-            moments = self._moments.setdefault(int(g), FeatureMoments(self.used_widths))
-            moments.add_rows(rows[order[bounds[g]: bounds[g + 1]]].astype(np.float64))
+        counts = np.bincount(group, minlength=self.groups)
+        present = np.flatnonzero(counts)
+        starts = np.concatenate(([0], np.cumsum(counts)))[present]
+        x, r = {}, {}
+        for k, b in enumerate(self.used):  # the rows of block b sorted by group, shifted, float64
+            x[b] = np.concatenate([rows[k] for _, rows in self._pending])[order].astype(np.float64) - self.shifts[b]
+            r[b] = np.einsum("ij,ij->i", x[b], x[b])
+        self._pending = []
+        state = self._state if self._state is not None else self._allocate()
+        state["n"][present] += counts[present]
+        for b in self.used:
+            state["sums"][b][present] += np.add.reduceat(x[b], starts, axis=0)
+            state["norms"][b][present] += np.add.reduceat(r[b], starts)
+        for a, b in self.products:
+            state["rho"][(a, b)][present] += np.add.reduceat(r[a] * r[b], starts)
+            state["u"][(a, b)][present] += np.add.reduceat(r[a][:, None] * x[b], starts, axis=0)
+            state["v"][(a, b)][present] += np.add.reduceat(r[b][:, None] * x[a], starts, axis=0)
+            cross = state["cross"][(a, b)]
+            for g, lo in zip(present, starts):
+                rows_a, rows_b = x[a][lo: lo + counts[g]], x[b][lo: lo + counts[g]]
+                if a == b:  # symmetric: the upper triangle by one syrk, mirrored in the finalize
+                    _add_syrk_upper(cross[g], rows_a)
+                else:
+                    cross[g] += rows_a.T @ rows_b
+        self._state = state
 
     def merge(self, other: GroupedBootstrapCKA) -> GroupedBootstrapCKA:
         """Add `other`'s rows (in place; `other` is only read) and return self."""
         if (other.block_widths, other.pairs, other.replicates, other.groups, other.seed) != (
-                self.block_widths, self.pairs, self.replicates, self.groups, self.seed):
+                self.block_widths, self.pairs, self.replicates, self.groups, self.seed) or not all(
+                np.array_equal(mine, theirs) for mine, theirs in zip(self.shifts, other.shifts)):
             raise ValueError("cannot merge grouped-bootstrap CKA accumulators of different blocks, pairs, "
-                             "replicates, groups or seeds")
+                             "replicates, groups, seeds or shifts")
         self._pending.extend(other._pending)
+        if other._state is not None:
+            if self._state is None:
+                self._state = self._allocate()
+            for key, value in other._state.items():
+                if isinstance(value, dict):
+                    for part, array in value.items():
+                        self._state[key][part] += array
+                else:
+                    self._state[key] += value
         self._flush()
-        for g, moments in other._moments.items():
-            if g in self._moments:
-                self._moments[g].absorb(moments)
-            else:
-                self._moments[g] = copy.deepcopy(moments)
         return self
 
     def finalize(self) -> ResampledCKAStats:
-        """The sample's CKA and the bootstrap replicates', per pair. The rows represented do not
-        change; the buffer is flushed and every group's moments move to the sample's mean."""
+        """The sample's CKA and the bootstrap replicates', per pair. Only reads the state (a
+        partial from Ray's object store, read-only, can be finalized as it is) once the buffer
+        is empty; otherwise the buffer is flushed into the groups first."""
         self._flush()
-        if not self._moments:
+        if self._state is None:
             raise ValueError("no rows were added; CKA needs at least one sample")
-        groups = sorted(self._moments)
-        moments = [self._moments[g] for g in groups]
-        counts = np.array([m.n for m in moments], dtype=np.float64)
-        mean = sum(m.shift * m.n + m.row_sum for m in moments) / counts.sum()
-        for m in moments:
-            m.move_shift(mean)  # exact: every group's rows are now centred at the sample's mean
-        weights = np.vstack([np.ones(len(groups)), group_poisson_weights(self.seed, self.replicates,
-                                                                         self.groups)[:, groups]])
+        state = self._state
+        present = np.flatnonzero(state["n"])
+        counts = state["n"][present]
+        weights = np.vstack([np.ones(len(present)), group_poisson_weights(self.seed, self.replicates,
+                                                                          self.groups)[:, present]])
         size = weights @ counts
-        starts = block_starts(self.used_widths)
-        span = {b: slice(starts[k], starts[k] + self.used_widths[k]) for k, b in enumerate(self.used)}
-        group_sums = {b: np.array([m.row_sum[span[b]] for m in moments]) for b in self.used}
-        terms = {}
-        for a, b in _products(self.pairs):
-            ka, kb = self.used.index(a), self.used.index(b)
-            parts = {"cross": np.array([m.cross_products.matrix()[span[a], span[b]] for m in moments]),
-                     "sums_a": group_sums[a], "sums_b": group_sums[b],
-                     "rho": np.array([m.norm_products[ka, kb] for m in moments]),
-                     "norms_a": np.array([m.norm_sum[ka] for m in moments]),
-                     "norms_b": np.array([m.norm_sum[kb] for m in moments]),
-                     "u": np.array([m.norm_weighted_sum[ka, span[b]] for m in moments]),
-                     "v": np.array([m.norm_weighted_sum[kb, span[a]] for m in moments])}
-            terms[(a, b)] = _product_terms(parts, weights, size)
+        delta = {b: state["sums"][b][present].sum(axis=0) / counts.sum() for b in self.used}  # mean - shift
+        terms = {p: _product_terms(_centred(state, p, present, delta), weights, size) for p in self.products}
         cka = [np.stack([normalised(terms[tuple(sorted(p))][v], terms[(p[0], p[0])][v], terms[(p[1], p[1])][v])
                          for p in self.pairs], 1) for v in (0, 1)]
         empty = np.zeros((0, len(self.pairs)))
         return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, int(counts.sum()))
+
+
+def _centred(state: dict, product: tuple[int, int], present: np.ndarray, delta: dict) -> dict:
+    """One product's group sums moved from the shift to the sample's mean, exactly: with
+    `x' = x - da`, `y' = y - db`, `r' = r - 2 da.x + ea` (`ea = ||da||^2`), per group
+    `S' = S - s db^T - da t^T + n da db^T`, `s' = s - n da`, `R' = R - 2 da.s + n ea`,
+    `u' = u - R db - 2 S^T da + 2 (da.s) db + ea t - n ea db` (v likewise), and
+    `rho' = rho - 2 db.u - 2 da.v + 4 da^T S db + eb R_a + ea R_b - 2 eb da.s - 2 ea db.t + n ea eb`."""
+    a, b = product
+    da, db = delta[a], delta[b]
+    ea, eb = da @ da, db @ db
+    n = state["n"][present]
+    cross = state["cross"][product][present]
+    if a == b:  # only the upper triangle is summed: mirror it in this copy
+        for matrix in cross:
+            _mirror_upper(matrix)
+    s, t = state["sums"][a][present], state["sums"][b][present]
+    norms_a, norms_b = state["norms"][a][present], state["norms"][b][present]
+    u, v = state["u"][product][present], state["v"][product][present]
+    s_da, t_db = s @ da, t @ db
+    cross_db, da_cross = cross @ db, np.einsum("i,gij->gj", da, cross)
+    rho = (state["rho"][product][present] - 2 * u @ db - 2 * v @ da + 4 * da_cross @ db + eb * norms_a
+           + ea * norms_b - 2 * eb * s_da - 2 * ea * t_db + n * ea * eb)
+    u = u - np.outer(norms_a, db) - 2 * da_cross + np.outer(2 * s_da, db) + ea * t - np.outer(n * ea, db)
+    v = v - np.outer(norms_b, da) - 2 * cross_db + np.outer(2 * t_db, da) + eb * s - np.outer(n * eb, da)
+    moved_s = s - np.outer(n, da)
+    for matrix, sum_a, sum_b in zip(cross, moved_s, t):  # S - s db^T - da t^T + n da db^T = S - s' db^T - da t^T
+        matrix -= np.outer(sum_a, db)
+        matrix -= np.outer(da, sum_b)
+    return {"cross": cross, "sums_a": moved_s, "sums_b": t - np.outer(n, db), "rho": rho,
+            "norms_a": norms_a - 2 * s_da + n * ea, "norms_b": norms_b - 2 * t_db + n * eb, "u": u, "v": v}
 
 
 def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from actstore.server.planners import QueryParts
 from actstore.server.runs import byte_size
 
 TARGET_RATIO = 3.0
-ROWS_PER_TASK = 8192  # a grouped map task's syrk of this many rows costs about what merging its state does
+ROWS_PER_TASK = 32768  # a grouped map task's products over this many rows cost about what merging its state does
 MIN_GROUPS = 16  # below this the standard error's relative error (~ 1/sqrt(2(G-1))) passes 18%
 
 
@@ -121,8 +121,11 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
         accumulator = wrapped(ResampledCKA(widths, pairs, exact_replicates, permutations, seed))
         stats = parts.executor.map_reduce(rows, sources, accumulator).finalize()
     if grouped:  # its state is G x D^2 floats per task: merged and finalized in a Ray task
+        # the runs' stored means (transformed like the rows) keep the shifted sums near the centred ones
+        means = [parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
+        shifts = means if transforms is None else [t.apply(m[None])[0] for t, m in zip(transforms, means)]
         boot = parts.executor.map_finalize(rows, sources, wrapped(GroupedBootstrapCKA(
-            widths, pairs, replicates, plan.groups, seed)), parts.executor.row_groups(rows, plan.tasks))
+            widths, pairs, replicates, plan.groups, seed, shifts)), parts.executor.row_groups(rows, plan.tasks))
         stats = boot if stats is None else dataclasses.replace(boot, null_biased=stats.null_biased,
                                                                null_debiased=stats.null_debiased)
     return stats
