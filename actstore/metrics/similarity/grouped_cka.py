@@ -12,9 +12,12 @@ random i.i.d. subsets, so for a smooth function of moments such as CKA the repli
 per-row bootstrap's sampling variance (times 1 - 1/G), with about G - 1 degrees of freedom: the
 standard error's relative error from the grouping is about 1 / sqrt(2 (G - 1)).
 
-State: per group, the float64 moments of its stacked rows (`moments.FeatureMoments`: count n_g,
-sum s_g, X^T X, the row norms' sums), so memory is G x D^2 whatever n, mergeable in any order. The
-finalize moves every group, exactly, to the sample's mean (the centre `uncertain_cka` uses too).
+State: per group and per block product (a, b) the pair and each used block with itself, float64
+sums of the rows minus a fixed shift per block (the same in every task, e.g. the run's stored
+means): count n_g, sums, `X_g^T Y_g` (self products: the upper triangle, one syrk), and the row
+norms' sums below. Memory G x (sum of da db) whatever n; partial states simply add, in any order.
+The finalize moves every group's sums, exactly, to the sample's mean (`_centred`; the centre
+`uncertain_cka` uses too).
 For a block pair (a, b) with group moments `S_g = X_g^T Y_g` (da x db), `s_g`, `t_g` (the column
 sums of X_g, Y_g), `rho_g = sum_i r_i q_i`, `u_g = sum_i r_i y_i`, `v_g = sum_i q_i x_i` over the
 group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = sum_g w_g S_g`,
