@@ -76,3 +76,19 @@ def test_grouped_on_standardised_features(client, runs):  # noqa: F811 (the fixt
     boot_d = np.array([debiased_resampled_numpy(zx, zy, w) for w in weights])
     np.testing.assert_allclose(result.debiased_ci[0, 0], np.quantile(boot_d, [0.025, 0.975]), atol=1e-9)
     assert result.provenance.options["standardize"] is True
+
+
+def test_map_finalize_merges_in_a_task_or_finalizes_in_the_one_map_task(module_server, client, runs):  # noqa: F811
+    from actstore.metrics.similarity.grouped_cka import GroupedBootstrapCKA
+
+    executor = module_server.service.queries.parts.executor
+    sources = [(runs["bert"], [2]), (runs["gpt2"], [1])]
+    make = lambda: GroupedBootstrapCKA([16, 16], [(0, 1)], 25, 5, seed=3)  # noqa: E731
+    three = executor.map_finalize(40, sources, make(), executor.row_groups(40, 3))  # merged in a reduce task
+    one = executor.map_finalize(40, sources, make(), executor.row_groups(40, 1))  # finalized in the map task
+    local = make()
+    local.update([rows(client, runs["bert"], 2), rows(client, runs["gpt2"], 1)])
+    expected = local.finalize()
+    for stats in (three, one):
+        np.testing.assert_allclose(stats.bootstrap_debiased, expected.bootstrap_debiased, atol=1e-9)
+        np.testing.assert_allclose(stats.bootstrap_biased, expected.bootstrap_biased, atol=1e-9)
