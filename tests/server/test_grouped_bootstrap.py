@@ -11,7 +11,7 @@ import pytest
 
 from actstore.errors import InvalidArgument
 from actstore.metrics.similarity.resampling import group_poisson_weights, null_permutation, sample_groups
-from tests.formulas import cka_numpy, debiased_resampled_numpy
+from tests.formulas import biased_grouped_numpy, cka_numpy, debiased_resampled_numpy
 from tests.server.test_diagnostics import client, rows, runs  # noqa: F401  (the same module fixtures)
 
 
@@ -20,7 +20,7 @@ def test_grouped_intervals_match_the_repeated_rows_and_the_null(client, runs):  
     asked = {"layers_a": [2], "layers_b": [1], "bootstrap": 30, "seed": 7, "null": 10}
     result = client.cka_stats(runs["bert"], runs["gpt2"], bootstrap_method="grouped", bootstrap_groups=8, **asked)
     weights = group_poisson_weights(7, 30, 8)[:, sample_groups(7, np.arange(40), 8)]  # row i: its group's weight
-    boot = np.array([cka_numpy(np.repeat(x, w, 0), np.repeat(y, w, 0)) for w in weights])
+    boot = np.array([biased_grouped_numpy(x, y, w) for w in weights])
     boot_d = np.array([debiased_resampled_numpy(x, y, w) for w in weights])
     np.testing.assert_allclose(result.biased[0, 0], cka_numpy(x, y), atol=1e-9)
     np.testing.assert_allclose(result.biased_ci[0, 0], np.quantile(boot, [0.025, 0.975]), atol=1e-9)

@@ -6,11 +6,19 @@ massive data streams", who resample units coarser than a row; random groups as i
 random groups, Wolter 2007, "Introduction to Variance Estimation", ch. 2): row i belongs to group
 `g(i) = hash(seed, i) mod G` (`resampling.sample_groups`), replicate r draws group g
 `w_rg ~ Poisson(1)` times (`resampling.group_poisson_weights`), and every row of a group shares its
-weight. Replicate r's CKA is that of the multiset in which row i appears `w_r,g(i)` times, biased
-and debiased exactly as in `uncertain_cka` (no row pairs with a copy of itself). The groups are
-random i.i.d. subsets, so for a smooth function of moments such as CKA the replicates estimate the
-per-row bootstrap's sampling variance (times 1 - 1/G), with about G - 1 degrees of freedom: the
-standard error's relative error from the grouping is about 1 / sqrt(2 (G - 1)).
+weight. Replicate r's CKA is that of the multiset in which row i appears `w_r,g(i)` times, and, in
+both variants, no copy of a row pairs with another copy of it (each pairs with itself only). The
+groups are random i.i.d. subsets, so for a smooth function of moments such as CKA the replicates
+estimate the per-row bootstrap's sampling variance (times 1 - 1/G), with about G - 1 degrees of
+freedom: the standard error's relative error from the grouping is about 1 / sqrt(2 (G - 1)).
+
+Biased CKA differs from `uncertain_cka`'s plug-in of the multiset, whose copy pairs add a
+duplication bias (~ width / n) that per-row weights keep nearly constant but whole repeated groups
+make vary, widening the interval (1.35-1.7x at n = 1000, width 48; ~9x at n = 4096, width 384).
+Here the copy pairs are left out and the weights scaled by `f = n / N(w)` (the sample's size, as
+the multinomial bootstrap has): the biased HSIC numerator of the multiset of weights `f w_i`
+whose same-row terms carry `f w_i` (a copy with itself) instead of `(f w_i)^2`. Its replicates
+centre on the estimate and keep the exact bootstrap's width (tests/metrics/test_grouped_bootstrap.py).
 
 State: per group and per block product (a, b) the pair and each used block with itself, float64
 sums of the rows minus a fixed shift per block (the same in every task, e.g. the run's stored
@@ -23,13 +31,15 @@ sums of X_g, Y_g), `rho_g = sum_i r_i q_i`, `u_g = sum_i r_i y_i`, `v_g = sum_i 
 group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = sum_g w_g S_g`,
 `s(w)`, `t(w)`, `N(w) = sum_g w_g n_g`:
 
-- biased: `||C(w)||_F^2` with `C(w) = S(w) - s(w) t(w)^T / N(w)` (the weighted centring is shift
-  invariant): `w^T Q w - 2 T[w, w, w] / N + ||s(w)||^2 ||t(w)||^2 / N^2`, with the G x G Frobenius
-  Gram `Q_gh = <S_g, S_h>` and `T_ghk = s_g^T S_h t_k` (G x G x G), each ~ G^2 da db to form;
 - debiased (`cka.hsic_u_from_grams` with n -> N(w); the sum over i != j with multiplicities
-  `w_i w_j` is the full sum minus `sum_i w_i^2` times the diagonal):
+  `w_i w_j` is the full sum minus `sum_i w_i^2` times the diagonal), with the G x G Frobenius
+  Gram `Q_gh = <S_g, S_h>` and `T_ghk = s_g^T S_h t_k` (G x G x G), each ~ G^2 da db to form:
   `tr(K~ L~) = w^T Q w - sum_g w_g^2 rho_g`, `1^T K~ 1 = ||s(w)||^2 - sum_g w_g^2 tr(X_g^T X_g)`,
-  `1^T K~ L~ 1 = T[w, w, w] - sum_g w_g^2 (u_g . t(w) + v_g . s(w)) + sum_g w_g^3 rho_g`.
+  `1^T K~ L~ 1 = T[w, w, w] - sum_g w_g^2 m_g + sum_g w_g^3 rho_g`, `m_g = u_g . t(w) + v_g . s(w)`;
+- biased, with `w' = f w`: `tr' = f^2 tr(K~ L~) + sum_g w'_g rho_g`, `1^T K' 1 = f^2 1^T K~ 1 +
+  sum_g w'_g tr(X_g^T X_g)`, `1^T K' L' 1 = f^3 (T[w, w, w] - sum_g w_g^2 m_g) + f^2 sum_g w_g m_g
+  + sum_g w'_g (w'_g - 1)^2 rho_g`, and `HSIC_b = tr' - 2/n 1^T K' L' 1 + (1^T K' 1)(1^T L' 1)/n^2`
+  (the 1/n^2 cancels in the CKA). At w = 1 this is the biased CKA of the sample.
 
 Weights of all ones give the sample's CKA through the same formulas. Cost: the per-group moments
 are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da db per product
@@ -263,9 +273,10 @@ def _centred(state: dict, product: tuple[int, int], present: np.ndarray, delta: 
 
 
 def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`||C(w)||_F^2` and the unbiased HSIC of one block product for every weight row, (R+1,) each,
-    from its groups' centred moments: `cross` S_g (G, da, db), `sums_a` s_g, `sums_b` t_g, `rho`,
-    `norms_a` tr(X_g^T X_g), `norms_b`, `u` = sum r y, `v` = sum q x (module docstring)."""
+    """The biased HSIC numerator (no copy pairs, weights scaled to total n) and the unbiased HSIC
+    of one block product for every weight row, (R+1,) each, from its groups' centred moments:
+    `cross` S_g (G, da, db), `sums_a` s_g, `sums_b` t_g, `rho`, `norms_a` tr(X_g^T X_g), `norms_b`,
+    `u` = sum r y, `v` = sum q x (module docstring). Row 0 (weights all 1) is the sample's."""
     cross = parts["cross"]
     groups = len(cross)
     flat = cross.reshape(groups, -1)
@@ -275,12 +286,20 @@ def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[
                       weights, weights)
     sums_a, sums_b = weights @ parts["sums_a"], weights @ parts["sums_b"]  # s(w), t(w)
     norm_a, norm_b = np.einsum("ri,ri->r", sums_a, sums_a), np.einsum("ri,ri->r", sums_b, sums_b)
+    mixed = sums_b @ parts["u"].T + sums_a @ parts["v"].T  # (R+1, G): u_g . t(w) + v_g . s(w)
     squared = weights * weights
     with np.errstate(divide="ignore", invalid="ignore"):
-        biased = quadratic - 2 * cubic / size + norm_a * norm_b / size**2
         trace = quadratic - squared @ parts["rho"]
         total_a, total_b = norm_a - squared @ parts["norms_a"], norm_b - squared @ parts["norms_b"]
-        row_dot = (cubic - np.einsum("rg,rg->r", squared, sums_b @ parts["u"].T)
-                   - np.einsum("rg,rg->r", squared, sums_a @ parts["v"].T) + (squared * weights) @ parts["rho"])
+        row_dot = cubic - np.einsum("rg,rg->r", squared, mixed) + (squared * weights) @ parts["rho"]
         hsic = hsic_u_from_grams(trace, total_a, total_b, row_dot, size)
+        # biased (module docstring): weights f w, f = n / N(w); a row's copies pair only with themselves
+        f, n = size[0] / size, size[0]
+        linear = f[:, None] * weights
+        trace_b = f**2 * trace + linear @ parts["rho"]
+        total_a_b = f**2 * total_a + linear @ parts["norms_a"]
+        total_b_b = f**2 * total_b + linear @ parts["norms_b"]
+        row_dot_b = (f**3 * (cubic - np.einsum("rg,rg->r", squared, mixed))
+                     + f**2 * np.einsum("rg,rg->r", weights, mixed) + (linear * (linear - 1) ** 2) @ parts["rho"])
+        biased = trace_b - 2 * row_dot_b / n + total_a_b * total_b_b / n**2
     return biased, np.where(size >= MIN_HSIC_SAMPLES, hsic, np.nan)

@@ -54,9 +54,8 @@ class BootstrapPlan:
         fewer = f" (fewer than the {self.requested} asked: memory)" if self.groups < self.requested else ""
         return (f"grouped Poisson bootstrap: {self.groups} random groups of samples{fewer}, each drawn Poisson(1) "
                 f"times; the standard error's relative error from the grouping is about "
-                f"{(2 * (self.groups - 1)) ** -0.5:.0%}. Prefer the debiased interval: whole groups repeat, so biased "
-                "CKA's duplication bias (~ width / n) varies between replicates and widens the biased interval "
-                "where width / n is not small (docs/metrics.md)")
+                f"{(2 * (self.groups - 1)) ** -0.5:.0%}; copies of a row never pair with each other, in both "
+                "variants (docs/metrics.md)")
 
 
 def _largest_fitting(widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int, limit: int,
