@@ -249,6 +249,13 @@ UNCERTAINTY = Table(
     Option("outlier_sigmas", float, 3.0, minimum=0, exclusive=True,
            help="outlier rule: standard deviations of the dimensions' RMS above their mean"),
     Option("top_k", int, 5, minimum=1, help="outliers: dimensions listed per layer, by |mean|/std"),
+    Option("bootstrap_method", str, "auto", choices=("auto", "exact", "grouped"),
+           help="CKA: exact = per-sample Poisson weights (Gram space, cost grows with n^2); grouped = "
+                "Poisson weights on random groups of samples (feature space, cost independent of n); auto = "
+                "exact while its modelled cost is within 3x the plain query or below grouped's"),
+    Option("bootstrap_groups", int, 48, minimum=2, maximum=512,
+           help="grouped bootstrap: random groups G (the standard error's relative error ~ 1/sqrt(2(G-1))); "
+                "fewer, down to 16, when memory needs"),
 )
 
 ENTROPY = Table(

@@ -41,3 +41,29 @@ def debiased_resampled_numpy(x: np.ndarray, y: np.ndarray, counts: np.ndarray) -
     copies = owner[:, None] == owner[None, :]
     k, l_ = np.where(copies, 0.0, x @ x.T), np.where(copies, 0.0, y @ y.T)
     return hsic_u_numpy(k, l_) / np.sqrt(hsic_u_numpy(k, k) * hsic_u_numpy(l_, l_))
+
+
+def biased_grouped_numpy(x: np.ndarray, y: np.ndarray, counts: np.ndarray) -> float:
+    """Biased CKA of a grouped-bootstrap replicate: the rows centred at the sample's mean, row i
+    weighted w_i = counts_i n / sum(counts), and (as in the zero-diagonal HSIC) copies of one row
+    never pair with each other, each only with itself: explicit n x n Grams K~_ij = w_i w_j K_ij
+    (i != j), K~_ii = w_i K_ii (a row's w_i copies each pair with itself), and the biased HSIC
+    numerator of the multiset of total weight n: `sum_ij K~_ij L_ij - 2/n sum_i w_i
+    (sum_j~ K)_i (sum_j~ L)_i + (1'K~1)(1'L~1)/n^2`, where a row's sum over the multiset is
+    `(K w)_i - (w_i - 1) K_ii`."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    n = len(counts)
+    w = counts * n / counts.sum()
+    xc, yc = x - x.mean(0), y - y.mean(0)
+
+    def hsic(k: np.ndarray, l_: np.ndarray) -> float:
+        pairs_k, pairs_l = np.outer(w, w) * k, np.outer(w, w) * l_
+        np.fill_diagonal(pairs_k, w * np.diag(k))
+        np.fill_diagonal(pairs_l, w * np.diag(l_))
+        trace = np.sum(pairs_k * l_)
+        row_k = k @ w - (w - 1) * np.diag(k)
+        row_l = l_ @ w - (w - 1) * np.diag(l_)
+        return trace - 2 / n * np.sum(w * row_k * row_l) + pairs_k.sum() * pairs_l.sum() / n**2
+
+    k, l_ = xc @ xc.T, yc @ yc.T
+    return hsic(k, l_) / np.sqrt(hsic(k, k) * hsic(l_, l_))

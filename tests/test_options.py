@@ -170,7 +170,8 @@ CLI = {
     "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
     "train": ([TRAIN], set(TRAIN)),
     "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
-                                        "exclude_dims", "exclude_outliers", "outlier_sigmas", "align", "word_pool"}),
+                                        "exclude_dims", "exclude_outliers", "outlier_sigmas", "align", "word_pool",
+                                        "bootstrap_method", "bootstrap_groups"}),
     "cos": ([SIMILARITY, UNCERTAINTY], {"center", "bootstrap", "ci", "seed", "standardize", "exclude_dims",
                                         "exclude_outliers", "outlier_sigmas", "align", "word_pool"}),
     "outliers": ([UNCERTAINTY], {"top_k", "outlier_sigmas"}),
@@ -274,7 +275,7 @@ CLIENT = {
     "submit_import": (IMPORTS, set(IMPORTS)),
     "import_activations": (IMPORTS, set(IMPORTS)),
     "cka_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k"}),
-    "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null"}),
+    "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null", "bootstrap_method", "bootstrap_groups"}),
     "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
     "progression": (PROGRESSION, set(PROGRESSION)),
 }

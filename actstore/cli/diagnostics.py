@@ -21,6 +21,8 @@ def add_stats_flags(p, metric: str) -> None:
     add_option(p, UNCERTAINTY, "seed")
     if metric == "cka":
         add_option(p, UNCERTAINTY, "null", extra_help="(e.g. 100)")
+        add_option(p, UNCERTAINTY, "bootstrap_method")
+        add_option(p, UNCERTAINTY, "bootstrap_groups")
     for name in FEATURE_FLAGS:
         add_option(p, UNCERTAINTY, name)
 
@@ -65,6 +67,7 @@ def cmd_cka_stats(args) -> int:
     with connect(args) as client:
         r = client.cka_stats(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
                              layers_b=parse_layers(args.layers_b), null=args.null, refresh=args.refresh,
+                             bootstrap_method=args.bootstrap_method, bootstrap_groups=args.bootstrap_groups,
                              **_features(args))
     variant = "debiased" if args.debiased else "biased"
     values, interval, null = getattr(r, variant), getattr(r, f"{variant}_ci"), getattr(r, f"{variant}_null")

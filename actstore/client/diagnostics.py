@@ -127,13 +127,16 @@ class DiagnosticsMixin:
         return _Translating(diagnostics_pb2_grpc.DiagnosticsStub(self._channel), self._query._metadata)
 
     def _stats(self, metric, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap, ci, seed, null,
-               standardize, exclude_dims, exclude_outliers, outlier_sigmas) -> QueryAnswer:
+               standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method="",
+               bootstrap_groups=0) -> QueryAnswer:
         query = pb.SimilarityRequest(metric=metric, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
                                      layers_b=list(layers_b or []), center=center, refresh=refresh)
         features = diagnostics_pb2.FeatureOptions(standardize=standardize, exclude_dims=list(exclude_dims or []),
                                                   exclude_outliers=exclude_outliers, outlier_sigmas=outlier_sigmas)
         request = diagnostics_pb2.SimilarityStatsRequest(query=query, bootstrap=bootstrap, ci=ci, seed=seed,
-                                                         null_permutations=null, features=features)
+                                                         null_permutations=null, features=features,
+                                                         bootstrap_method=bootstrap_method,
+                                                         bootstrap_groups=bootstrap_groups)
         return QueryAnswer.from_proto(self._diagnostics.SimilarityStats(request))
 
     def cka_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
@@ -141,14 +144,19 @@ class DiagnosticsMixin:
                   ci: float = U.ci.default, seed: int = U.seed.default, null: int = U.null.default,
                   standardize: bool = U.standardize.default, exclude_dims: Sequence[int] | None = None,
                   exclude_outliers: bool = U.exclude_outliers.default,
-                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> CKAStatsResult:
+                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False,
+                  bootstrap_method: str = U.bootstrap_method.default,
+                  bootstrap_groups: int = U.bootstrap_groups.default) -> CKAStatsResult:
         """Linear CKA (biased and debiased) with `bootstrap` Poisson-bootstrap replicates (percentile
         intervals at `ci`), `null` permutations of B's rows (null mean, quantiles, calibrated score,
-        p-value), optionally on standardised features or without some dimensions. The bootstrap
-        and the null hold the rows in memory (n x width per layer), so ask them for chosen pairs."""
+        p-value), optionally on standardised features or without some dimensions.
+        `bootstrap_method`: exact (every sample its own Poisson weight; holds the rows, cost ~ n^2),
+        grouped (`bootstrap_groups` random groups of samples share a weight; D^2 per group, cost
+        independent of n) or auto (exact while cheap); the provenance's options record which ran.
+        The null holds the rows in memory (n x width per layer), so ask it for chosen pairs."""
         return CKAStatsResult.from_answer(self._stats(
             pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh, bootstrap, ci, seed, null,
-            standardize, exclude_dims, exclude_outliers, outlier_sigmas))
+            standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method, bootstrap_groups))
 
     def cos_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
                   layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,

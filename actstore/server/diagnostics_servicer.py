@@ -29,7 +29,9 @@ class DiagnosticsServicer(rpc.DiagnosticsServicer):
             standardize=features.standardize,
             exclude_dims=from_wire(UNCERTAINTY, "exclude_dims", list(features.exclude_dims)) or [],
             exclude_outliers=features.exclude_outliers,
-            outlier_sigmas=from_wire(UNCERTAINTY, "outlier_sigmas", features.outlier_sigmas))
+            outlier_sigmas=from_wire(UNCERTAINTY, "outlier_sigmas", features.outlier_sigmas),
+            bootstrap_method=from_wire(UNCERTAINTY, "bootstrap_method", request.bootstrap_method),
+            bootstrap_groups=from_wire(UNCERTAINTY, "bootstrap_groups", request.bootstrap_groups))
         return result_proto(self.service.similarity_stats(metric, query.run_a, query.run_b, list(query.layers_a),
                                                           list(query.layers_b), center, query.refresh, options))
 

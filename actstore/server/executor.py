@@ -41,6 +41,18 @@ def merged(partials: list):
     return total
 
 
+def accumulated_and_finalized(store: StoreHandle, sources, ranges, accumulator, labels=None,
+                              device_policy: str = "cpu"):
+    """`map_finalize` with one map task: it accumulates and finalizes, so the state never leaves it."""
+    return accumulate(store, sources, ranges, accumulator, labels, device_policy).finalize()
+
+
+def merged_and_finalized(*partials):
+    """`map_finalize`'s reduce task: the map tasks' accumulators merged, then finalized (a single
+    one as it came: `map_finalize` is for accumulators whose finalize only reads their state)."""
+    return (partials[0] if len(partials) == 1 else merged(list(partials))).finalize()
+
+
 class Executor:
     def __init__(self, store: StoreHandle, settings: Settings) -> None:
         self.store = store
@@ -73,6 +85,17 @@ class Executor:
         submit = self.device_task(accumulate)
         groups = groups or self.row_groups(rows)
         return merged(gather([submit(self.store, sources, g, accumulator, labels) for g in groups]))
+
+    def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
+        """`map_reduce` and `finalize`, the merge and the finalize in one more Ray task (single-threaded
+        BLAS, off the server process; with one map task, in that task), for accumulators with a large
+        state and a heavy finalize that only reads it: only the finalized result comes back."""
+        groups = groups or self.row_groups(rows)
+        if len(groups) == 1:
+            return gather(self.device_task(accumulated_and_finalized)(self.store, sources, groups[0], accumulator))
+        submit = self.device_task(accumulate)
+        refs = [submit(self.store, sources, g, accumulator, None) for g in groups]
+        return gather(remote(merged_and_finalized, num_cpus=1).remote(*refs))
 
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""

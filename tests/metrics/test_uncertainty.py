@@ -26,20 +26,27 @@ def correlated(n: int, seed: int = 0, dx: int = 6, dy: int = 9) -> tuple[np.ndar
     return x, x @ rng.normal(size=(dx, dy)) + 0.8 * rng.normal(size=(n, dy))
 
 
-def fed(x, y, replicates, permutations, seed, cuts, order, **kwargs) -> ResampledCKA:
-    """An accumulator fed the chunks between `cuts` in the given order, merged left to right."""
-    bounds = list(zip([0, *cuts], [*cuts, len(x)]))
+def fed_in_chunks(make, blocks, cuts, order):
+    """Accumulators from `make()` fed the chunks of `blocks` between `cuts` in the given order,
+    merged left to right."""
+    bounds = list(zip([0, *cuts], [*cuts, len(blocks[0])]))
     parts = []
     for k in order:
         start, stop = bounds[k]
-        part = ResampledCKA([x.shape[1], y.shape[1]], [(0, 1)], replicates, permutations, seed, **kwargs)
+        part = make()
         part.seek(start)
-        part.update([x[start:stop], y[start:stop]])
+        part.update([block[start:stop] for block in blocks])
         parts.append(part)
     total = parts[0]
     for part in parts[1:]:
         total.merge(part)
     return total
+
+
+def fed(x, y, replicates, permutations, seed, cuts, order, **kwargs) -> ResampledCKA:
+    """A resampled CKA of x and y fed in chunks (`fed_in_chunks`)."""
+    return fed_in_chunks(lambda: ResampledCKA([x.shape[1], y.shape[1]], [(0, 1)], replicates, permutations, seed,
+                                              **kwargs), [x, y], cuts, order)
 
 
 def test_poisson_weights_depend_only_on_seed_replicate_and_row():

@@ -108,6 +108,8 @@ def test_memory_limit_names_the_size(tmp_path, ray_cluster, tiny_models):
             run = c.capture("bert", "toy40", pooling="mean").run_key
             with pytest.raises(ResourceExhausted, match=r"would hold [\d.]+ KiB in memory, over the 39.06 KiB"):
                 c.cka_stats(run, layers_a=[1], layers_b=[2], bootstrap=200)
+            with pytest.raises(ResourceExhausted, match=r"bootstrap with 16 groups .* would hold [\d.]+ [KM]iB"):
+                c.cka_stats(run, layers_a=[1], layers_b=[2], bootstrap=200, bootstrap_method="grouped")
             # without resampling, standardised CKA takes the plain query's tiled path
             standard = c.cka_stats(run, standardize=True)
             z = [(x - x.mean(0)) / x.std(0) for x in (rows(c, run, layer) for layer in range(4))]

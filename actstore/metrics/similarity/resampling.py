@@ -7,6 +7,10 @@ permutations of the row index, percentile intervals and the null-calibrated scor
   replicate's statistics are sums over rows: streamable and mergeable. Here `w_ri` is a pure
   function of (seed, r, global row index i), through a SplitMix64 hash (Steele, Lea & Flood 2014)
   and the Poisson(1) inverse CDF, so neither chunking nor merge order changes any replicate.
+- Grouped Poisson bootstrap (Chamandy et al. 2012): row i belongs to group
+  `g(i) = hash(seed, i) mod G`, replicate r gives group g the weight `w_rg ~ Poisson(1)` (a
+  function of (seed, r, g)) and every row of the group shares it; own hash streams keep groups
+  and group weights apart from the per-row weights.
 - Permutation null: permutation p orders the rows by a hash of (seed, p, i), a seeded bijection of
   the global row index.
 - Percentile interval (Efron & Tibshirani 1993, ch. 13): the (1-ci)/2 and (1+ci)/2 quantiles of
@@ -28,6 +32,8 @@ _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 _BOOTSTRAP_STREAM = 0x426F6F74  # "Boot": keeps the weights' hashes apart from the permutations'
 _NULL_STREAM = 0x4E756C6C  # "Null"
+_GROUP_STREAM = 0x47727570  # "Grup": which group a row belongs to
+_GROUP_WEIGHT_STREAM = 0x47576774  # "GWgt": the groups' weights
 # P(Poisson(1) <= k) for k = 0..19; beyond 19 the tail is below 2^-53, the uniforms' resolution.
 _POISSON_CDF = np.cumsum([math.exp(-1) / math.factorial(k) for k in range(20)])
 
@@ -48,11 +54,29 @@ def _hashes(seed: int, stream: int, draws: np.ndarray, rows: np.ndarray) -> np.n
     return _splitmix64(keys[:, None] ^ rows[None, :])
 
 
+def _poisson(hashes: np.ndarray) -> np.ndarray:
+    """Poisson(1) counts (int64) from uint64 hashes: their top 53 bits as a uniform, inverse CDF."""
+    uniforms = (hashes >> np.uint64(11)) * 2.0**-53
+    return np.searchsorted(_POISSON_CDF, uniforms, side="right").astype(np.int64)
+
+
 def poisson_weights(seed: int, replicates: int, rows: np.ndarray) -> np.ndarray:
     """Bootstrap weights `w[r, i] ~ Poisson(1)` (int64, shape (replicates, len(rows))) of the rows
     with global indices `rows`: each a function of (seed, r, rows[i]) alone."""
-    uniforms = (_hashes(seed, _BOOTSTRAP_STREAM, np.arange(replicates), rows) >> np.uint64(11)) * 2.0**-53
-    return np.searchsorted(_POISSON_CDF, uniforms, side="right").astype(np.int64)
+    return _poisson(_hashes(seed, _BOOTSTRAP_STREAM, np.arange(replicates), rows))
+
+
+def sample_groups(seed: int, rows: np.ndarray, groups: int) -> np.ndarray:
+    """The group (0..groups-1, int64) of each global row index in `rows`: `hash(seed, row) mod
+    groups`, so a row's group does not depend on how the rows were chunked."""
+    hashes = _hashes(seed, _GROUP_STREAM, [0], rows)[0]
+    return (hashes % np.uint64(groups)).astype(np.int64)
+
+
+def group_poisson_weights(seed: int, replicates: int, groups: int) -> np.ndarray:
+    """Grouped-bootstrap weights `w[r, g] ~ Poisson(1)` (int64, (replicates, groups)), each a
+    function of (seed, r, g) alone."""
+    return _poisson(_hashes(seed, _GROUP_WEIGHT_STREAM, np.arange(replicates), np.arange(groups)))
 
 
 def null_permutation(seed: int, permutation: int, n: int) -> np.ndarray:

@@ -60,6 +60,20 @@ def _strip_height(n: int, blocks: int, strip_bytes: int) -> int:
     return int(min(max(n, 1), max(1, strip_bytes // (FLOAT64_BYTES * (blocks + 1) * max(n, 1)))))
 
 
+def exact_bootstrap_cost(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], n: int,
+                         replicates: int) -> float:
+    """Multiply-adds of `ResampledCKA.finalize` with `replicates` replicates (no null): per strip
+    of the Grams' upper triangle (with its diagonal squares 5/8 of the square once there are four
+    strips) the used blocks' Grams and one Hadamard quadratic per product and weight row,
+    `5/8 n^2 (D + P (B + 1))`, plus `Kw` for every used block, `2 n D (B + 1)`."""
+    widths = validated_widths(block_widths)
+    used = sorted({x for pair in pairs for x in pair})
+    width = sum(widths[b] for b in used)
+    products = len({tuple(sorted(p)) for p in pairs} | {(b, b) for b in used})
+    columns = replicates + 1
+    return 5 / 8 * n * n * (width + products * columns) + 2 * n * width * columns
+
+
 class ResampledCKA:
     """Streaming CKA of the block `pairs`, with `replicates` Poisson-bootstrap replicates and
     `permutations` permutations of the second block's rows, all seeded by `seed`.

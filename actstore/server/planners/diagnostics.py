@@ -15,8 +15,8 @@ from actstore.metrics import outliers as out
 from actstore.metrics import similarity as sim
 from actstore.metrics.similarity.features import FeatureTransform, TransformedAccumulator, feature_transform
 from actstore.metrics.similarity.resampling import calibrated_score, percentile_interval, permutation_p_value
-from actstore.metrics.similarity.uncertain_cka import ResampledCKA
 from actstore.metrics.similarity.uncertain_cos import ResampledCosine
+from actstore.server.planners.cka_bootstrap import BootstrapPlan, plan_bootstrap, resampled_cka
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
 from actstore.server.tiling import row_itemsize
@@ -37,6 +37,8 @@ class StatsOptions:
     exclude_dims: list[int]
     exclude_outliers: bool
     outlier_sigmas: float
+    bootstrap_method: str
+    bootstrap_groups: int
 
     def key(self) -> dict:
         """What the result key records: every option that changes the numbers."""
@@ -95,14 +97,18 @@ class DiagnosticsPlanner(SimilarityPlanner):
                                   f"{min(a.width, b.width)} dimensions (0..{min(a.width, b.width) - 1})")
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
-            options = {"layers_a": la, "layers_b": lb, **opts.key()}
+            plan = self._bootstrap_plan(a, b, la, lb, opts) if opts.bootstrap else None
+            options = {"layers_a": la, "layers_b": lb, **opts.key(), **(plan.key() if plan else {})}
             return self.results.cached_or_compute("linear_cka_stats", STATS_VERSION, options, run_keys, refresh,
-                                                  lambda: self._cka_stats(a, b, la, lb, opts))
+                                                  lambda: self._cka_stats(a, b, la, lb, opts, plan))
         if metric == "cos":
             if a.width != b.width:
                 raise InvalidArgument(f"COS needs equal widths ({a.width} != {b.width}): use CKA across widths")
             if opts.null:
                 raise InvalidArgument("the permutation null is defined for CKA only: ask COS without null")
+            if opts.bootstrap_method == "grouped":
+                raise InvalidArgument("the grouped bootstrap is for CKA: COS's exact bootstrap is already streamed "
+                                      "(ask COS with bootstrap_method auto or exact)")
             options = {"layers_a": la, "layers_b": lb, "center": center, **opts.key()}
             return self.results.cached_or_compute("samplewise_cosine_stats", STATS_VERSION, options, run_keys,
                                                   refresh, lambda: self._cos_stats(a, b, la, lb, center, opts))
@@ -153,7 +159,17 @@ class DiagnosticsPlanner(SimilarityPlanner):
         return notes
 
     # ---- CKA -----------------------------------------------------------------------------------
-    def _cka_stats(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions):
+    def _bootstrap_plan(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions
+                        ) -> BootstrapPlan:
+        """Exact or grouped bootstrap (`cka_bootstrap.plan_bootstrap`) for the requested pairs."""
+        sources, ia, ib = self._blocks(a, b, la, lb)
+        widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
+        return plan_bootstrap(opts.bootstrap_method, opts.bootstrap_groups, widths, [(i, j) for i in ia for j in ib],
+                              a.rows, opts.bootstrap, self.executor.settings.max_accumulator_bytes,
+                              self.executor.parts)
+
+    def _cka_stats(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions,
+                   plan: BootstrapPlan | None):
         sources, ia, ib = self._blocks(a, b, la, lb)
         layer_of = [layer for _, layers in sources for layer in layers]
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
@@ -170,15 +186,8 @@ class DiagnosticsPlanner(SimilarityPlanner):
             arrays, scalars, plain_notes = self._cka(a, b, la, lb, keyed)
             return {**arrays, **excluded}, scalars, plain_notes + notes
         itemsize = 8 if transforms is not None else row_itemsize(a, b)
-        self.checks.check_memory(
-            ResampledCKA.estimate_peak_nbytes(widths, pairs, a.rows, opts.bootstrap, opts.null, itemsize),
-            f"CKA with {opts.bootstrap} bootstrap replicates and {opts.null} permutations over "
-            f"{len(pairs)} layer pair(s) (the rows and their Gram strips, n={a.rows})",
-            "ask for fewer layer pairs, fewer replicates or permutations, or a run with fewer samples")
-        accumulator = ResampledCKA(widths, pairs, opts.bootstrap, opts.null, opts.seed)
-        if transforms is not None:
-            accumulator = TransformedAccumulator(accumulator, transforms)
-        stats = self.executor.map_reduce(a.rows, sources, accumulator).finalize()
+        stats = resampled_cka(self.parts, a.rows, sources, widths, pairs, transforms, itemsize, opts.bootstrap,
+                              opts.null, opts.seed, plan)
         shape = (len(la), len(lb))
         arrays = {"biased": stats.biased.reshape(shape), "debiased": stats.debiased.reshape(shape), **excluded}
         for variant in ("biased", "debiased"):
@@ -205,8 +214,9 @@ class DiagnosticsPlanner(SimilarityPlanner):
                          "(CKA - null mean) / (1 - null mean)")
         if opts.bootstrap:
             notes.append("debiased replicates: no row pairs with a copy of itself (an approximation, docs/metrics.md)")
+            notes.append(plan.note())
         scalars = {"n": float(a.rows), "bootstrap": float(opts.bootstrap), "null": float(opts.null),
-                   "ci": opts.ci, "seed": float(opts.seed)}
+                   "ci": opts.ci, "seed": float(opts.seed), "bootstrap_groups": float(plan.groups if plan else 0)}
         return arrays, scalars, notes
 
     # ---- COS -----------------------------------------------------------------------------------

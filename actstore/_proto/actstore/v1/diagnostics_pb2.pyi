@@ -71,6 +71,8 @@ class SimilarityStatsRequest(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     NULL_PERMUTATIONS_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_METHOD_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_GROUPS_FIELD_NUMBER: _builtins.int
     bootstrap: _builtins.int
     """Poisson-bootstrap replicates; 0: none"""
     ci: _builtins.float
@@ -79,6 +81,10 @@ class SimilarityStatsRequest(_message.Message):
     """of the bootstrap weights and the permutations"""
     null_permutations: _builtins.int
     """CKA only: permutations of B's rows; 0: none"""
+    bootstrap_method: _builtins.str
+    """CKA: "auto" (default when empty), "exact" or "grouped" """
+    bootstrap_groups: _builtins.int
+    """grouped bootstrap's random groups G; 0 means the default 48"""
     @_builtins.property
     def query(self) -> _actstore_pb2.SimilarityRequest:
         """metric CKA or COS"""
@@ -94,10 +100,12 @@ class SimilarityStatsRequest(_message.Message):
         seed: _builtins.int = ...,
         null_permutations: _builtins.int = ...,
         features: Global___FeatureOptions | None = ...,
+        bootstrap_method: _builtins.str = ...,
+        bootstrap_groups: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "query", b"query"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap", b"bootstrap", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap", b"bootstrap", "bootstrap_groups", b"bootstrap_groups", "bootstrap_method", b"bootstrap_method", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

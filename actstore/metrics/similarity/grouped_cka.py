@@ -1,0 +1,305 @@
+"""Linear CKA (biased and debiased) with a grouped Poisson bootstrap: the replicates cost O(G^3)
+each, whatever the number of samples n.
+
+Grouped Poisson bootstrap (Chamandy, Muralidharan, Najmi & Naidu 2012, "Estimating uncertainty for
+massive data streams", who resample units coarser than a row; random groups as in the method of
+random groups, Wolter 2007, "Introduction to Variance Estimation", ch. 2): row i belongs to group
+`g(i) = hash(seed, i) mod G` (`resampling.sample_groups`), replicate r draws group g
+`w_rg ~ Poisson(1)` times (`resampling.group_poisson_weights`), and every row of a group shares its
+weight. Replicate r's CKA is that of the multiset in which row i appears `w_r,g(i)` times, and, in
+both variants, no copy of a row pairs with another copy of it (each pairs with itself only). The
+groups are random i.i.d. subsets, so for a smooth function of moments such as CKA the replicates
+estimate the per-row bootstrap's sampling variance (times 1 - 1/G), with about G - 1 degrees of
+freedom: the standard error's relative error from the grouping is about 1 / sqrt(2 (G - 1)).
+
+Biased CKA differs from `uncertain_cka`'s plug-in of the multiset, whose copy pairs add a
+duplication bias (~ width / n) that per-row weights keep nearly constant but whole repeated groups
+make vary, widening the interval (1.35-1.7x at n = 1000, width 48; ~9x at n = 4096, width 384).
+Here the copy pairs are left out and the weights scaled by `f = n / N(w)` (the sample's size, as
+the multinomial bootstrap has): the biased HSIC numerator of the multiset of weights `f w_i`
+whose same-row terms carry `f w_i` (a copy with itself) instead of `(f w_i)^2`. Its replicates
+centre on the estimate and keep the exact bootstrap's width (tests/metrics/test_grouped_bootstrap.py).
+
+State: per group and per block product (a, b) the pair and each used block with itself, float64
+sums of the rows minus a fixed shift per block (the same in every task, e.g. the run's stored
+means): count n_g, sums, `X_g^T Y_g` (self products: the upper triangle, one syrk), and the row
+norms' sums below. Memory G x (sum of da db) whatever n; partial states simply add, in any order.
+The finalize moves every group's sums, exactly, to the sample's mean (`_centred`; the centre
+`uncertain_cka` uses too).
+For a block pair (a, b) with group moments `S_g = X_g^T Y_g` (da x db), `s_g`, `t_g` (the column
+sums of X_g, Y_g), `rho_g = sum_i r_i q_i`, `u_g = sum_i r_i y_i`, `v_g = sum_i q_i x_i` over the
+group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = sum_g w_g S_g`,
+`s(w)`, `t(w)`, `N(w) = sum_g w_g n_g`:
+
+- debiased (`cka.hsic_u_from_grams` with n -> N(w); the sum over i != j with multiplicities
+  `w_i w_j` is the full sum minus `sum_i w_i^2` times the diagonal), with the G x G Frobenius
+  Gram `Q_gh = <S_g, S_h>` and `T_ghk = s_g^T S_h t_k` (G x G x G), each ~ G^2 da db to form:
+  `tr(K~ L~) = w^T Q w - sum_g w_g^2 rho_g`, `1^T K~ 1 = ||s(w)||^2 - sum_g w_g^2 tr(X_g^T X_g)`,
+  `1^T K~ L~ 1 = T[w, w, w] - sum_g w_g^2 m_g + sum_g w_g^3 rho_g`, `m_g = u_g . t(w) + v_g . s(w)`;
+- biased, with `w' = f w`: `tr' = f^2 tr(K~ L~) + sum_g w'_g rho_g`, `1^T K' 1 = f^2 1^T K~ 1 +
+  sum_g w'_g tr(X_g^T X_g)`, `1^T K' L' 1 = f^3 (T[w, w, w] - sum_g w_g^2 m_g) + f^2 sum_g w_g m_g
+  + sum_g w'_g (w'_g - 1)^2 rho_g`, and `HSIC_b = tr' - 2/n 1^T K' L' 1 + (1^T K' 1)(1^T L' 1)/n^2`
+  (the 1/n^2 cancels in the CKA). At w = 1 this is the biased CKA of the sample.
+
+Weights of all ones give the sample's CKA through the same formulas. Cost: the per-group moments
+are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da db per product
+(Q and S_h t_k) plus (B + 1) G^3 for the replicates (`grouped_bootstrap_cost`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._numerics import _add_syrk_upper, _mirror_upper
+from .cka import hsic_u_from_grams, normalised
+from .inputs import FLOAT64_BYTES, MIN_HSIC_SAMPLES, validated_blocks, validated_widths
+from .resampling import group_poisson_weights, sample_groups
+from .uncertain_cka import ResampledCKAStats
+
+PENDING_ROWS_PER_GROUP = 32  # rows are buffered until each group gets ~32 at once: one syrk per group
+PENDING_BYTES = 32 << 20  # ... or until the buffer holds this much as float64
+
+
+def _products(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The block products a set of pairs needs: each pair (sorted) and every used block with itself."""
+    used = sorted({x for pair in pairs for x in pair})
+    return sorted({tuple(sorted(p)) for p in pairs} | {(b, b) for b in used})
+
+
+def grouped_bootstrap_cost(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], n: int,
+                           replicates: int, groups: int) -> float:
+    """Multiply-adds of the grouped bootstrap: the per-group syrk of the used blocks' rows
+    (`n D^2 / 2`), then per product (a, b) `Q` and the `S_h t_k` of `T` (2 G^2 da db), `T`'s
+    contraction with the s_g (G^3 da) and the (B + 1) replicates' cubic forms (G^3)."""
+    widths = validated_widths(block_widths)
+    used_width = sum(widths[b] for b in sorted({x for pair in pairs for x in pair}))
+    finalize = sum(2 * groups**2 * widths[a] * widths[b] + groups**3 * (widths[a] + replicates + 1)
+                   for a, b in _products(pairs))
+    return n * used_width**2 / 2 + finalize
+
+
+class GroupedBootstrapCKA:
+    """Streaming CKA of the block `pairs` with `replicates` grouped-Poisson-bootstrap replicates
+    over `groups` random groups, seeded by `seed`.
+
+    Feed chunks with `seek(first_row)` + `update(blocks)`, `merge` partial accumulators in any
+    order, then `finalize` (a `ResampledCKAStats` without a null). Every sum is of the rows minus
+    `shifts[b]` (one vector per block, the same in every task: e.g. the run's stored means, so the
+    sums stay near the centred ones; default 0), so partial states simply add. Rows wait in a buffer
+    (at most `PENDING_BYTES` as float64) so that each group's products take many rows at once;
+    pickling (how a map task returns its accumulator) flushes it, so those products run in the
+    single-threaded map tasks rather than in the reducer.
+    """
+
+    def __init__(self, block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int,
+                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None) -> None:
+        self.block_widths = validated_widths(block_widths)
+        self.pairs = tuple((int(a), int(b)) for a, b in pairs)
+        if not self.pairs or any(not (0 <= x < len(self.block_widths)) for pair in self.pairs for x in pair):
+            raise ValueError(f"pairs must name blocks in 0..{len(self.block_widths) - 1}, got {self.pairs}")
+        if replicates < 0 or groups < 1:
+            raise ValueError(f"replicates must be >= 0 and groups >= 1, got {replicates} and {groups}")
+        self.replicates, self.groups, self.seed = int(replicates), int(groups), int(seed)
+        self.used = sorted({x for pair in self.pairs for x in pair})
+        self.products = _products(self.pairs)
+        shifts = [np.zeros(w) for w in self.block_widths] if shifts is None else shifts
+        if [np.shape(v) for v in shifts] != [(w,) for w in self.block_widths]:
+            raise ValueError(f"shifts must be one vector per block of widths {self.block_widths}")
+        self.shifts = tuple(np.asarray(v, dtype=np.float64) for v in shifts)
+        self._state: dict | None = None  # allocated at the first flush
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._next_row = 0
+
+    @staticmethod
+    def state_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int) -> int:
+        """Bytes of one accumulator's state: every group's sums and products plus the row buffer."""
+        widths = validated_widths(block_widths)
+        used = [widths[b] for b in sorted({x for pair in pairs for x in pair})]
+        per_group = 1 + sum(w + 1 for w in used) + sum(widths[a] * widths[b] + widths[a] + widths[b] + 1
+                                                         for a, b in _products(pairs))
+        pending = min(PENDING_ROWS_PER_GROUP * groups * FLOAT64_BYTES * sum(used), PENDING_BYTES)
+        return FLOAT64_BYTES * groups * per_group + pending
+
+    @staticmethod
+    def estimate_peak_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int,
+                             replicates: int, tasks: int) -> int:
+        """Bytes held at the peak of a query's reduce and finalize: `tasks` partial states and
+        their merge, plus the finalize's largest product (its G group blocks moved to the mean,
+        T and the replicates' contraction of T)."""
+        widths = validated_widths(block_widths)
+        largest = max(widths[a] * widths[b] for a, b in _products(pairs))
+        finalize = FLOAT64_BYTES * (2 * groups * largest + 2 * groups**3 + (replicates + 1) * groups**2)
+        return (tasks + 1) * GroupedBootstrapCKA.state_nbytes(widths, pairs, groups) + finalize
+
+    def __getstate__(self) -> dict:
+        self._flush()
+        return self.__dict__.copy()
+
+    @property
+    def n(self) -> int:
+        flushed = 0 if self._state is None else int(self._state["n"].sum())
+        return flushed + sum(len(rows) for _, rows in self._pending)
+
+    def seek(self, row: int) -> None:
+        """The global index of the next chunk's first row (the map task's range start)."""
+        self._next_row = int(row)
+
+    def update(self, blocks: Sequence[np.ndarray]) -> None:
+        """Add one chunk: `blocks[b]` has shape (rows, block_widths[b]); float16/32 rows wait in
+        the buffer as they are and are upcast before any product."""
+        matrices = validated_blocks(blocks, self.block_widths, upcast=False)
+        if len(matrices[0]):
+            self._pending.append((self._next_row, [matrices[b] for b in self.used]))
+            self._next_row += len(matrices[0])
+            buffered = sum(len(rows[0]) for _, rows in self._pending)
+            used_width = sum(self.block_widths[b] for b in self.used)
+            if buffered >= min(PENDING_ROWS_PER_GROUP * self.groups, PENDING_BYTES // (FLOAT64_BYTES * used_width)):
+                self._flush()
+
+    def _allocate(self) -> dict:
+        g, w = self.groups, self.block_widths
+        return {"n": np.zeros(g), "sums": {b: np.zeros((g, w[b])) for b in self.used},
+                "norms": {b: np.zeros(g) for b in self.used},
+                "cross": {p: np.zeros((g, w[p[0]], w[p[1]])) for p in self.products},
+                "rho": {p: np.zeros(g) for p in self.products},
+                "u": {p: np.zeros((g, w[p[1]])) for p in self.products},
+                "v": {p: np.zeros((g, w[p[0]])) for p in self.products}}
+
+    def _flush(self) -> None:
+        """Add the buffered rows to their groups' sums; one product per group and block pair."""
+        if not self._pending:
+            return
+        index = np.concatenate([np.arange(first, first + len(rows[0])) for first, rows in self._pending])
+        group = sample_groups(self.seed, index, self.groups)
+        order = np.argsort(group, kind="stable")
+        counts = np.bincount(group, minlength=self.groups)
+        present = np.flatnonzero(counts)
+        starts = np.concatenate(([0], np.cumsum(counts)))[present]
+        x, r = {}, {}
+        for k, b in enumerate(self.used):  # the rows of block b sorted by group, shifted, float64
+            x[b] = np.concatenate([rows[k] for _, rows in self._pending])[order].astype(np.float64) - self.shifts[b]
+            r[b] = np.einsum("ij,ij->i", x[b], x[b])
+        self._pending = []
+        state = self._state if self._state is not None else self._allocate()
+        state["n"][present] += counts[present]
+        for b in self.used:
+            state["sums"][b][present] += np.add.reduceat(x[b], starts, axis=0)
+            state["norms"][b][present] += np.add.reduceat(r[b], starts)
+        for a, b in self.products:
+            state["rho"][(a, b)][present] += np.add.reduceat(r[a] * r[b], starts)
+            state["u"][(a, b)][present] += np.add.reduceat(r[a][:, None] * x[b], starts, axis=0)
+            state["v"][(a, b)][present] += np.add.reduceat(r[b][:, None] * x[a], starts, axis=0)
+            cross = state["cross"][(a, b)]
+            for g, lo in zip(present, starts):
+                rows_a, rows_b = x[a][lo: lo + counts[g]], x[b][lo: lo + counts[g]]
+                if a == b:  # symmetric: the upper triangle by one syrk, mirrored in the finalize
+                    _add_syrk_upper(cross[g], rows_a)
+                else:
+                    cross[g] += rows_a.T @ rows_b
+        self._state = state
+
+    def merge(self, other: GroupedBootstrapCKA) -> GroupedBootstrapCKA:
+        """Add `other`'s rows (in place; `other` is only read) and return self."""
+        if (other.block_widths, other.pairs, other.replicates, other.groups, other.seed) != (
+                self.block_widths, self.pairs, self.replicates, self.groups, self.seed) or not all(
+                np.array_equal(mine, theirs) for mine, theirs in zip(self.shifts, other.shifts)):
+            raise ValueError("cannot merge grouped-bootstrap CKA accumulators of different blocks, pairs, "
+                             "replicates, groups, seeds or shifts")
+        self._pending.extend(other._pending)
+        if other._state is not None:
+            if self._state is None:
+                self._state = self._allocate()
+            for key, value in other._state.items():
+                if isinstance(value, dict):
+                    for part, array in value.items():
+                        self._state[key][part] += array
+                else:
+                    self._state[key] += value
+        self._flush()
+        return self
+
+    def finalize(self) -> ResampledCKAStats:
+        """The sample's CKA and the bootstrap replicates', per pair. Only reads the state (a
+        partial from Ray's object store, read-only, can be finalized as it is) once the buffer
+        is empty; otherwise the buffer is flushed into the groups first."""
+        self._flush()
+        if self._state is None:
+            raise ValueError("no rows were added; CKA needs at least one sample")
+        state = self._state
+        present = np.flatnonzero(state["n"])
+        counts = state["n"][present]
+        weights = np.vstack([np.ones(len(present)), group_poisson_weights(self.seed, self.replicates,
+                                                                          self.groups)[:, present]])
+        size = weights @ counts
+        delta = {b: state["sums"][b][present].sum(axis=0) / counts.sum() for b in self.used}  # mean - shift
+        terms = {p: _product_terms(_centred(state, p, present, delta), weights, size) for p in self.products}
+        cka = [np.stack([normalised(terms[tuple(sorted(p))][v], terms[(p[0], p[0])][v], terms[(p[1], p[1])][v])
+                         for p in self.pairs], 1) for v in (0, 1)]
+        empty = np.zeros((0, len(self.pairs)))
+        return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, int(counts.sum()))
+
+
+def _centred(state: dict, product: tuple[int, int], present: np.ndarray, delta: dict) -> dict:
+    """One product's group sums moved from the shift to the sample's mean, exactly: with
+    `x' = x - da`, `y' = y - db`, `r' = r - 2 da.x + ea` (`ea = ||da||^2`), per group
+    `S' = S - s db^T - da t^T + n da db^T`, `s' = s - n da`, `R' = R - 2 da.s + n ea`,
+    `u' = u - R db - 2 S^T da + 2 (da.s) db + ea t - n ea db` (v likewise), and
+    `rho' = rho - 2 db.u - 2 da.v + 4 da^T S db + eb R_a + ea R_b - 2 eb da.s - 2 ea db.t + n ea eb`."""
+    a, b = product
+    da, db = delta[a], delta[b]
+    ea, eb = da @ da, db @ db
+    n = state["n"][present]
+    cross = state["cross"][product][present]
+    if a == b:  # only the upper triangle is summed: mirror it in this copy
+        for matrix in cross:
+            _mirror_upper(matrix)
+    s, t = state["sums"][a][present], state["sums"][b][present]
+    norms_a, norms_b = state["norms"][a][present], state["norms"][b][present]
+    u, v = state["u"][product][present], state["v"][product][present]
+    s_da, t_db = s @ da, t @ db
+    cross_db, da_cross = cross @ db, np.einsum("i,gij->gj", da, cross)
+    rho = (state["rho"][product][present] - 2 * u @ db - 2 * v @ da + 4 * da_cross @ db + eb * norms_a
+           + ea * norms_b - 2 * eb * s_da - 2 * ea * t_db + n * ea * eb)
+    u = u - np.outer(norms_a, db) - 2 * da_cross + np.outer(2 * s_da, db) + ea * t - np.outer(n * ea, db)
+    v = v - np.outer(norms_b, da) - 2 * cross_db + np.outer(2 * t_db, da) + eb * s - np.outer(n * eb, da)
+    moved_s = s - np.outer(n, da)
+    for matrix, sum_a, sum_b in zip(cross, moved_s, t):  # S - s db^T - da t^T + n da db^T = S - s' db^T - da t^T
+        matrix -= np.outer(sum_a, db)
+        matrix -= np.outer(da, sum_b)
+    return {"cross": cross, "sums_a": moved_s, "sums_b": t - np.outer(n, db), "rho": rho,
+            "norms_a": norms_a - 2 * s_da + n * ea, "norms_b": norms_b - 2 * t_db + n * eb, "u": u, "v": v}
+
+
+def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The biased HSIC numerator (no copy pairs, weights scaled to total n) and the unbiased HSIC
+    of one block product for every weight row, (R+1,) each, from its groups' centred moments:
+    `cross` S_g (G, da, db), `sums_a` s_g, `sums_b` t_g, `rho`, `norms_a` tr(X_g^T X_g), `norms_b`,
+    `u` = sum r y, `v` = sum q x (module docstring). Row 0 (weights all 1) is the sample's."""
+    cross = parts["cross"]
+    groups = len(cross)
+    flat = cross.reshape(groups, -1)
+    quadratic = np.einsum("rg,rg->r", weights @ (flat @ flat.T), weights)  # w^T Q w
+    tensor = np.einsum("gi,hik->ghk", parts["sums_a"], cross @ parts["sums_b"].T)  # T_ghk = s_g^T S_h t_k
+    cubic = np.einsum("rhk,rh,rk->r", (weights @ tensor.reshape(groups, -1)).reshape(-1, groups, groups),
+                      weights, weights)
+    sums_a, sums_b = weights @ parts["sums_a"], weights @ parts["sums_b"]  # s(w), t(w)
+    norm_a, norm_b = np.einsum("ri,ri->r", sums_a, sums_a), np.einsum("ri,ri->r", sums_b, sums_b)
+    mixed = sums_b @ parts["u"].T + sums_a @ parts["v"].T  # (R+1, G): u_g . t(w) + v_g . s(w)
+    squared = weights * weights
+    with np.errstate(divide="ignore", invalid="ignore"):
+        trace = quadratic - squared @ parts["rho"]
+        total_a, total_b = norm_a - squared @ parts["norms_a"], norm_b - squared @ parts["norms_b"]
+        row_dot = cubic - np.einsum("rg,rg->r", squared, mixed) + (squared * weights) @ parts["rho"]
+        hsic = hsic_u_from_grams(trace, total_a, total_b, row_dot, size)
+        # biased (module docstring): weights f w, f = n / N(w); a row's copies pair only with themselves
+        f, n = size[0] / size, size[0]
+        linear = f[:, None] * weights
+        trace_b = f**2 * trace + linear @ parts["rho"]
+        total_a_b = f**2 * total_a + linear @ parts["norms_a"]
+        total_b_b = f**2 * total_b + linear @ parts["norms_b"]
+        row_dot_b = (f**3 * (cubic - np.einsum("rg,rg->r", squared, mixed))
+                     + f**2 * np.einsum("rg,rg->r", weights, mixed) + (linear * (linear - 1) ** 2) @ parts["rho"])
+        biased = trace_b - 2 * row_dot_b / n + total_a_b * total_b_b / n**2
+    return biased, np.where(size >= MIN_HSIC_SAMPLES, hsic, np.nan)
