@@ -34,6 +34,7 @@ from benchlib import (
     machine,
     read_files,
     run_files,
+    verdict,
     write_result,
     write_synthetic_runs,
 )
@@ -92,9 +93,10 @@ def main() -> None:
             rows.append(row)
             print(f"  M={m}: wall {wall:.1f} s, roofline {roofline:.1f} s (best plan {best:.2e} multiply-adds at "
                   f"{rate / 1e9:.1f} G/s + read {nbytes / 1e6:.0f} MB in {read_seconds:.2f} s): "
-                  f"{wall / roofline:.2f}x; "
+                  f"{wall / roofline:.2f}x [<= {TARGET:g}x: {verdict(wall / roofline, TARGET, False)}]; "
                   f"{'; '.join(result.notes)}; peak memory +{memory['sum_of_increases_mib']:.0f} MiB summed "
-                  f"per process, +{memory['increase_of_sum_mib']:.0f} MiB at once (limit {limit / 2**20:.0f} MiB); "
+                  f"per process, +{memory['increase_of_sum_mib']:.0f} MiB at once [<= limit {limit / 2**20:.0f} MiB: "
+                  f"{verdict(memory['increase_of_sum_mib'], limit / 2**20, False)}]; "
                   f"{len(row['new_worker_mib'])} Ray worker(s) started during the job, peaking at "
                   f"{sum(row['new_worker_mib']):.0f} MiB whole, {len(row['exited_mib'])} process(es) exited; "
                   f"by role: {', '.join(f'{r} +{v:.0f}' for r, v in row['increase_by_role_mib'].items())} MiB",
