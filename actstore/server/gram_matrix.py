@@ -20,8 +20,8 @@ The plan, and why (M runs of L+1 blocks, B = M(L+1) blocks of width d, D = B d, 
   measured), and hands large freed buffers back at once (`workers/heap.py`), so the arrays
   are what it adds. The panel height is the largest (whole shards) with which `executor.parts`
   running tasks plus the reducer fit `max_accumulator_bytes`, and small enough to give every
-  task slot several tiles. What a larger limit buys is fewer panels: the data is read once for the means
-  and once more per panel.
+  task slot several tiles. What a larger limit buys is fewer panels: the data is read once for
+  the means and once more per panel.
 * Passes. (1) Column means of every block (`ColumnMeans`, one read). (2) The k(k+1)/2 tiles of k
   panels, in Ray tasks; each returns its B x B sum and, for a square, the diagonals of R.
   Progress is per tile. The sums, the diagonals and the finished tiles are checkpointed under

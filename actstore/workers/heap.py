@@ -9,7 +9,8 @@ it holds others, so after the first frees every later buffer comes from the heap
 keeps the holes between the blocks still held. Measured on one Gram tile task (16 runs x 7 blocks
 x 384, a 2,560-row panel, `server/gram_matrix.py`): the process grew 424 MiB for 289 MiB of live
 arrays (tracemalloc's peak) and still held 355 MiB after the task; with the threshold fixed at
-1 MiB (which also turns the dynamic rule off), 317 MiB and 29 MiB, in no more time.
+1 MiB (which also turns the dynamic rule off), 317 MiB and 29 MiB, and the task was no slower
+(7.6-18.5 s against 18.4-27.6 s, alternated on a loaded 2-core machine).
 
 Only metric tasks call this: a capture replica's torch allocations keep glibc's defaults.
 Elsewhere than glibc it does nothing.
