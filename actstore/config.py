@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     max_accumulator_bytes: int = Field(
         1 * GiB, description="memory one metric accumulator may hold before the job is tiled"
     )
+    metric_worker_bytes: int = Field(
+        96 * MiB, ge=0, description="what a Ray worker grows by when it first runs a metric task, beside the "
+        "task's arrays (its imports, Ray's task state, BLAS buffers); the matrix job counts it per running "
+        "task within max_accumulator_bytes"
+    )
     max_matrix_cells: int = Field(4_000_000, description="largest result matrix a query may ask")
     max_dime_permutations: int = Field(10_000, ge=1, description="most DiME permutations one query may ask")
     max_augment_views: int = Field(64, ge=2, description="most augmented views of each text a dataset may ask")

@@ -7,9 +7,14 @@ d = 384, float16), each M timed against its roofline.
     one Gram (or covariance) product per block plus the pairwise products (`cka_mode_costs` of the
     whole job, as if it fitted in one tile), at this machine's float64 GEMM rate over the map
     tasks' processes (`cka_roofline.gemm_roofline`), plus one read of the runs' stored bytes.
-  * peak memory increase of the server and the Ray workers during the job, against
-    `max_accumulator_bytes`: summed per process, and the largest simultaneous sum; a Ray worker
-    started during the job counts whole (its interpreter and imports too), so both are printed.
+  * peak memory increase during the job, against `max_accumulator_bytes`: of the server (this
+    process) and every process of its Ray cluster (workers, raylet and its object store, GCS,
+    agents; `benchlib.RssSampler`), summed per process and, the number held to the limit, the
+    largest simultaneous sum over the baseline before the job. A Ray worker started during the
+    job counts whole (interpreter, Ray, imports), one that exits takes its memory out; the script
+    names both, and the growth per role. The local cluster's prestarted workers run the job's
+    tasks (`workers/cluster.py`), so on a fresh server the first job pays the workers' imports
+    (`Settings.metric_worker_bytes`, budgeted by the plan) but no process start.
 
     python bench/cross_model_growth.py [--runs 4,8] [--n 10000]
 """
@@ -29,6 +34,7 @@ from benchlib import (
     machine,
     read_files,
     run_files,
+    verdict,
     write_result,
     write_synthetic_runs,
 )
@@ -37,6 +43,14 @@ from cka_roofline import gemm_roofline
 from actstore.metrics.similarity import cka_mode_costs
 
 TARGET = 2.0
+
+
+def by_role(per_process: list[dict]) -> dict[str, float]:
+    """Each role's processes' peak increases summed, largest first (roles with under 1 MiB left out)."""
+    roles: dict[str, float] = {}
+    for process in per_process:
+        roles[process["role"]] = roles.get(process["role"], 0.0) + process["increase_mib"]
+    return {role: mib for role, mib in sorted(roles.items(), key=lambda item: -item[1]) if mib >= 1}
 
 
 def main() -> None:
@@ -73,15 +87,20 @@ def main() -> None:
                    "job_macs": costs, "read_bytes": nbytes, "notes": result.notes,
                    "peak_increase_mib": memory["sum_of_increases_mib"], "limit_mib": limit / 2**20,
                    "increase_of_sum_mib": memory["increase_of_sum_mib"],
-                   "new_worker_mib": [p["peak_mib"] for p in memory["per_process"] if p["new"]]}
+                   "new_worker_mib": [p["peak_mib"] for p in memory["per_process"] if p["new"]],
+                   "exited_mib": [p["baseline_mib"] for p in memory["per_process"] if p["exited"]],
+                   "increase_by_role_mib": by_role(memory["per_process"])}
             rows.append(row)
             print(f"  M={m}: wall {wall:.1f} s, roofline {roofline:.1f} s (best plan {best:.2e} multiply-adds at "
                   f"{rate / 1e9:.1f} G/s + read {nbytes / 1e6:.0f} MB in {read_seconds:.2f} s): "
-                  f"{wall / roofline:.2f}x; "
+                  f"{wall / roofline:.2f}x [<= {TARGET:g}x: {verdict(wall / roofline, TARGET, False)}]; "
                   f"{'; '.join(result.notes)}; peak memory +{memory['sum_of_increases_mib']:.0f} MiB summed "
-                  f"per process, +{memory['increase_of_sum_mib']:.0f} MiB at once, of which "
-                  f"{len(row['new_worker_mib'])} Ray worker(s) started during the job hold "
-                  f"{sum(row['new_worker_mib']):.0f} MiB whole (limit {limit / 2**20:.0f} MiB)", flush=True)
+                  f"per process, +{memory['increase_of_sum_mib']:.0f} MiB at once [<= limit {limit / 2**20:.0f} MiB: "
+                  f"{verdict(memory['increase_of_sum_mib'], limit / 2**20, False)}]; "
+                  f"{len(row['new_worker_mib'])} Ray worker(s) started during the job, peaking at "
+                  f"{sum(row['new_worker_mib']):.0f} MiB whole, {len(row['exited_mib'])} process(es) exited; "
+                  f"by role: {', '.join(f'{r} +{v:.0f}' for r, v in row['increase_by_role_mib'].items())} MiB",
+                  flush=True)
     path = write_result("cross_model_growth", {"machine": info, "gemm": gemm, "rows": rows, "target": TARGET})
     print(f"wrote {path}")
 

@@ -120,7 +120,7 @@ def gram_plan(parts: QueryParts, blocks: list[tuple[RunRecord, int]], rows: int)
     executor = parts.executor
     return gram_matrix.plan(widths, rows, executor.settings.shard_rows, row_itemsize(*[r for r, _ in blocks]),
                             max(r.width * (r.num_layers + 1) for r, _ in blocks), parts.sizing.limit,
-                            executor.parts, GROUPS_PER_TASK_SLOT)
+                            executor.parts, GROUPS_PER_TASK_SLOT, parts.sizing.worker_bytes)
 
 
 def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, options: dict) -> None:

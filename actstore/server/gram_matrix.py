@@ -15,10 +15,13 @@ The plan, and why (M runs of L+1 blocks, B = M(L+1) blocks of width d, D = B d, 
   and adds the syrk of those entries to S. Each Gram entry is formed once; no Gram is ever held.
 * Memory. A tile task holds R's rows of all blocks as stored (float16 stays), one shard of C,
   and one piece of entries (B x piece x shard float64); the reducer holds S and the B x n Gram
-  diagonals. The panel height is the largest (whole shards) with which `executor.parts` running
-  tasks plus the reducer fit `max_accumulator_bytes`, and small enough to give every task slot
-  several tiles. What a larger limit buys is fewer panels: the data is read once for the means
-  and once more per panel.
+  diagonals. Each running task's worker process also grows by `metric_worker_bytes` beside those
+  arrays when it first runs a metric task (imports, Ray's task state, BLAS buffers: 88 MiB
+  measured), and hands large freed buffers back at once (`workers/heap.py`), so the arrays
+  are what it adds. The panel height is the largest (whole shards) with which `executor.parts`
+  running tasks plus the reducer fit `max_accumulator_bytes`, and small enough to give every
+  task slot several tiles. What a larger limit buys is fewer panels: the data is read once for
+  the means and once more per panel.
 * Passes. (1) Column means of every block (`ColumnMeans`, one read). (2) The k(k+1)/2 tiles of k
   panels, in Ray tasks; each returns its B x B sum and, for a square, the diagonals of R.
   Progress is per tile. The sums, the diagonals and the finished tiles are checkpointed under
@@ -80,11 +83,12 @@ def task_nbytes(widths: list[int], panel_rows: int, shard_rows: int, piece_rows:
 
 
 def plan(widths: list[int], n: int, shard_rows: int, itemsize: int, run_width: int, limit: int,
-         tasks: int, tiles_per_task: int) -> GramPlan | None:
-    """The tallest panels (whole shards) such that `tasks` tile tasks and the reducer fit `limit`,
-    and at least `tiles_per_task` tiles per task; None when even one-shard panels do not fit."""
+         tasks: int, tiles_per_task: int, worker_bytes: int = 0) -> GramPlan | None:
+    """The tallest panels (whole shards) such that `tasks` tile tasks, each in a worker process that
+    grows by `worker_bytes` beside the task's arrays, and the reducer fit `limit`, and at least
+    `tiles_per_task` tiles per task; None when even one-shard panels do not fit."""
     blocks = len(widths)
-    budget = (limit - reducer_nbytes(blocks, n)) // max(1, tasks)
+    budget = (limit - reducer_nbytes(blocks, n)) // max(1, tasks) - worker_bytes
     piece_rows = int(min(shard_rows, max(1, budget // 4 // (FLOAT64_BYTES * blocks * shard_rows))))
     if budget <= 0 or task_nbytes(widths, shard_rows, shard_rows, piece_rows, itemsize, run_width) > budget:
         return None
@@ -98,7 +102,8 @@ def plan(widths: list[int], n: int, shard_rows: int, itemsize: int, run_width: i
     per_panel = max(1, min(fitting, -(-shards // wanted)))
     panel_rows = per_panel * shard_rows
     panels = [(start, min(start + panel_rows, n)) for start in range(0, n, panel_rows)]
-    memory = max(1, tasks) * task_nbytes(widths, panel_rows, shard_rows, piece_rows, itemsize, run_width)
+    memory = max(1, tasks) * (worker_bytes + task_nbytes(widths, panel_rows, shard_rows, piece_rows, itemsize,
+                                                         run_width))
     return GramPlan(panel_rows, piece_rows, panels, memory + reducer_nbytes(blocks, n))
 
 

@@ -24,6 +24,7 @@ def row_itemsize(*runs: RunRecord) -> int:
 class CkaSizing:
     def __init__(self, settings: Settings, executor: Executor) -> None:
         self.limit = settings.max_accumulator_bytes
+        self.worker_bytes = settings.metric_worker_bytes
         self.executor = executor
 
     @property

@@ -2,6 +2,13 @@
 
 A given address (argument, then RAY_ADDRESS) joins that cluster; otherwise a local cluster starts,
 bound to loopback with auth disabled, which is what the embedded mode and the tests use.
+
+The local cluster gets no runtime environment: its raylet inherits this process's environment
+(`WORKER_ENV` included), and so do its workers. Ray prestarts one idle worker per CPU with an empty
+runtime environment, and a task whose job has one (even env_vars alone) never runs in those: the
+first job would start a fresh worker per CPU and Ray would kill the prestarted ones, so a job's
+memory (and its first second) would include starting every worker process. A joined cluster's
+nodes do not share our environment, so the env_vars travel as the job's runtime environment there.
 """
 
 from __future__ import annotations
@@ -26,17 +33,15 @@ def ensure_ray(address: str | None = None) -> None:
         return
     os.environ.update(WORKER_ENV)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
     try:
         if address:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+            ray.init(address=address, runtime_env={"env_vars": dict(WORKER_ENV)}, log_to_driver=False)
         else:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray.init(
                 _node_ip_address="127.0.0.1",
                 include_dashboard=False,
-                runtime_env=runtime_env,
                 log_to_driver=False,
             )
     except (ConnectionError, RuntimeError) as exc:

@@ -3,7 +3,8 @@
 A tile is a pair of row panels `R <= C` (`server/gram_matrix.py`). The task reads R's rows of
 every block once and holds them as stored, then streams C one shard at a time (the square's own
 shards come from R), and sums `similarity.gram_tiles.rectangle_products` over the rectangles on or
-above the diagonal. Its memory is R's rows, one shard of C and one piece of entries, whatever n is.
+above the diagonal. Its memory is R's rows, one shard of C and one piece of entries, whatever n is;
+its process hands large freed buffers back to the OS at once (`heap.unmap_large_frees`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 
 from actstore.metrics.similarity.gram_tiles import rectangle_products
 from actstore.store.handle import StoreHandle
+from actstore.workers.heap import unmap_large_frees
 
 
 def _read(arrays, sources: list[tuple[str, list[int]]], start: int, stop: int) -> list[np.ndarray]:
@@ -25,6 +27,7 @@ def gram_tile(store: StoreHandle, sources: list[tuple[str, list[int]]], rows: tu
     """`(sum of <K_b, K_b'>_F over the tile's entries on or above the diagonal, each entry strictly
     above it counted twice; diag(K_b) over R when the tile is a square, else None)`. The products run on the host
     (numpy/BLAS)."""
+    unmap_large_frees()
     arrays = store.open()
     (r0, r1), (c0, c1) = rows, cols
     panel = _read(arrays, sources, r0, r1)

@@ -1,7 +1,8 @@
 """The map side of metric jobs: read a range of shards, feed a streaming accumulator, return it.
 
 A task reads one shard's rows of each requested layer at a time, so its memory is one chunk per
-layer plus the accumulator, whatever n is. The job manager merges the returned accumulators.
+layer plus the accumulator, whatever n is. The job manager merges the returned accumulators. Every
+task first has its process hand large freed buffers back to the OS (`heap.unmap_large_frees`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ray
 from actstore.errors import FailedPrecondition
 from actstore.metrics.similarity import gram_strip_products
 from actstore.store.handle import StoreHandle
+from actstore.workers.heap import unmap_large_frees
 
 
 class Accumulator(Protocol):
@@ -46,6 +48,7 @@ def accumulate(store: StoreHandle, sources: list[tuple[str, list[int]]],
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
     in the accumulator's block order. With `labels`, each update also gets the rows' labels.
     An accumulator with a `device` attribute forms its products where `device_policy` says."""
+    unmap_large_frees()
     arrays = store.open()
     accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
     if hasattr(accumulator, "device"):
@@ -106,6 +109,7 @@ class PerLayer:
 def strip_products(rows: np.ndarray, means: np.ndarray, widths: list[int], strips: list[tuple[int, int]],
                    device_policy: str = "cpu") -> np.ndarray:
     """`similarity.gram_strip_products` of a Gram-space CKA finalize, on this task's device."""
+    unmap_large_frees()
     return gram_strip_products(rows, means, widths, strips, task_device(device_policy))
 
 
@@ -113,6 +117,7 @@ def accumulate_prompts(store: StoreHandle, run_key: str, layers: list[int],
                        prompt_chunks: list[np.ndarray], accumulator: Accumulator) -> Accumulator:
     """Token-level map task: each chunk is a slice of the run's offsets (whole prompts), fed to
     `accumulator.update(blocks, local_offsets)`."""
+    unmap_large_frees()
     arrays = store.open()
     accumulator = copy.deepcopy(accumulator)
     for offsets in prompt_chunks:
@@ -137,6 +142,7 @@ def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[
 def evaluate_layers(store: StoreHandle, run_key: str, layers: list[int],
                     evaluate: Callable[[np.ndarray], object]) -> list:
     """In-memory metrics (n x n ones, bounded by the caller): `evaluate(z)` on each whole layer."""
+    unmap_large_frees()
     arrays = store.open()
     rows = arrays.layout(run_key).rows
     return [evaluate(arrays.read_layers(run_key, [layer], 0, rows)[0]) for layer in layers]
@@ -147,6 +153,7 @@ def evaluate_pairs(store: StoreHandle, run_a: str, layers_a: list[int], run_b: s
                    prepare: Callable[[np.ndarray], object] | None = None) -> np.ndarray:
     """In-memory pairwise metrics: `evaluate(x, y)` for every layer of A against every layer of B,
     each layer passed through `prepare` once first when given (an RDM, a kernel)."""
+    unmap_large_frees()
     arrays = store.open()
     rows = arrays.layout(run_a).rows
     prepare = prepare or (lambda z: z)

@@ -277,16 +277,16 @@ def release_free_heap() -> None:
 
 
 class RssSampler:
-    """Samples the RSS of this process (the embedded server) and of our Ray cluster's worker
-    processes (descendants of this process whose title starts with `ray::`, not the dashboard or
-    runtime-env agents) every `interval` seconds in a thread, between start() and stop().
+    """Samples the RSS of this process (the embedded server) and of every process it started (the
+    Ray cluster: raylet with its object store, GCS, agents, log monitor, and the workers) every
+    `interval` seconds in a thread, between start() and stop(). A process that starts during the
+    window (a Ray worker, say) is picked up within 20 intervals and counts whole, from 0.
 
-    Per process: RSS at start (baseline; 0 for a process that appeared during the window), peak,
-    and peak - baseline. Totals: the largest simultaneous sum over the processes (peak of the sum,
-    and its increase over the summed baseline). Shared pages (Ray's object store in /dev/shm) count
-    in every process that touched them, so sums can double count them."""
-
-    AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE_SPILL", "ray::IDLE_RESTORE")
+    Per process: its role, RSS at start (baseline; 0 for a process that appeared during the
+    window), peak, and peak - baseline. Totals: the largest simultaneous sum over the processes
+    (peak of the sum, and its increase over the summed baseline; a process that exits during the
+    window takes its RSS out of the sum). Shared pages (Ray's object store in /dev/shm) count in
+    every process that touched them, so sums can double count them."""
 
     def __init__(self, interval: float = 0.05) -> None:
         import psutil
@@ -297,15 +297,28 @@ class RssSampler:
         self._stop = None
         self._thread = None
 
+    @staticmethod
+    def role(command: list[str]) -> str:
+        """What a process of the Ray cluster is, from its command line."""
+        title = command[0] if command else ""
+        if title.startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent")):
+            return "ray agent"
+        if title.startswith("ray::") or any(part.endswith("default_worker.py") for part in command):
+            return "ray worker"  # titled ray::IDLE / ray::<task>, or still starting up
+        if title.endswith("raylet"):
+            return "raylet (and object store)"
+        if title.endswith("gcs_server"):
+            return "ray gcs"
+        scripts = [Path(part).stem for part in command if part.endswith(".py")]
+        return f"ray {scripts[0]}" if scripts else Path(title).name or "other"
+
     def processes(self) -> dict[int, tuple[str, object]]:
         found = {self.me.pid: ("server (bench process)", self.me)}
         for child in self.me.children(recursive=True):
             try:
-                title = (child.cmdline() or [""])[0]
+                found[child.pid] = (self.role(child.cmdline()), child)
             except (self._psutil.NoSuchProcess, self._psutil.AccessDenied, self._psutil.ZombieProcess):
                 continue
-            if title.startswith("ray::") and not title.startswith(self.AGENTS):
-                found[child.pid] = ("ray worker", child)
         return found
 
     def _rss(self) -> dict[int, int]:
@@ -322,6 +335,7 @@ class RssSampler:
 
         self._procs = self.processes()
         self.baseline = self._rss()
+        self._last = self.baseline
         self.peak = dict(self.baseline)
         self.peak_sum = sum(self.baseline.values())
         self.samples = 0
@@ -335,6 +349,7 @@ class RssSampler:
                     for pid, entry in self.processes().items():
                         self._procs.setdefault(pid, entry)
                 rss = self._rss()
+                self._last = rss
                 for pid, value in rss.items():
                     self.peak[pid] = max(self.peak.get(pid, 0), value)
                 self.peak_sum = max(self.peak_sum, sum(rss.values()))
@@ -353,7 +368,7 @@ class RssSampler:
             base = self.baseline.get(pid, 0)
             per_process.append({"pid": pid, "role": self._procs[pid][0], "baseline_mib": base * mib,
                                 "peak_mib": peak * mib, "increase_mib": (peak - base) * mib,
-                                "new": pid not in self.baseline})
+                                "new": pid not in self.baseline, "exited": pid not in self._last})
         baseline_sum = sum(self.baseline.values())
         return {"interval_s": self.interval, "samples": self.samples, "per_process": per_process,
                 "peak_sum_mib": self.peak_sum * mib, "baseline_sum_mib": baseline_sum * mib,

@@ -129,14 +129,15 @@ def test_runs_with_other_samples_are_refused(client, runs):
 def slow_matrix_server(tmp_path, samples: int, limit: int):
     """Small shards (4 rows), one map-task slot and a tiny accumulator limit, so the matrix of two
     4-layer runs takes many small tasks, each reading its shards one by one: slow enough to cancel
-    halfway. Both runs are captures of one tiny model (mean and last-token pooling) with weights of
+    halfway (the limit counts the tasks' arrays only: no worker process's own growth fits a few kB).
+    Both runs are captures of one tiny model (mean and last-token pooling) with weights of
     its own, so this server starts one capture replica of its own."""
     from actstore.client import Client
     from actstore.server.app import start_server
 
     model = save_tiny_model("bert", tmp_path / "bert", seed=7)
     server = start_server(make_settings(tmp_path / "store", shard_rows=4, metric_tasks=1,
-                                        max_accumulator_bytes=limit))
+                                        max_accumulator_bytes=limit, metric_worker_bytes=0))
     try:
         with Client(f"127.0.0.1:{server.port}") as c:
             c.register_model(model, name="bert")

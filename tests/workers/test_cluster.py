@@ -1,0 +1,57 @@
+"""The local Ray cluster of `workers/cluster.ensure_ray`: its tasks run in the workers Ray prestarts
+(no process starts inside a first job), and those workers see `WORKER_ENV`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from actstore.workers.cluster import WORKER_ENV
+
+SCRIPT = textwrap.dedent("""
+    import json, os, time
+
+    import psutil
+    import ray
+
+    from actstore.workers.cluster import WORKER_ENV, ensure_ray
+
+    ensure_ray()
+    cpus = int(ray.cluster_resources()["CPU"])
+    deadline = time.monotonic() + 120
+    while True:  # Ray prestarts one idle worker per CPU
+        idle = set()
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if (process.cmdline() or [""])[0].startswith("ray::IDLE"):
+                    idle.add(process.pid)
+            except psutil.Error:
+                pass
+        if len(idle) >= cpus or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+
+    @ray.remote(num_cpus=1)
+    def where():
+        time.sleep(0.05)
+        return os.getpid(), {name: os.environ.get(name) for name in WORKER_ENV}
+
+    seen = ray.get([where.remote() for _ in range(4 * cpus)])
+    print(json.dumps({"cpus": cpus, "prestarted": sorted(idle), "ran_in": sorted({pid for pid, _ in seen}),
+                      "env": [env for _, env in seen]}))
+    ray.shutdown()
+""")
+
+
+def test_tasks_run_in_the_prestarted_workers_with_the_worker_env():
+    # a fresh cluster in its own process, with none of WORKER_ENV inherited from the tests
+    env = {name: value for name, value in os.environ.items() if name not in WORKER_ENV and name != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found["prestarted"]) == found["cpus"]
+    assert set(found["ran_in"]) <= set(found["prestarted"]), found  # no worker started for the tasks
+    assert all(env == WORKER_ENV for env in found["env"])
