@@ -279,8 +279,9 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         nonlocal done
         tables = get_or_raise(ref, lambda cause: Unavailable(
             f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
-        for rows in tables:
-            catalog.record_shard(pa.table(rows))
+        if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
+            catalog.record_shard(pa.table({column: [cell for rows in tables for cell in rows[column]]
+                                           for column in tables[0]}))
         done += len(shards)
         job.progress(done, layout.num_shards, "shards")
 

@@ -14,6 +14,7 @@ Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.misses import MissCountingStore
+from actstore.store.shard_codec import whole_chunk
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
@@ -187,10 +189,16 @@ class ZarrArrayStore(ArrayStore):
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
         with self._reported():  # `layout` checked that the run exists: its arrays, once opened, are kept
-            self._opened_array(run_key, layout.array_name)[start:stop] = values
-            self._opened_array(run_key, "layer_sums")[shard] = sums
+            writes = [(self._opened_array(run_key, layout.array_name), slice(start, stop), values),
+                      (self._opened_array(run_key, "layer_sums"), shard, sums)]
             if token_ids is not None:
-                self._opened_array(run_key, "token_ids")[start:stop] = token_ids
+                writes.append((self._opened_array(run_key, "token_ids"), slice(start, stop), token_ids))
+            objects = [whole_chunk(array, shard, data) for array, _, data in writes]
+            if None not in objects:  # every one a whole chunk in zarr's own bytes: written at once
+                self._put(*objects)
+                return
+            for array, selection, data in writes:  # what the encoder declines: zarr's own write path
+                array[selection] = data
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: Zarr reads an absent shard as zeros, and the store
@@ -339,9 +347,15 @@ class ZarrArrayStore(ArrayStore):
             sync(self._zarr.delete_dir(f"runs/{run_key}/means"))
 
     # ---- description ------------------------------------------------------------------------------
-    def _put(self, key: str, data: bytes) -> None:
+    def _put(self, *items: tuple[str, bytes]) -> None:
+        """Objects (key, bytes), in one event-loop round trip (written concurrently)."""
+        prototype = default_buffer_prototype()
+
+        async def put() -> None:
+            await asyncio.gather(*(self._zarr.set(key, prototype.buffer.from_bytes(data)) for key, data in items))
+
         with self._reported():
-            sync(self._zarr.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+            sync(put())
 
     def _get(self, key: str) -> bytes | None:
         with self._reported():
@@ -367,7 +381,7 @@ class ZarrArrayStore(ArrayStore):
 
     def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
         # one object per shard: shards are written concurrently, and a shared attribute would lose updates
-        self._put(f"runs/{run_key}/chunk_rows/{shard}.json", json.dumps(rows).encode())
+        self._put((f"runs/{run_key}/chunk_rows/{shard}.json", json.dumps(rows).encode()))
 
     def chunk_rows(self, run_key: str) -> dict[str, list]:
         combined: dict[str, list] = {}
@@ -384,7 +398,7 @@ class ZarrArrayStore(ArrayStore):
         return combined
 
     def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
-        self._put(f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode())
+        self._put((f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode()))
 
     def write_layer_stats(self, run_key: str) -> dict | None:
         layout = self.layout(run_key)
@@ -406,7 +420,7 @@ class ZarrArrayStore(ArrayStore):
         return self._group(run_key).attrs.asdict().get("layer_stats")
 
     def mark_committed(self, run_key: str) -> None:
-        self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())
+        self._put((f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode()))
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
