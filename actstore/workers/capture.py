@@ -23,8 +23,11 @@ import crc32c
 import numpy as np
 import torch
 
+from actstore.errors import InvalidArgument
 from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import ModelAdapter
+from actstore.modeling.loading import LOAD_HINT
+from actstore.modeling.tokens import load_tokenizer, token_layout
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
@@ -226,16 +229,16 @@ def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: Prepa
     return rows
 
 
-def token_char_spans(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray | None:
-    """Every token row's character span in its text (`ModelAdapter.char_spans`), or None."""
-    adapter = ModelAdapter.load(store.local(model_path))
+def token_rows(store: StoreHandle, model_path: str, dataset_path: str, max_len: int, spans: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A token-level run's offsets (prompt i owns token rows offsets[i]:offsets[i+1]) and every
+    row's character span in its text (`modeling.tokens`; None without ``spans`` or a fast
+    tokenizer), from the model's tokenizer alone."""
+    tokenizer = load_tokenizer(store.local(model_path), LOAD_HINT)
+    if tokenizer is None:
+        raise InvalidArgument("a token-level capture needs a text model with a tokenizer; this model has none")
     data = load_dataset(store.local(dataset_path))
-    return adapter.char_spans(model_inputs(data, 0, data.n), max_len)
-
-
-def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
-    """Prompt i owns token rows offsets[i]:offsets[i+1] of a token-level run."""
-    adapter = ModelAdapter.load(store.local(model_path))
-    data = load_dataset(store.local(dataset_path))
-    counts = adapter.token_counts(model_inputs(data, 0, data.n), max_len)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if data.kind != "text":
+        raise InvalidArgument("a token-level capture needs a text dataset")
+    counts, char_spans = token_layout(tokenizer, model_inputs(data, 0, data.n), max_len, spans)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), char_spans
