@@ -180,11 +180,12 @@ def main() -> None:
     bare_rate = args.n / median(bare)
     cold_rate = args.n / cold["seconds"]
     steady_rate = args.n / steady["seconds"]
-    job_rate = in_job_rate(steady["events"], args.shard_rows, args.n)
+    rows = tokens if args.pooling == "tokens" else args.n  # a token-level shard holds shard_rows tokens
+    job_rows = in_job_rate(steady["events"], args.shard_rows, rows)
+    job_rate = job_rows * args.n / rows if job_rows else None
     ratios = {"end_to_end": cold_rate / bare_rate, "steady_state": steady_rate / bare_rate,
               "in_job": job_rate / bare_rate if job_rate else None}
 
-    rows = tokens if args.pooling == "tokens" else args.n
     per = "token" if args.pooling == "tokens" else "sample"
     print(f"stored: {run_bytes / rows:.0f} bytes per {per} ({rows} {per}s, {run_bytes / 2**20:.1f} MiB); "
           f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory.peak / 2**20:.0f} MiB")
