@@ -4,7 +4,7 @@ A capture writes every shard whole, so it needs none of zarr's read-modify-write
 zarr's pipeline (an event-loop round trip, a worker thread per codec call, per-chunk bookkeeping)
 cost ~5 of the ~7 ms CPU of a 256 x 7 x 384 float16 shard; the codecs themselves cost ~0.6 ms.
 `encode_chunk` and `encode_shard` apply the codecs recorded in the array's metadata (bytes,
-Blosc through numcodecs, crc32c through google-crc32c: the libraries zarr calls) and lay a shard
+Blosc through numcodecs, crc32c (the same CRC-32C zarr computes with google-crc32c)) and lay a shard
 out as the sharding codec does (inner chunks in its order, then the index of (offset, length)
 pairs with its own codecs). The bytes are zarr's own (tests/store/test_shard_codec.py compares
 them for every dtype and compressor); what this module does not reproduce, it declines (None),
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 
-import google_crc32c
+import crc32c
 import numpy as np
 from numcodecs import Blosc
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
@@ -52,7 +52,7 @@ def _encoded(codecs, chunk: np.ndarray) -> bytes:
         if isinstance(codec, BloscCodec):
             data = np.frombuffer(_blosc(codec).encode(data), np.uint8)
         else:
-            data = np.append(data, np.array([google_crc32c.value(data)], "<u4").view(np.uint8))
+            data = np.append(data, np.array([crc32c.crc32c(data)], "<u4").view(np.uint8))
     return data.tobytes()
 
 
