@@ -47,7 +47,8 @@ from benchlib import (
     write_result,
 )
 
-TARGET = 0.85
+TARGETS = {"tokens": 0.9}  # issue 9's token-level capture; pooled captures keep the earlier 0.85
+DEFAULT_TARGET = 0.85
 
 
 def bare_forward(adapter, batches) -> float:
@@ -175,23 +176,25 @@ def main() -> None:
         bare.append(bare_forward(adapter, batches))
         print(f"  bare forward #3: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
 
+    target = TARGETS.get(args.pooling, DEFAULT_TARGET)
     bare_rate = args.n / median(bare)
     cold_rate = args.n / cold["seconds"]
     steady_rate = args.n / steady["seconds"]
-    job_rate = in_job_rate(steady["events"], args.shard_rows, args.n)
+    rows = tokens if args.pooling == "tokens" else args.n  # a token-level shard holds shard_rows tokens
+    job_rows = in_job_rate(steady["events"], args.shard_rows, rows)
+    job_rate = job_rows * args.n / rows if job_rows else None
     ratios = {"end_to_end": cold_rate / bare_rate, "steady_state": steady_rate / bare_rate,
               "in_job": job_rate / bare_rate if job_rate else None}
 
-    rows = tokens if args.pooling == "tokens" else args.n
     per = "token" if args.pooling == "tokens" else "sample"
     print(f"stored: {run_bytes / rows:.0f} bytes per {per} ({rows} {per}s, {run_bytes / 2**20:.1f} MiB); "
           f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory.peak / 2**20:.0f} MiB")
     print(f"baseline: bare MiniLM forward (no hidden states), median of 3 = {median(bare):.2f} s "
           f"-> {bare_rate:.1f} samples/s ({tokens} tokens, {padded} padded positions)")
     print(f"ratio end-to-end  (cold pool, incl. replica start) = {ratios['end_to_end']:.3f} of bare "
-          f"[target >= {TARGET}: {verdict(ratios['end_to_end'], TARGET)}]")
+          f"[target >= {target}: {verdict(ratios['end_to_end'], target)}]")
     print(f"ratio steady-state (warm pool, submit -> committed) = {ratios['steady_state']:.3f} of bare "
-          f"[target >= {TARGET}: {verdict(ratios['steady_state'], TARGET)}]")
+          f"[target >= {target}: {verdict(ratios['steady_state'], target)}]")
     if job_rate:
         print(f"  (in-job, first -> last shard completion: {job_rate:.1f} samples/s = "
               f"{ratios['in_job']:.3f} of bare; informational)")
@@ -205,10 +208,10 @@ def main() -> None:
         "cold_seconds": cold["seconds"], "cold_samples_per_s": cold_rate,
         "warmup_seconds": warm_up["seconds"],
         "steady_seconds": steady["seconds"], "steady_samples_per_s": steady_rate,
-        "in_job_samples_per_s": job_rate, "ratios": ratios, "target": TARGET,
+        "in_job_samples_per_s": job_rate, "ratios": ratios, "target": target,
         "stored_bytes": run_bytes, "stored_bytes_per_row": run_bytes / rows, "rows": rows,
         "peak_replica_rss_bytes": memory.peak,
-        "pass_steady_state": ratios["steady_state"] >= TARGET,
+        "pass_steady_state": ratios["steady_state"] >= target,
     })
     print(f"wrote {path}")
 

@@ -35,6 +35,7 @@ from actstore.modeling.lens_head import TorchLensHead, describe_lens_head
 from actstore.modeling.loading import load_folder
 from actstore.modeling.pooling import pool, pool_tokens
 from actstore.modeling.sites import RESID_POST, ResolvedSite, collected, resolve_site
+from actstore.modeling.tokens import token_layout
 
 __all__ = ["Batch", "ModelAdapter"]
 
@@ -214,20 +215,13 @@ class ModelAdapter:
     def token_counts(self, texts: Sequence[str], max_len: int) -> np.ndarray:
         """Tokens per sample after truncation at ``max_len`` (special tokens included), without a
         forward pass: the same numbers as ``encode(texts, max_len).mask.sum(1)``."""
-        texts = self._check_texts(texts, max_len)
-        enc = self.tokenizer(texts, padding=False, truncation=True, max_length=max_len)
-        return np.array([len(ids) for ids in enc["input_ids"]], dtype=np.int64)
+        return token_layout(self.tokenizer, self._check_texts(texts, max_len), max_len, spans=False)[0]
 
     def char_spans(self, texts: Sequence[str], max_len: int) -> np.ndarray | None:
         """(tokens, 2) int32 character spans [start, end) of every token of every text, in the
         rows order of ``token_counts`` ((0, 0) for special tokens); None without a fast tokenizer
         (no offset mapping)."""
-        texts = self._check_texts(texts, max_len)
-        if not getattr(self.tokenizer, "is_fast", False):
-            return None
-        enc = self.tokenizer(texts, padding=False, truncation=True, max_length=max_len, return_offsets_mapping=True)
-        spans = [span for per_text in enc["offset_mapping"] for span in per_text]
-        return np.asarray(spans, dtype=np.int32).reshape(-1, 2)
+        return token_layout(self.tokenizer, self._check_texts(texts, max_len), max_len)[1]
 
     # ---- forward ------------------------------------------------------------------------------
 

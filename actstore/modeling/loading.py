@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from actstore.errors import InvalidArgument
+from actstore.modeling.tokens import load_tokenizer
 
 __all__ = ["LOAD_HINT", "load_folder", "model_class", "skeleton"]
 
@@ -24,7 +25,6 @@ LOAD_HINT = (
     "pass a local Hugging Face model folder saved with save_pretrained (config.json with "
     "'architectures', complete model.safetensors, and a tokenizer for text models)"
 )
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
 def model_class(path: Path) -> tuple[Any, Any]:
@@ -66,8 +66,6 @@ def skeleton(path: Path) -> nn.Module:
 def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
     """The model of ``path`` (class ``config.architectures[0]``, AutoModel when absent) on
     ``device`` in float32 eval mode with gradients off, and its tokenizer if the folder has one."""
-    from transformers import AutoTokenizer
-
     model_cls, config = model_class(path)
     try:
         model, info = model_cls.from_pretrained(
@@ -94,14 +92,7 @@ def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
             f"the weights in {path} do not match the {model_cls.__name__} architecture ({detail}); "
             f"transformers would initialise those tensors randomly; {LOAD_HINT}"
         )
-    tokenizer = None
-    if any((path / f).is_file() for f in _TOKENIZER_FILES):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except Exception as exc:
-            raise InvalidArgument(
-                f"cannot load the tokenizer in {path} ({type(exc).__name__}: {exc}); {LOAD_HINT}"
-            ) from exc
+    tokenizer = load_tokenizer(path, LOAD_HINT)
     try:
         model = model.to(device=device, dtype=torch.float32).eval()
     except Exception as exc:

@@ -23,8 +23,11 @@ import crc32c
 import numpy as np
 import torch
 
+from actstore.errors import InvalidArgument
 from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import ModelAdapter
+from actstore.modeling.loading import LOAD_HINT
+from actstore.modeling.tokens import load_tokenizer, token_layout
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
@@ -60,23 +63,48 @@ def to_storage(values: torch.Tensor, dtype: str) -> tuple[np.ndarray, torch.Tens
     return cast.numpy(), cast
 
 
-def chunk_metadata(run_key: str, shard: int, stored: np.ndarray,
-                   numbers: np.ndarray | torch.Tensor) -> dict[str, list]:
+@dataclass(frozen=True)
+class PreparedShard:
+    """A shard in its storage dtype with the reductions torch makes of it (`prepare_shard`)."""
+
+    stored: np.ndarray
+    numbers: np.ndarray  # the stored numbers as float32 (torch widens float16 several times faster than numpy)
+    sums: np.ndarray  # (L+1, d) float64 sums of the stored numbers, exactly
+    extremes: tuple[list, list]  # per layer min and max of the stored numbers (NaN propagates)
+
+
+def prepare_shard(values: torch.Tensor, dtype: str) -> PreparedShard:
+    """The torch part of storing a shard: the cast, the layer sums and the layer extremes. A capture
+    runs it where its forward pass runs, so torch's thread team there does it; the rest of a
+    shard's write (`write_prepared`) is numpy and I/O, and a writer thread starts no second team
+    of spinning OpenMP threads on cores the forward pass needs."""
+    stored, numbers = to_storage(values, dtype)
+    return PreparedShard(stored, numbers.float().numpy(), numbers.sum(dim=0, dtype=torch.float64).numpy(),
+                         layer_extremes(numbers))
+
+
+def layer_extremes(numbers: torch.Tensor) -> tuple[list, list]:
+    """One min and one max reduction over all layers at once, in the stored dtype (torch reduces
+    float16 and bfloat16 without a float32 copy, and propagates NaN)."""
+    return torch.amin(numbers, dim=(0, 2)).tolist(), torch.amax(numbers, dim=(0, 2)).tolist()
+
+
+def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.ndarray | torch.Tensor,
+                   extremes: tuple[list, list] | None = None) -> dict[str, list]:
     """One catalog row per layer of a shard: rows, crc32c of the stored bytes, and the finite
     min/max and NaN/Inf counts of the stored numbers (an fp16 overflow shows up here as Inf).
 
-    One min and one max reduction over all layers at once, in the stored dtype (torch reduces
-    float16 and bfloat16 without a float32 copy, and propagates NaN): where both are finite, the
-    layer has no NaN or Inf and they are its finite extremes; only other layers are counted."""
-    numbers = torch.as_tensor(numbers)
-    lows, highs = torch.amin(numbers, dim=(0, 2)).tolist(), torch.amax(numbers, dim=(0, 2)).tolist()
+    ``extremes`` are the layers' min and max (`layer_extremes`, computed here when not given):
+    where both are finite, the layer has no NaN or Inf and they are its finite extremes; only
+    other layers are counted."""
+    lows, highs = extremes or layer_extremes(torch.as_tensor(numbers))
     by_layer = np.ascontiguousarray(stored.transpose(1, 0, 2))  # each layer's bytes in one piece
     rows: dict[str, list] = {k: [] for k in
                              ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
     for layer in range(stored.shape[1]):
         low, high, nans, infs = lows[layer], highs[layer], 0, 0
         if not (np.isfinite(low) and np.isfinite(high)):
-            values = numbers[:, layer, :].float().numpy()
+            values = np.asarray(numbers[:, layer, :], dtype=np.float32)
             finite = np.isfinite(values)
             low = float(values[finite].min()) if finite.any() else float("nan")
             high = float(values[finite].max()) if finite.any() else float("nan")
@@ -98,8 +126,9 @@ class ShardCapturer:
     and each dataset and run layout the first time a shard of it arrives.
 
     Run as an actor with several calls at once (Settings.capture_concurrent_shards), the model still
-    computes one shard at a time (`_compute`): a finished shard is checksummed, compressed and
-    written while the next one computes, so the model does not wait on the store."""
+    computes one task at a time (`_compute`, which also makes the torch reductions of its shards,
+    `prepare_shard`): a finished task's shards are checksummed, compressed and written (numpy and
+    I/O only) while the next one computes, so the model does not wait on the store."""
 
     def __init__(self, model_path: str, store: StoreHandle, num_threads: int | None = None) -> None:
         if num_threads:
@@ -132,7 +161,8 @@ class ShardCapturer:
 
     def _tokens(self, plan: CapturePlan, sites: list[str], start: int, stop: int
                 ) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
-        """{site: (rows, L+1, d) float32} for token rows [start, stop), and their token ids (text models)."""
+        """{site: (rows, L+1, d) in the storage dtype} for token rows [start, stop), and their token
+        ids (text models)."""
         if plan.run_key not in self._offsets:
             self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
         offsets = self._offsets[plan.run_key]
@@ -141,11 +171,15 @@ class ShardCapturer:
         last = int(np.searchsorted(offsets, stop, side="left"))
         parts: dict[str, list] = {site: [] for site in sites}
         ids = []
-        for lo in range(first, last, plan.batch_size):
-            hi = min(lo + plan.batch_size, last)
+        storage = _TORCH_STORAGE[plan.layout.dtype]  # each batch's rows cast at once: half the bytes to keep
+        # batches of equal size, at most batch_size: a task's ~137 prompts ran as 4 x 32 and one of ~9,
+        # and a batch that small runs at about half the rate per token on a multi-threaded forward
+        batches = -(-(last - first) // plan.batch_size)
+        edges = [first + (last - first) * i // batches for i in range(batches + 1)]
+        for lo, hi in zip(edges[:-1], edges[1:]):
             batch = self.adapter.encode(model_inputs(data, lo, hi), plan.max_len)
             for site, hidden in self.adapter.site_states(batch, sites).items():
-                parts[site].append(self.adapter.pool_tokens(hidden, batch.mask)[0].transpose(0, 1))
+                parts[site].append(self.adapter.pool_tokens(hidden, batch.mask)[0].transpose(0, 1).to(storage))
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
         begin = start - int(offsets[first])
@@ -162,16 +196,19 @@ class ShardCapturer:
         start, stop = layout.shard_range(shards[0])[0], layout.shard_range(shards[-1])[1]
         token_ids = None
         sites = [site for site, _ in wanted]
+        bounds = [tuple(bound - start for bound in layout.shard_range(shard)) for shard in shards]
         with self._compute:
             if layout.pooling == "tokens":
                 values, token_ids = self._tokens(plan, sites, start, stop)
             else:
                 values = self._pooled(plan, sites, start, stop)
+            prepared = {site: [prepare_shard(values[site][lo:hi], layout.dtype) for lo, hi in bounds]
+                        for site in sites}
+        del values
         tables = []
-        for shard in shards:
-            lo, hi = (bound - start for bound in layout.shard_range(shard))
+        for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)):
             ids = token_ids[lo:hi] if token_ids is not None else None
-            tables += [store_shard(self.arrays, key, shard, layout.dtype, values[site][lo:hi], ids)
+            tables += [write_prepared(self.arrays, key, shard, prepared[site][i], ids)
                        for site, key in wanted]
         return tables
 
@@ -181,26 +218,30 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
     catalog records (a capture's and an import's shards take this one path)."""
-    stored, numbers = to_storage(values, dtype)
-    sums = numbers.sum(dim=0, dtype=torch.float64).numpy()  # of the stored numbers, exactly
-    arrays.write_shard(run_key, shard, stored, sums, token_ids)
-    rows = chunk_metadata(run_key, shard, stored, numbers)
-    stats = LayerStats.empty(stored.shape[1]).update(numbers.float().numpy())
-    arrays.write_shard_stats(run_key, shard, stats.to_dict())
+    return write_prepared(arrays, run_key, shard, prepare_shard(values, dtype), token_ids)
+
+
+def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: PreparedShard,
+                   token_ids: np.ndarray | None = None) -> dict[str, list]:
+    """`store_shard` after `prepare_shard`: numpy and the store only (no torch)."""
+    stored, numbers = prepared.stored, prepared.numbers
+    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids)
+    rows = chunk_metadata(run_key, shard, stored, numbers, prepared.extremes)
+    arrays.write_shard_stats(run_key, shard, LayerStats.empty(stored.shape[1]).update(numbers).to_dict())
     arrays.write_chunk_rows(run_key, shard, rows)
     return rows
 
 
-def token_char_spans(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray | None:
-    """Every token row's character span in its text (`ModelAdapter.char_spans`), or None."""
-    adapter = ModelAdapter.load(store.local(model_path))
+def token_rows(store: StoreHandle, model_path: str, dataset_path: str, max_len: int, spans: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A token-level run's offsets (prompt i owns token rows offsets[i]:offsets[i+1]) and every
+    row's character span in its text (`modeling.tokens`; None without ``spans`` or a fast
+    tokenizer), from the model's tokenizer alone."""
+    tokenizer = load_tokenizer(store.local(model_path), LOAD_HINT)
+    if tokenizer is None:
+        raise InvalidArgument("a token-level capture needs a text model with a tokenizer; this model has none")
     data = load_dataset(store.local(dataset_path))
-    return adapter.char_spans(model_inputs(data, 0, data.n), max_len)
-
-
-def token_offsets(store: StoreHandle, model_path: str, dataset_path: str, max_len: int) -> np.ndarray:
-    """Prompt i owns token rows offsets[i]:offsets[i+1] of a token-level run."""
-    adapter = ModelAdapter.load(store.local(model_path))
-    data = load_dataset(store.local(dataset_path))
-    counts = adapter.token_counts(model_inputs(data, 0, data.n), max_len)
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if data.kind != "text":
+        raise InvalidArgument("a token-level capture needs a text dataset")
+    counts, char_spans = token_layout(tokenizer, model_inputs(data, 0, data.n), max_len, spans)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), char_spans
