@@ -31,7 +31,13 @@ def _nodes_of(address: str, kind: str, name: str) -> list[str]:
     from ray.util import state
 
     if kind == "actor":
-        rows = state.list_actors(address=address, filters=[("class_name", "=", name)], limit=1000)
+        # the state API is eventually consistent: an actor may be listed before its node is
+        deadline = time.monotonic() + 20
+        while True:
+            rows = state.list_actors(address=address, filters=[("class_name", "=", name)], limit=1000)
+            if all(row.node_id for row in rows) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     else:
         rows = state.list_tasks(address=address, filters=[("func_or_class_name", "=", name)], limit=10000)
     return sorted({row.node_id for row in rows if row.node_id})
