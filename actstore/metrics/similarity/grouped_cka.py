@@ -281,7 +281,8 @@ def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[
     groups = len(cross)
     flat = cross.reshape(groups, -1)
     quadratic = np.einsum("rg,rg->r", weights @ (flat @ flat.T), weights)  # w^T Q w
-    tensor = np.einsum("gi,hik->ghk", parts["sums_a"], cross @ parts["sums_b"].T)  # T_ghk = s_g^T S_h t_k
+    tensor = np.einsum("gi,hik->ghk", parts["sums_a"], cross @ parts["sums_b"].T,
+                       optimize=True)  # T_ghk = s_g^T S_h t_k (optimize: a BLAS product, not a C loop)
     cubic = np.einsum("rhk,rh,rk->r", (weights @ tensor.reshape(groups, -1)).reshape(-1, groups, groups),
                       weights, weights)
     sums_a, sums_b = weights @ parts["sums_a"], weights @ parts["sums_b"]  # s(w), t(w)
