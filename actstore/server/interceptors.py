@@ -3,8 +3,8 @@
 An `ActStoreError` becomes its gRPC status with its message; any other exception is a bug and
 becomes INTERNAL: the server log keeps its traceback under a short correlation id, and the status
 names only that id. Each call's `is_active` goes into `dispatch.call_active`, so the Ray tasks of a
-query nobody waits for any more (deadline passed, or cancelled) are cancelled. Health and reflection pass straight
-through.
+query nobody waits for any more (deadline passed, or cancelled) are cancelled. Health and
+reflection pass straight through.
 """
 
 from __future__ import annotations
