@@ -20,6 +20,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 
+PLACEMENT_TRIES = 3  # rounds of restarting replicas that Ray placed off their node
+REPLICA_START_SECONDS = 300  # a replica loads its model before it answers where it runs
+
 
 @dataclass
 class _Replicas:
@@ -44,8 +47,6 @@ class CapturePool:
         self._reaper.start()
 
     def acquire(self, digest: str, model_path: str) -> list:
-        from actstore.workers.capture import ShardCapturer
-
         with self._lock:
             entry = self._pool.get(digest)
             if entry is None:
@@ -53,15 +54,59 @@ class CapturePool:
                 if gpus:
                     self._release_idle(keep=digest, older_than=0.0)
                 placements = [({"num_gpus": 1}, None)] * gpus if gpus else self._cpu_placements()
-                # soft placement: a replica whose node dies restarts on another (max_restarts), and
-                # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
-                actors = [ray.remote(ShardCapturer).options(
-                    name=self.actor_name(digest, i), max_restarts=2, max_task_retries=2,
-                    max_concurrency=self.concurrent_shards, **resources,
-                ).remote(model_path, self.store, threads) for i, (resources, threads) in enumerate(placements)]
+                actors = [self._start(digest, i, model_path, resources, threads)
+                          for i, (resources, threads) in enumerate(placements)]
+                if not gpus:
+                    self._correct_placement(digest, model_path, actors, placements)
                 entry = self._pool[digest] = _Replicas(actors)
             entry.busy += 1
             return list(entry.actors)
+
+    def _start(self, digest: str, replica: int, model_path: str, resources: dict, threads: int | None):
+        from actstore.workers.capture import ShardCapturer
+
+        # soft placement: a replica whose node dies restarts on another (max_restarts), and
+        # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
+        return ray.remote(ShardCapturer).options(
+            name=self.actor_name(digest, replica), max_restarts=2, max_task_retries=2,
+            max_concurrency=self.concurrent_shards, **resources,
+        ).remote(model_path, self.store, threads)
+
+    def _correct_placement(self, digest: str, model_path: str, actors: list, placements: list) -> None:
+        """Start again, on its node, each replica that Ray placed elsewhere while that node is alive.
+
+        A soft node affinity falls back to another node when the raylet deciding the placement
+        does not see the wanted node yet (raylets learn of new nodes with a lag, seconds on a busy
+        machine), and the replicas then crowd onto fewer nodes for as long as the pool keeps them.
+        Best effort: replicas that fail to start are left for the job to report, and after
+        `PLACEMENT_TRIES` the placement stands as it is."""
+        wanted = [resources["scheduling_strategy"].node_id for resources, _ in placements]
+        for _ in range(PLACEMENT_TRIES):
+            try:
+                placed = ray.get([actor.node_id.remote() for actor in actors], timeout=REPLICA_START_SECONDS)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                return
+            alive = {node for node, _ in cluster.cpu_nodes()}
+            astray = [i for i, (node, want) in enumerate(zip(placed, wanted)) if node != want and want in alive]
+            if not astray:
+                return
+            for i in astray:
+                ray.kill(actors[i], no_restart=True)
+            for i in astray:
+                self._await_name_free(self.actor_name(digest, i))
+                resources, threads = placements[i]
+                actors[i] = self._start(digest, i, model_path, resources, threads)
+
+    @staticmethod
+    def _await_name_free(name: str) -> None:
+        """Wait (briefly) until a killed actor's name can be taken again."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                return
+            time.sleep(0.1)
 
     def _cpu_placements(self) -> list[tuple[dict, int]]:
         """Replicas on a CPU cluster: at least one on every node with CPUs (more when

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import crc32c
 import numpy as np
+import ray
 import torch
 
 from actstore.errors import InvalidArgument
@@ -140,8 +141,9 @@ class ShardCapturer:
         self._offsets: dict[str, np.ndarray] = {}
         self._compute = threading.Lock()
 
-    def ready(self) -> bool:
-        return True
+    def node_id(self) -> str:
+        """The Ray node this replica runs on (answered once its model is loaded)."""
+        return ray.get_runtime_context().get_node_id()
 
     def _data(self, plan: CapturePlan) -> DatasetData:
         if plan.dataset_path not in self._datasets:

@@ -28,19 +28,44 @@ TEXTS = 96  # 12 shards of 8
 
 
 def _nodes_of(address: str, kind: str, name: str) -> list[str]:
+    """The nodes Ray's state API says the actors or tasks called `name` ran on. The API is
+    eventually consistent (workers report task events about once a second, and an actor is
+    listed before its node is known), so it is read until three reads a second apart agree."""
     from ray.util import state
 
-    if kind == "actor":
-        # the state API is eventually consistent: an actor may be listed before its node is
-        deadline = time.monotonic() + 20
-        while True:
+    def read() -> frozenset:
+        if kind == "actor":
             rows = state.list_actors(address=address, filters=[("class_name", "=", name)], limit=1000)
-            if all(row.node_id for row in rows) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-    else:
+            return frozenset((row.actor_id, row.node_id) for row in rows)
         rows = state.list_tasks(address=address, filters=[("func_or_class_name", "=", name)], limit=10000)
-    return sorted({row.node_id for row in rows if row.node_id})
+        return frozenset((row.task_id, row.attempt_number, row.node_id) for row in rows)
+
+    deadline = time.monotonic() + 30
+    seen = [read()]
+    while not (len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3] and all(row[-1] for row in seen[-1])):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(1)
+        seen.append(read())
+    return sorted({row[-1] for row in seen[-1] if row[-1]})
+
+
+def _until_tasks_reach_every_node(timeout: float = 120) -> None:
+    """Wait until tasks submitted from here run on every alive node. Ray's raylets learn of new
+    nodes with a lag (seconds to minutes on a busy 2-core machine, with all nodes on 127.0.0.1);
+    until the local raylet sees them, it spills no task to them, whatever the caller asks."""
+
+    @ray.remote(num_cpus=1)
+    def where() -> str:
+        time.sleep(0.2)
+        return ray.get_runtime_context().get_node_id()
+
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    deadline = time.monotonic() + timeout
+    while set(ray.get([where.remote() for _ in range(3 * len(alive))])) != alive:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"tasks did not reach all {len(alive)} nodes in {timeout:.0f} s")
+        time.sleep(1)
 
 
 def _remove_when(cluster, node, ready) -> threading.Thread:
@@ -82,6 +107,7 @@ def main() -> None:
     facts: dict = {}
     server = start_server(Settings(store=args.store, server_dir=args.server_dir, ray_address=cluster.address, port=0,
                                    shard_rows=8, capture_batch_size=8, resume_on_start=False))
+    _until_tasks_reach_every_node()
     try:
         with Client(f"127.0.0.1:{server.port}") as client:
             client.register_model(args.model, name="bert")
