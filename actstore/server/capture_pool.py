@@ -84,7 +84,7 @@ class CapturePool:
         for _ in range(PLACEMENT_TRIES):
             try:
                 placed = ray.get([actor.node_id.remote() for actor in actors], timeout=REPLICA_START_SECONDS)
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            except ray.exceptions.RayError:  # GetTimeoutError included: left for the job to report
                 return
             alive = {node for node, _ in cluster.cpu_nodes()}
             astray = [i for i, (node, want) in enumerate(zip(placed, wanted)) if node != want and want in alive]
