@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # BLAS syrk that accumulates in place (scipy ships with the server's dependencies)
+try:  # BLAS that reads or updates one triangle in place (scipy ships with the server's dependencies)
+    from scipy.linalg.blas import dsymm as _dsymm
+    from scipy.linalg.blas import dsyr2 as _dsyr2
     from scipy.linalg.blas import dsyrk as _dsyrk
 except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
-    _dsyrk = None
+    _dsymm = _dsyr2 = _dsyrk = None
 
 
 def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
@@ -150,11 +152,14 @@ def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
 class SymmetricSum:
     """A running float64 `S = sum over chunks of X^T X` (size x size), on the host or a device.
 
-    Host (`device=None`): only the upper triangle is updated, in place by one BLAS dsyrk (half a
-    GEMM's FLOPs and no size x size temporary); `matrix()` mirrors it onto the lower one. Device:
-    S lives there as a float64 tensor, updated in place by `addmm_`, and the chunk is upcast there
-    too. `matrix()` and pickling (how Ray returns a task's result) bring S home as numpy, so a
-    device never leaves the task that used it; `add` on a device uploads it again.
+    Host (`device=None`): only the upper triangle is kept current, updated in place by BLAS
+    (dsyrk for `add`, dsyr2 for `add_rank2`: no size x size temporary, half a GEMM's FLOPs), and
+    read by `times` (dsymm) and `block_square_sums` without mirroring; `matrix()` mirrors it onto
+    the lower one for readers of the full matrix. Device: S lives there as a float64 tensor,
+    updated in place by `addmm_`, and the chunk is upcast there too. `matrix()` and pickling (how
+    Ray returns a task's result) bring S home as numpy, so a device never leaves the task that
+    used it; `add` on a device uploads it again. Pickling keeps the upper-only form: a state
+    that arrives as a read-only buffer is only read (`merge` adds its upper triangle).
     """
 
     def __init__(self, size: int) -> None:
@@ -166,12 +171,17 @@ class SymmetricSum:
     def nbytes(self) -> int:
         return self._host.nbytes
 
+    def _home(self) -> np.ndarray:
+        """S on the host with a current upper triangle (the lower one may be stale)."""
+        if self._on_device is not None:
+            self._host = self._on_device.cpu().numpy()
+            self._on_device = None
+        return self._host
+
     def add(self, rows: np.ndarray, device: str | None = None) -> None:
         """`S += rows^T rows` for a 2-D float array of `size` columns (upcast before the product)."""
         if device is None:
-            if self._on_device is not None:
-                self.matrix()
-            if _add_syrk_upper(self._host, rows.astype(np.float64, copy=False)):
+            if _add_syrk_upper(self._home(), rows.astype(np.float64, copy=False)):
                 self._upper_only = True
             return
         ops = array_ops(device)
@@ -182,21 +192,59 @@ class SymmetricSum:
         chunk = ops.float64_copy(ops.upload(rows))
         self._on_device.addmm_(chunk.T, chunk)
 
+    def add_rank2(self, x: np.ndarray, y: np.ndarray) -> None:
+        """`S += x y^T + y x^T` in place (x, y float64 vectors of `size`)."""
+        host = self._home()
+        if _dsyr2 is None or not host.flags.c_contiguous:
+            matrix = self.matrix()
+            matrix += np.outer(x, y)
+            matrix += np.outer(y, x)
+            return
+        # host.T is the Fortran-ordered view of the same memory; its lower triangle is host's upper one
+        result = _dsyr2(1.0, x, y, lower=1, a=host.T, overwrite_a=1)
+        if not np.shares_memory(result, host):  # pragma: no cover - f2py had to copy
+            host[...] = result.T
+        self._upper_only = True
+
+    def times(self, matrix: np.ndarray) -> np.ndarray:
+        """`S @ matrix` for a float64 (size, k) `matrix`, reading only S's upper triangle."""
+        host = self._home()
+        if _dsymm is None or not host.flags.c_contiguous:
+            return self.matrix() @ matrix
+        return _dsymm(1.0, host.T, np.asfortranarray(matrix), side=0, lower=1)
+
+    def block_square_sums(self, widths: tuple[int, ...]) -> np.ndarray:
+        """`||S_bb'||_F^2` of every pair of diagonal-aligned blocks of the given widths (B x B),
+        from the upper triangle alone: an off-diagonal block lies wholly in it, and a diagonal
+        block's squares are twice its strict upper triangle's plus its diagonal's."""
+        host = self._home()
+        edges = np.concatenate(([0], np.cumsum(widths)))
+        sums = np.empty((len(widths), len(widths)))
+        for a in range(len(widths)):
+            diagonal = host[edges[a]:edges[a + 1], edges[a]:edges[a + 1]]
+            upper = np.triu(diagonal, 1)
+            sums[a, a] = 2 * np.vdot(upper, upper) + np.vdot(np.diag(diagonal), np.diag(diagonal))
+            for b in range(a + 1, len(widths)):
+                block = host[edges[a]:edges[a + 1], edges[b]:edges[b + 1]]
+                sums[a, b] = sums[b, a] = np.einsum("ij,ij->", block, block)
+        return sums
+
     def merge(self, other: SymmetricSum) -> None:
-        """`S += S_other`, on the host (`other` is only read)."""
-        total = self.matrix()
-        total += other.matrix()
+        """`S += S_other`, on the host (`other` is only read). Upper triangles add; the sum's lower
+        one is stale until `matrix()`."""
+        self._home()[...] += other._home()
+        self._upper_only = True
 
     def matrix(self) -> np.ndarray:
         """S as a full symmetric host array (the state itself: edits to it are edits to S)."""
-        if self._on_device is not None:
-            self._host = self._on_device.cpu().numpy()
-            self._on_device = None
+        host = self._home()
         if self._upper_only:
-            _mirror_upper(self._host)
+            if not host.flags.writeable:  # a state as Ray handed it over: mirror a copy
+                host = self._host = host.copy()
+            _mirror_upper(host)
             self._upper_only = False
-        return self._host
+        return host
 
     def __getstate__(self) -> dict:
-        self.matrix()
+        self._home()
         return self.__dict__.copy()

@@ -31,9 +31,9 @@ class FeatureMoments:
     `norm_products` AA_bb' = sum_i a_i^(b) a_i^(b').
     Memory O(D^2) with D = sum of the widths, whatever n.
 
-    G is a `SymmetricSum`: `add_rows` adds to it on the host (BLAS syrk) or on `device`, and
-    every reader of the full G (`move_shift`, hence `absorb` and `pairwise_statistics`) takes it
-    home first (`SymmetricSum.matrix`).
+    G is a `SymmetricSum`: `add_blocks` adds to it on the host (BLAS syrk) or on `device`;
+    `move_shift` (hence `absorb` and `centred`) and `pairwise_statistics` read and update its
+    upper triangle in place on the host, never a D x D temporary.
     """
 
     widths: tuple[int, ...]
@@ -72,12 +72,22 @@ class FeatureMoments:
         )
         return sum(array.nbytes for array in arrays)
 
-    def add_rows(self, rows: np.ndarray) -> None:
+    def add_blocks(self, blocks: list[np.ndarray]) -> None:
+        """Add one chunk: `blocks[b]` is block b's rows (float16/32/64, equal rows), stacked in order.
+
+        Each block is upcast and shifted in one pass into a float64 buffer of the stacked rows (no
+        separate upcast, concatenation and shifted copies), then every moment is formed from it."""
+        widths = [block.shape[1] for block in blocks]
+        starts = np.concatenate(([0], np.cumsum(widths)))
         if self.n == 0:
             # Any shift is exact; one near the data keeps the sums centred (METRICS.md numerics).
-            self.shift = rows.mean(axis=0)
-        shifted = rows - self.shift
-        norms = block_sums(shifted * shifted, self.widths, axis=1)
+            self.shift = np.concatenate([block.mean(axis=0, dtype=np.float64) for block in blocks])
+        shifted = np.empty((len(blocks[0]), starts[-1]))
+        norms = np.empty((len(shifted), len(blocks)))
+        for b, block in enumerate(blocks):
+            part = shifted[:, starts[b]:starts[b + 1]]
+            np.subtract(block, self.shift[starts[b]:starts[b + 1]], out=part, dtype=np.float64)
+            np.einsum("ij,ij->i", part, part, out=norms[:, b])
         self.n += len(shifted)
         self.row_sum += shifted.sum(axis=0)
         self.cross_products.add(shifted, self.device)
@@ -95,14 +105,15 @@ class FeatureMoments:
         `AA' = AA - 2(AP + AP^T) + 4 PP + (A - 2P) e^T + e (A - 2P)^T + n e e^T`
         with `AP_bb' = sum a^(b) p^(b')` and `PP_bb' = sum p^(b) p^(b')`.
         """
-        gram = self.cross_products.matrix()
         delta = new_shift - self.shift
+        if not delta.any():  # partial states of one shift (or a move to where it is) add as they are
+            return
         block_of_column = np.repeat(np.arange(len(self.widths)), self.widths)
         # Column b of delta_blocks holds δ^(b) in block b's rows and zeros elsewhere, so that
         # u_i @ delta_blocks = p_i for all blocks at once.
         delta_blocks = np.zeros((len(delta), len(self.widths)))
         delta_blocks[np.arange(len(delta)), block_of_column] = delta
-        projection_weighted_sum = (gram @ delta_blocks).T
+        projection_weighted_sum = self.cross_products.times(delta_blocks).T
         projection_sum = self.row_sum @ delta_blocks
         projection_products = delta_blocks.T @ projection_weighted_sum.T
         norm_projection_products = self.norm_weighted_sum @ delta_blocks
@@ -123,11 +134,9 @@ class FeatureMoments:
             - np.outer(new_norm_sum, delta)
         )
         self.norm_sum = new_norm_sum
-        # G - Sδ^T - δS^T + nδδ^T = G + wδ^T + δw^T with w = nδ/2 - S: two rank-1 updates in
-        # place, so the only D x D temporary is one outer product.
-        half_correction = self.n / 2 * delta - self.row_sum
-        gram += np.outer(half_correction, delta)
-        gram += np.outer(delta, half_correction)
+        # G - Sδ^T - δS^T + nδδ^T = G + wδ^T + δw^T with w = nδ/2 - S: one symmetric rank-2
+        # update in place (BLAS dsyr2 on the upper triangle), no D x D temporary.
+        self.cross_products.add_rank2(self.n / 2 * delta - self.row_sum, delta)
         self.row_sum -= self.n * delta
         self.shift = self.shift + delta
 
@@ -156,9 +165,7 @@ class FeatureMoments:
         `s_b` and `AA` holds `r_b^T r_b'` (METRICS.md feature-space form).
         """
         centred = self.centred()
-        squares = centred.cross_products.matrix()
-        squares *= squares
-        cross_sq = block_sums(block_sums(squares, self.widths, axis=0), self.widths, axis=1)
+        cross_sq = centred.cross_products.block_square_sums(self.widths)
         if not with_hsic:
             return cross_sq, None
         hsic = hsic_u_from_moments(

@@ -112,9 +112,9 @@ class MomentMeasures:
         return self._moments.nbytes
 
     def update(self, blocks: Sequence[np.ndarray]) -> None:
-        matrices = validated_blocks(blocks, self.block_widths)
+        matrices = validated_blocks(blocks, self.block_widths, upcast=False)
         if len(matrices[0]):
-            self._moments.add_rows(np.concatenate(matrices, axis=1))
+            self._moments.add_blocks(matrices)
 
     def merge(self, other: MomentMeasures) -> MomentMeasures:
         if other.block_widths != self.block_widths:

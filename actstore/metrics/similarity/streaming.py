@@ -172,9 +172,14 @@ class SimilarityAccumulator:
 
     def update(self, blocks: Sequence[np.ndarray]) -> None:
         """Add one chunk: `blocks[b]` has shape (rows, block_widths[b]), rows = the same samples."""
-        # Gram mode keeps float16/float32 rows as they are (exact; upcast before any product).
-        matrices = validated_blocks(blocks, self.block_widths, upcast=self.mode == "feature")
-        if len(matrices[0]):
+        # float16/float32 rows come as they are (exact): feature mode upcasts them as it shifts
+        # them, gram mode keeps them (upcast before any product).
+        matrices = validated_blocks(blocks, self.block_widths, upcast=False)
+        if not len(matrices[0]):
+            return
+        if self.mode == "feature":
+            self._state.add_blocks(matrices)
+        else:
             self._state.add_rows(np.concatenate(matrices, axis=1))
 
     def merge(self, other: SimilarityAccumulator) -> SimilarityAccumulator:
