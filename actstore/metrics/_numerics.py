@@ -163,16 +163,20 @@ class SymmetricSum:
     """
 
     def __init__(self, size: int) -> None:
-        self._host = np.zeros((size, size))
+        self.size = size
+        # allocated at first use: an empty sum sent to a map task pickles to a few bytes, not size^2
+        self._host: np.ndarray | None = None
         self._upper_only = False
         self._on_device = None
 
     @property
     def nbytes(self) -> int:
-        return self._host.nbytes
+        return 8 * self.size * self.size
 
     def _home(self) -> np.ndarray:
         """S on the host with a current upper triangle (the lower one may be stale)."""
+        if self._host is None and self._on_device is None:
+            self._host = np.zeros((self.size, self.size))
         if self._on_device is not None:
             self._host = self._on_device.cpu().numpy()
             self._on_device = None
@@ -246,5 +250,6 @@ class SymmetricSum:
         return host
 
     def __getstate__(self) -> dict:
-        self._home()
+        if self._on_device is not None:
+            self._home()
         return self.__dict__.copy()
