@@ -39,7 +39,11 @@ def ensure_ray(address: str | None = None) -> None:
         else:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            # "local": always a new cluster. Without an address, ray.init attaches to whatever
+            # `ray start` (or ray.cluster_utils) last recorded in /tmp/ray/ray_current_cluster,
+            # and waits on it even after that cluster is gone.
             ray.init(
+                address="local",
                 _node_ip_address="127.0.0.1",
                 include_dashboard=False,
                 log_to_driver=False,

@@ -1,13 +1,17 @@
 """The local Ray cluster of `workers/cluster.ensure_ray`: its tasks run in the workers Ray prestarts
-(no process starts inside a first job), and those workers see `WORKER_ENV`."""
+(no process starts inside a first job), those workers see `WORKER_ENV`, and it is a new cluster even
+where `ray start` left the address of a cluster that is gone."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 from actstore.workers.cluster import WORKER_ENV
 
@@ -47,9 +51,18 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_tasks_run_in_the_prestarted_workers_with_the_worker_env():
-    # a fresh cluster in its own process, with none of WORKER_ENV inherited from the tests
+    # a fresh cluster in its own process, with none of WORKER_ENV inherited from the tests, and a
+    # Ray temp dir (short: Ray's socket paths must fit 107 bytes) whose current-cluster file names a
+    # dead address, as `ray start` or ray.cluster_utils leave it: ray.init() alone would wait on it
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
     env = {name: value for name, value in os.environ.items() if name not in WORKER_ENV and name != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, "-c", SCRIPT], env={**env, "RAY_TMPDIR": str(ray_tmp)},
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(found["prestarted"]) == found["cpus"]
