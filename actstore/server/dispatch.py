@@ -18,6 +18,7 @@ add work to gRPC's one polling thread on every cached answer.
 from __future__ import annotations
 
 import contextvars
+import logging
 import re
 import threading
 from collections import Counter, deque
@@ -28,6 +29,8 @@ import ray
 
 from actstore.errors import ActStoreError, Cancelled
 from actstore.workers import cluster
+
+log = logging.getLogger(__name__)
 
 WAIT_SECONDS = 0.5
 
@@ -122,6 +125,8 @@ def run_windowed(
             if tries[item] >= retries or not worker_lost(ref):
                 raise
             tries[item] += 1
+            log.warning("a task of %r was lost with its worker; submitting it again (%d of %d)", item, tries[item],
+                        retries)
             queue.appendleft(item)
 
     while queue or pending:
