@@ -222,9 +222,8 @@ class CaptureJobs:
         try:
             complete = fill_shards(
                 self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
-                lambda shards, keys: actors[shards[0] % len(actors)].capture.remote(plan, shards, keys),
-                in_flight * len(actors), "a capture worker failed", "capture",
-                shards_per_task(layout, self.settings.capture_batch_size))
+                ReplicaRouter(actors, plan), in_flight * len(actors), "a capture worker failed", "capture",
+                shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors))
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
@@ -232,6 +231,26 @@ class CaptureJobs:
             raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
         for o in opened:
             commit(self.catalog, self.arrays, o.record)
+
+
+class ReplicaRouter:
+    """Deals a capture's tasks over its replicas, a task's first shard picking its replica. The
+    dispatcher sends a task again only when its replica was lost (a node left, the actor died), so
+    a task seen again marks the replica it went to as lost, and it and every later task go to the
+    replicas not lost. When all are lost, tasks go where they first went, and fail saying why."""
+
+    def __init__(self, actors: list, plan: CapturePlan) -> None:
+        self.actors = actors
+        self.plan = plan
+        self.sent: dict[tuple[int, ...], int] = {}
+        self.lost: set[int] = set()
+
+    def __call__(self, shards: tuple[int, ...], keys: tuple[str, ...]) -> ray.ObjectRef:
+        if shards in self.sent:
+            self.lost.add(self.sent[shards])
+        live = [i for i in range(len(self.actors)) if i not in self.lost] or range(len(self.actors))
+        replica = self.sent[shards] = live[shards[0] % len(live)]
+        return self.actors[replica].capture.remote(self.plan, shards, keys)
 
 
 def shards_per_task(layout: RunLayout, batch_size: int) -> int:
@@ -248,14 +267,16 @@ def shards_per_task(layout: RunLayout, batch_size: int) -> int:
 
 
 def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
-                recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1) -> bool:
+                recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1,
+                retries: int = 0) -> bool:
     """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
     the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each task's
     shards as it finishes, at most ``width`` tasks in flight. ``submit(shards, keys)`` is the ref
     of a task that writes the consecutive ``shards`` (at most ``per_task``) of the runs ``keys``
     (those that lack them) and returns their chunk rows, one table per shard and run. False when
     the job was cancelled; a failure marks the runs failed (their stored shards stay: submitting
-    the same request again resumes them)."""
+    the same request again resumes them). A task whose worker was lost is submitted again, up to
+    ``retries`` times (``run_windowed``); its shards are recorded once, when one attempt returns."""
     missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
     needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
     tasks: list[tuple[int, ...]] = []
@@ -271,8 +292,10 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
 
     def collect(shards: tuple[int, ...], ref) -> None:
         nonlocal done
+        lost = f"shard {shards[0]}" if len(shards) == 1 else f"shards {shards[0]}-{shards[-1]}"
         tables = get_or_raise(ref, lambda cause: Unavailable(
-            f"{failure}: {cause}; the shards stored so far are kept: submit the {what} again to resume"))
+            f"{failure} ({lost} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
+            f"submit the {what} again to resume"))
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
             catalog.record_shard(pa.table({column: [cell for rows in tables for cell in rows[column]]
                                            for column in tables[0]}))
@@ -281,7 +304,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
 
     try:
         return run_windowed(tasks, lambda shards: submit(shards, needs[shards[0]]), width, collect,
-                            job.cancel_requested)
+                            job.cancel_requested, retries=retries)
     except ActStoreError as exc:
         # the runs say so (not `running` forever)
         if not isinstance(exc, Cancelled):

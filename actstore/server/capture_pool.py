@@ -5,11 +5,16 @@ outlive a job and serve the next capture of the same model. Idle replicas are re
 `actor_idle_seconds`; on a GPU cluster, idle replicas of other models are released first, so a
 new model gets a GPU. CPU replicas reserve no logical CPU: metric tasks can always be scheduled
 beside an idle replica.
+
+A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
+restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
+replica is started afresh, by the same placement rule over the nodes alive now.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,6 +25,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 
+log = logging.getLogger(__name__)
+
 PLACEMENT_TRIES = 3  # rounds of restarting replicas that Ray placed off their node
 REPLICA_START_SECONDS = 300  # a replica loads its model before it answers where it runs
 
@@ -27,6 +34,7 @@ REPLICA_START_SECONDS = 300  # a replica loads its model before it answers where
 @dataclass
 class _Replicas:
     actors: list
+    placed: list  # each replica's node_id() ref, asked once it started: the node it was placed on
     busy: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
@@ -49,6 +57,12 @@ class CapturePool:
     def acquire(self, digest: str, model_path: str) -> list:
         with self._lock:
             entry = self._pool.get(digest)
+            lost = self._lost(digest, entry) if entry is not None else []
+            if any(lost) and entry.busy == 0:
+                log.info("capture replicas of model %s: %d of %d lost (died, or their node left); starting "
+                         "them afresh", digest[:12], sum(lost), len(lost))
+                self._kill(digest)
+                entry = None
             if entry is None:
                 gpus = cluster.cluster_gpus()
                 if gpus:
@@ -58,17 +72,36 @@ class CapturePool:
                           for i, (resources, threads) in enumerate(placements)]
                 if not gpus:
                     self._correct_placement(digest, model_path, actors, placements)
-                entry = self._pool[digest] = _Replicas(actors)
+                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors])
+                lost = [False] * len(actors)
             entry.busy += 1
-            return list(entry.actors)
+            # in use by another job, the lost ones stay until it ends (its retries go around them)
+            return [actor for actor, gone in zip(entry.actors, lost) if not gone] or list(entry.actors)
+
+    def _lost(self, digest: str, entry: _Replicas) -> list[bool]:
+        """Which replicas are lost: dead (their name is free again), or placed on a node that is no
+        longer alive. A replica still loading its model is not judged yet."""
+        names = set(ray.util.list_named_actors())
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        answered, _ = ray.wait(entry.placed, num_returns=len(entry.placed), timeout=0)
+        lost = []
+        for replica, ref in enumerate(entry.placed):
+            try:
+                gone = ref in answered and ray.get(ref) not in alive
+            except ray.exceptions.RayError:  # it died before answering
+                gone = True
+            lost.append(gone or self.actor_name(digest, replica) not in names)
+        return lost
 
     def _start(self, digest: str, replica: int, model_path: str, resources: dict, threads: int | None):
         from actstore.workers.capture import ShardCapturer
 
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
+        name = self.actor_name(digest, replica)
+        self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
         return ray.remote(ShardCapturer).options(
-            name=self.actor_name(digest, replica), max_restarts=2, max_task_retries=2,
+            name=name, max_restarts=2, max_task_retries=2,
             max_concurrency=self.concurrent_shards, **resources,
         ).remote(model_path, self.store, threads)
 
@@ -93,7 +126,6 @@ class CapturePool:
             for i in astray:
                 ray.kill(actors[i], no_restart=True)
             for i in astray:
-                self._await_name_free(self.actor_name(digest, i))
                 resources, threads = placements[i]
                 actors[i] = self._start(digest, i, model_path, resources, threads)
 

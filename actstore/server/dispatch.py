@@ -4,6 +4,10 @@ A bounded window of tasks is in flight at a time, so cancelling means submitting
 ``ray.cancel`` racing a finishing task can crash the driver), a warm replica is free again soon,
 and the results of the tasks already running are still collected before the caller stops.
 
+A task lost with its worker (its replica or node died) can be submitted again, a bounded number of
+times (``retries``): a task writes whole, idempotent results and its result is collected once, so
+a retry costs only time. An error the task raised itself is never retried.
+
 A query's tasks belong to the gRPC call that asked for it: ``call_active`` is the call's own
 ``is_active`` (the interceptor sets it for each call; it turns false when the deadline passed or
 the client cancelled), and ``gather`` cancels the outstanding tasks then instead of waiting for an
@@ -14,9 +18,10 @@ add work to gRPC's one polling thread on every cached answer.
 from __future__ import annotations
 
 import contextvars
+import logging
 import re
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -25,7 +30,14 @@ import ray
 from actstore.errors import ActStoreError, Cancelled
 from actstore.workers import cluster
 
+log = logging.getLogger(__name__)
+
 WAIT_SECONDS = 0.5
+
+# Ray's errors for a task whose worker went away (an actor died, restarting or unplaceable, its
+# node died, its process crashed, its result lost with its node): not an error of the task's own
+LOST_WORKER = (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError, ray.exceptions.NodeDiedError,
+               ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError)
 
 call_active: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("call_active", default=None)
 
@@ -74,6 +86,16 @@ def brief(exc: BaseException) -> RuntimeError:
     return RuntimeError(lines[-1][:500] if lines else type(exc).__name__)
 
 
+def worker_lost(ref: ray.ObjectRef) -> bool:
+    """Whether a finished task failed because its worker went away (`LOST_WORKER`), rather than
+    with an error it raised itself (a RayTaskError, whatever its cause)."""
+    try:
+        ray.get(ref)
+    except Exception as exc:
+        return isinstance(exc, LOST_WORKER) and not isinstance(exc, ray.exceptions.RayTaskError)
+    return False
+
+
 def run_windowed(
     items: Iterable[Any],
     submit: Callable[[Any], ray.ObjectRef],
@@ -81,13 +103,32 @@ def run_windowed(
     collect: Callable[[Any, ray.ObjectRef], None],
     cancelled: threading.Event,
     tick: Callable[[], None] | None = None,
+    retries: int = 0,
 ) -> bool:
     """Submit ``submit(item)`` for every item with at most ``width`` in flight; ``collect(item,
     ref)`` each as it finishes. ``tick`` runs about every ``WAIT_SECONDS`` while tasks are in
     flight. Returns True when every item was collected, False when ``cancelled`` was set (after
-    collecting what was in flight)."""
+    collecting what was in flight).
+
+    When ``collect`` raises for a task whose worker was lost (`worker_lost`), the item is
+    submitted again, up to ``retries`` times (then the error stands): ``submit`` sees an item a
+    second time only then, and should send it elsewhere."""
     queue = deque(items)
     pending: dict[ray.ObjectRef, Any] = {}
+    tries: Counter = Counter()
+
+    def settle(ref: ray.ObjectRef) -> None:
+        item = pending.pop(ref)
+        try:
+            collect(item, ref)
+        except Exception:
+            if tries[item] >= retries or not worker_lost(ref):
+                raise
+            tries[item] += 1
+            log.warning("a task of %r was lost with its worker; submitting it again (%d of %d)", item, tries[item],
+                        retries)
+            queue.appendleft(item)
+
     while queue or pending:
         while queue and len(pending) < width:
             item = queue.popleft()
@@ -96,10 +137,10 @@ def run_windowed(
         if cancelled.is_set():
             ready, _ = ray.wait(list(pending), num_returns=len(pending))
             for ref in ready:
-                collect(pending.pop(ref), ref)
+                settle(ref)
             return False
         for ref in ready:
-            collect(pending.pop(ref), ref)
+            settle(ref)
         if tick is not None:
             tick()
     return True

@@ -1,0 +1,71 @@
+"""The windowed dispatcher with real Ray actors: a task lost with its worker is submitted again
+(a bounded number of times), an error the task raised itself never is."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+
+from actstore.errors import InvalidArgument
+from actstore.server.dispatch import gather, run_windowed
+
+
+@ray.remote(num_cpus=0)
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, item: int, fail: bool = False) -> int:
+        self.calls += 1
+        if fail:
+            raise InvalidArgument(f"item {item} is bad")
+        return item * 10
+
+    def count(self) -> int:
+        return self.calls
+
+
+def _dead_and_alive() -> tuple:
+    dead, alive = Counter.remote(), Counter.remote()
+    ray.get([dead.count.remote(), alive.count.remote()])
+    ray.kill(dead, no_restart=True)
+    return dead, alive
+
+
+def test_a_task_lost_with_its_worker_goes_elsewhere_and_is_collected_once(ray_cluster):
+    dead, alive = _dead_and_alive()
+    sent: list[int] = []
+
+    def submit(item: int):  # first to the dead worker, then (sent again: it was lost) to the live one
+        worker = alive if item in sent else dead
+        sent.append(item)
+        return worker.run.remote(item)
+
+    collected: list[tuple[int, int]] = []
+    assert run_windowed(range(4), submit, 2, lambda item, ref: collected.append((item, gather(ref))),
+                        threading.Event(), retries=1)
+    assert sorted(collected) == [(0, 0), (1, 10), (2, 20), (3, 30)]
+    assert sorted(sent) == [0, 0, 1, 1, 2, 2, 3, 3] and ray.get(alive.count.remote()) == 4
+
+
+def test_retries_are_bounded_and_the_loss_is_raised(ray_cluster):
+    dead, _ = _dead_and_alive()
+    sent: list[int] = []
+
+    def submit(item: int):
+        sent.append(item)
+        return dead.run.remote(item)
+
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        run_windowed([7], submit, 1, lambda item, ref: gather(ref), threading.Event(), retries=2)
+    assert sent == [7, 7, 7]
+
+
+def test_an_error_the_task_raised_itself_is_not_retried(ray_cluster):
+    worker = Counter.remote()
+    with pytest.raises(InvalidArgument, match="item 3 is bad"):
+        run_windowed([3], lambda item: worker.run.remote(item, fail=True), 1, lambda item, ref: gather(ref),
+                     threading.Event(), retries=3)
+    assert ray.get(worker.count.remote()) == 1
