@@ -15,6 +15,12 @@ bytes itself (one PUT or GET per object, through the zarr store interface) and c
     written here and this reads what zarr wrote (tests/store/test_codecs.py checks both, byte for
     byte), including inner chunks zarr left out because they held only the fill value.
 
+A shard may also carry a ``trailer``: bytes between its inner chunks and its index, which no
+index entry points at, so zarr reads the shard as if they were not there (the sharding spec lets
+a shard hold unreferenced bytes: its append-only writers leave them). ``FixedBlock`` codes such
+bytes: a block of values of a fixed shape, as an uncompressed zarr chunk with a crc32c, so it is
+always as long and lies at a known distance from the object's end.
+
 The shard layout comes from zarr's private sharding helpers (``_ShardIndex``, the codec's
 ``_get_chunk_spec`` and the like, as of zarr 3.1): a zarr release that changes them fails those
 tests, not silently.
@@ -23,13 +29,16 @@ tests, not silently.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation, _ShardIndex
-from zarr.core.array_spec import ArraySpec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.dtype import parse_data_type
 from zarr.core.indexing import morton_order_iter
 
 
@@ -61,14 +70,50 @@ class _Pipeline:
         return data.as_numpy_array()
 
 
+class FixedBlock:
+    """Values of one shape and dtype coded as a chunk of an uncompressed zarr array with a crc32c
+    (codecs ``bytes``, little-endian, then ``crc32c``): always ``nbytes`` long."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.codecs = (BytesCodec(endian="little"), Crc32cCodec())
+        spec = ArraySpec(shape=shape, dtype=parse_data_type(dtype, zarr_format=3), fill_value=0,
+                         config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+        self._pipeline = _Pipeline(self.codecs, spec)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize + 4  # the values, then their crc32c
+
+    @classmethod
+    @lru_cache(maxsize=64)
+    def of(cls, shape: tuple[int, ...], dtype: str) -> FixedBlock:
+        """The block of ``shape`` and ``dtype``, made once (resolving the codecs' specs is not free)."""
+        return cls(shape, dtype)
+
+    def describe(self) -> dict:
+        """The block in zarr's own terms (what an array's metadata says of its chunks)."""
+        return {"shape": list(self.shape), "data_type": self.dtype.name,
+                "codecs": [codec.to_dict() for codec in self.codecs]}
+
+    def encode(self, values: np.ndarray) -> Buffer:
+        return self._pipeline.encode(np.ascontiguousarray(values, dtype=self.dtype).reshape(self.shape))
+
+    def decode(self, data: Buffer) -> np.ndarray:
+        """The values (zarr's ValueError for a failed crc32c; a ValueError too for a block of the
+        wrong length)."""
+        if len(data) != self.nbytes:
+            raise ValueError(f"a block of {len(data)} bytes, not {self.nbytes}")
+        return self._pipeline.decode(data).view(self.dtype).reshape(self.shape)
+
+
 class ChunkCodec:
     """The objects of one zarr array: ``key(coords)`` names one, ``encode`` makes its bytes from
     its values, ``decode`` turns them back. A sharded array's shard also reads in parts: its
-    ``index`` (the last ``index_size`` bytes), then single inner chunks (``decode_inner``)."""
+    ``index`` (the last ``index_size`` bytes), then single inner chunks (``decode_inner``).
+    ``attributes`` are the array's user attributes, as its metadata holds them."""
 
     def __init__(self, array: zarr.Array) -> None:
         metadata = array.metadata
         self.path = array.path
+        self.attributes = dict(metadata.attributes)
         self.shape = tuple(metadata.chunk_grid.chunk_shape)  # of one object: the shard where sharded
         self.fill_value = metadata.fill_value
         self.dtype = metadata.dtype.to_native_dtype()
@@ -102,11 +147,14 @@ class ChunkCodec:
         full[tuple(slice(0, s) for s in values.shape)] = values
         return full
 
-    def encode(self, values: np.ndarray) -> Buffer:
+    def encode(self, values: np.ndarray, trailer: Buffer | None = None) -> Buffer:
         """The bytes of one object holding ``values`` (every inner chunk of a shard is written,
-        also one of only fill values: a written shard always exists as an object)."""
+        also one of only fill values: a written shard always exists as an object), and a shard's
+        ``trailer`` after its inner chunks, before its index (see the module's docstring)."""
         values = self.padded(values)
         if self.sharding is None:
+            if trailer is not None:
+                raise TypeError("only a shard carries a trailer")
             return self._chunk.encode(values)
         index = _ShardIndex.create_empty(self.per_shard)
         parts, offset = [], 0
@@ -115,6 +163,8 @@ class ChunkCodec:
             parts.append(encoded)
             index.set_chunk_slice(coords, slice(offset, offset + len(encoded)))
             offset += len(encoded)
+        if trailer is not None:
+            parts.append(trailer)
         parts.append(self._index.encode(index.offsets_and_lengths))
         return parts[0].combine(parts[1:])
 
