@@ -246,9 +246,13 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         for shard, shard_parts in zip(shards, parts):
             lo, hi = layout.shard_range(shard)
             a, b = max(lo, start), min(hi, stop)
+            whole_chunk = (a, b) == (lo, lo + layout.shard_rows)  # decoded in place, not copied there
             for i, (layer, part) in enumerate(zip(layers, shard_parts)):
                 try:
-                    out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
+                    if whole_chunk:
+                        codec.decode_inner_into(part, out[i, a - start:b - start, None])
+                    else:
+                        out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
                     raise damaged(run_key, layout.array_name, _why(exc), shard=shard, layer=layer,
                                   rows=(lo, hi)) from None

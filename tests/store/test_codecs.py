@@ -147,3 +147,35 @@ def test_a_fixed_block_is_a_checksummed_zarr_chunk_of_fixed_size(store):
         block.decode(prototype.buffer.from_bytes(bytes(data)))
     with pytest.raises(ValueError, match="not"):
         block.decode(prototype.buffer.from_bytes(bytes(data[:-8])))
+
+
+@pytest.mark.parametrize("codecs", [[Crc32cCodec()], [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")], []],
+                         ids=["crc32c only", "Blosc without crc32c", "no codecs"])
+def test_other_codec_chains_code_as_zarr_does(store, codecs):
+    array = zarr.create_array(store, name="other", shape=(ROWS, STATES, WIDTH), chunks=(ROWS, 1, WIDTH),
+                              shards=(ROWS, STATES, WIDTH), dtype="float32", compressors=codecs, fill_value=0)
+    codec = ChunkCodec(array)
+    shard = values(dtype="float32")
+    array[:] = shard
+    data = store._store_dict["other/c/0/0/0"]
+    assert codec.encode(shard).to_bytes() == data.to_bytes()
+    index = codec.index(data[len(data) - codec.index_size:])
+    for layer in range(STATES):
+        start, stop = codec.chunk_range(index, (0, layer, 0))
+        np.testing.assert_array_equal(codec.decode_inner(data[start:stop])[:, 0], shard[:, layer])
+
+
+def test_a_chunk_decodes_in_place_only_into_an_array_of_its_size(store):
+    codec = ChunkCodec(sharded(store))
+    shard = values()
+    data = codec.encode(shard)
+    index = codec.index(data[len(data) - codec.index_size:])
+    start, stop = codec.chunk_range(index, (0, 1, 0))
+    answer = np.zeros((2, ROWS, WIDTH), np.float16)
+    codec.decode_inner_into(data[start:stop], answer[1, :, None])
+    np.testing.assert_array_equal(answer[1], shard[:, 1])
+    assert not answer[0].any()
+    with pytest.raises(ValueError, match="Blosc frame"):
+        codec.decode_inner_into(data[start:stop], np.empty((ROWS + 1, 1, WIDTH), np.float16))
+    with pytest.raises(ValueError, match="contiguous"):
+        codec.decode_inner_into(data[start:stop], np.empty((ROWS, 2, WIDTH), np.float16)[:, :1])
