@@ -5,14 +5,18 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/tokens      (T, L+1, d)   token-level runs, with
     runs/<run_key>/offsets     (n+1,)        prompt i owns tokens[offsets[i]:offsets[i+1]]
     runs/<run_key>/sample_ids  (n,)  and  labels (n,) where known
-    runs/<run_key>/layer_sums  (shards, L+1, d) float64, one chunk per shard, for the layer means
     runs/<run_key>/means       (L+1, d) float64, written at commit
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
+Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means: after
+its inner chunks, before its index, where zarr does not look (`store.codecs`; the array's
+`layer_sums` attribute describes them). One object per shard, so a shard and its sums are written
+together, in one request. Runs written before keep them in a `layer_sums` array (shards, L+1, d),
+one chunk per shard, and are read and resumed that way.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
-Zarr opens the groups and arrays and codes the side arrays; a shard (and its layer sums and token
-ids) moves as whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of
-one call at once (`store.store_calls`).
+Zarr opens the groups and arrays and codes the side arrays; a shard (and its token ids) moves as
+whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of one call at
+once (`store.store_calls`).
 """
 
 from __future__ import annotations
@@ -32,13 +36,18 @@ from actstore.errors import DataLoss, NotFound
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
-from actstore.store.codecs import ChunkCodec
+from actstore.store.codecs import ChunkCodec, FixedBlock
 from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
 # crc32c is a ValueError; a garbled shard index or Blosc frame can be any of these).
 DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
+# The attribute of a run's activation array that says its shards carry their layer sums, and how.
+SUMS_ATTRIBUTE = "layer_sums"
+SUMS_WHERE = "in each shard object, between its inner chunks and its index"
+# layer sums read at once by `write_means`: 64 shards of a 33 x 4096 model are 69 MB
+SUMS_BATCH = 64
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
@@ -121,14 +130,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             dtype=dtype,
             compressors=self._codecs(dtype.itemsize),
             fill_value=0,
-        )
-        group.create_array(
-            "layer_sums",
-            shape=(layout.num_shards, layout.num_states, layout.width),
-            chunks=(1, layout.num_states, layout.width),
-            dtype="float64",
-            compressors=self._codecs(8),
-            fill_value=0,
+            attributes={SUMS_ATTRIBUTE: {"where": SUMS_WHERE, **sums_block(layout).describe()}},
         )
         # ids as UTF-8 bytes plus offsets: Zarr v3 has no stable string dtype
         encoded = [i.encode() for i in sample_ids]
@@ -181,15 +183,42 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        # whole objects, coded here and PUT together (`store.codecs`): the shard, its layer sums, its
-        # token ids. A known run's existence is not asked first (a round trip per shard): the service
-        # deletes no run while its capture writes, and what a cancelled capture's last tasks write
-        # after a delete lies in a folder without group metadata, which no read takes for a run
-        # (`gc` removes it; `create_run` of the key replaces it)
-        written = {layout.array_name: values, "layer_sums": sums[None], "token_ids": token_ids}
-        self._store({codec.key((shard,) + (0,) * (len(codec.shape) - 1)): codec.encode(part)
-                     for name, part in written.items() if part is not None
-                     for codec in [self._codec(run_key, name)]})
+        # whole objects, coded here and PUT together (`store.codecs`): the shard with its layer sums
+        # (an older run's sums: a chunk of its own), its token ids. A known run's existence is not
+        # asked first (a round trip per shard): the service deletes no run while its capture writes,
+        # and what a cancelled capture's last tasks write after a delete lies in a folder without
+        # group metadata, which no read takes for a run (`gc` removes it; `create_run` of the key
+        # replaces it)
+        codec, block = self._codec(run_key, layout.array_name), self._sums_block(run_key, layout)
+        written = {codec.key((shard, 0, 0)): codec.encode(values, None if block is None else block.encode(sums))}
+        for name, part in (("layer_sums", None if block else sums[None]), ("token_ids", token_ids)):
+            if part is not None:
+                side = self._codec(run_key, name)
+                written[side.key((shard,) + (0,) * (len(side.shape) - 1))] = side.encode(part)
+        self._store(written)
+
+    def _sums_block(self, run_key: str, layout: RunLayout) -> FixedBlock | None:
+        """How the run's shards carry their layer sums (None: a run written before keeps them in
+        its `layer_sums` array)."""
+        if SUMS_ATTRIBUTE not in self._codec(run_key, layout.array_name).attributes:
+            return None
+        return sums_block(layout)
+
+    def _shard_sums(self, run_key: str, layout: RunLayout, shards: range) -> list[np.ndarray]:
+        """The layer sums that the shards' objects carry: the end of each, one GET per shard, all at once."""
+        codec, block = self._codec(run_key, layout.array_name), sums_block(layout)
+        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + codec.index_size))
+                             for shard in shards])
+        sums = []
+        for shard, data in zip(shards, found):
+            if data is None:
+                self.layout(run_key)  # NotFound if the whole run is gone
+                raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
+            try:
+                sums.append(block.decode(data[:block.nbytes]))
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, "layer_sums", _why(exc), shard=shard) from None
+        return sums
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
@@ -217,9 +246,13 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         for shard, shard_parts in zip(shards, parts):
             lo, hi = layout.shard_range(shard)
             a, b = max(lo, start), min(hi, stop)
+            whole_chunk = (a, b) == (lo, lo + layout.shard_rows)  # decoded in place, not copied there
             for i, (layer, part) in enumerate(zip(layers, shard_parts)):
                 try:
-                    out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
+                    if whole_chunk:
+                        codec.decode_inner_into(part, out[i, a - start:b - start, None])
+                    else:
+                        out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
                     raise damaged(run_key, layout.array_name, _why(exc), shard=shard, layer=layer,
                                   rows=(lo, hi)) from None
@@ -244,7 +277,14 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
-        means = self._whole(run_key, group, "layer_sums").sum(axis=0) / layout.rows
+        if self._sums_block(run_key, layout) is None:
+            total = self._whole(run_key, group, "layer_sums").sum(axis=0)
+        else:  # a batch of shards at a time, so memory stays bounded for any run
+            total = np.zeros((layout.num_states, layout.width))
+            for first in range(0, layout.num_shards, SUMS_BATCH):
+                batch = range(first, min(first + SUMS_BATCH, layout.num_shards))
+                total += np.sum(self._shard_sums(run_key, layout, batch), axis=0)
+        means = total / layout.rows
         self._side_array(group, "means", means, overwrite=True)
         return means
 
@@ -311,6 +351,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
 
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
+        """The shard's objects: activations, an older run's layer sums, token ids, kept rows and statistics."""
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
                 f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
@@ -320,6 +361,9 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         return self._exists(self._shard_keys(run_key, shard)[0])
 
     def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
+        layout = self.layout(run_key)
+        if self._sums_block(run_key, layout) is not None:
+            return self._shard_sums(run_key, layout, range(shard, shard + 1))[0]
         if not self._exists(self._shard_keys(run_key, shard)[1]):
             raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
         return self._whole(run_key, self._group(run_key), "layer_sums", shard, shard=shard)
@@ -398,6 +442,11 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
+
+
+def sums_block(layout: RunLayout) -> FixedBlock:
+    """The layer sums a shard object of a run with ``layout`` carries."""
+    return FixedBlock.of((layout.num_states, layout.width), "float64")
 
 
 def _why(exc: BaseException) -> str:

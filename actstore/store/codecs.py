@@ -15,6 +15,18 @@ bytes itself (one PUT or GET per object, through the zarr store interface) and c
     written here and this reads what zarr wrote (tests/store/test_codecs.py checks both, byte for
     byte), including inner chunks zarr left out because they held only the fill value.
 
+A shard may also carry a ``trailer``: bytes between its inner chunks and its index, which no
+index entry points at, so zarr reads the shard as if they were not there (the sharding spec lets
+a shard hold unreferenced bytes: its append-only writers leave them). ``FixedBlock`` codes such
+bytes: a block of values of a fixed shape, as an uncompressed zarr chunk with a crc32c, so it is
+always as long and lies at a known distance from the object's end.
+
+Two steps skip a copy that zarr's codec objects make, with the same bytes (the tests compare):
+a shard's inner chunks take their crc32c apart (zarr's codec appends it to a copy of the chunk)
+and are laid end to end once, into the shard; and a Blosc inner chunk decodes straight into the
+caller's array (numcodecs' Blosc: a Blosc frame carries its own settings; zarr's codec returns a
+new array). On a loaded 2-core machine the copies were a quarter of a shard's coding CPU.
+
 The shard layout comes from zarr's private sharding helpers (``_ShardIndex``, the codec's
 ``_get_chunk_spec`` and the like, as of zarr 3.1): a zarr release that changes them fails those
 tests, not silently.
@@ -22,14 +34,20 @@ tests, not silently.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from functools import lru_cache
 
+import crc32c
 import numpy as np
 import zarr
+from numcodecs.blosc import Blosc
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation, _ShardIndex
-from zarr.core.array_spec import ArraySpec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.dtype import parse_data_type
 from zarr.core.indexing import morton_order_iter
 
 
@@ -48,6 +66,12 @@ class _Pipeline:
         for codec in self.codecs:
             self.specs.append(spec)
             spec = codec.resolve_metadata(spec)
+        self._checksum_last = isinstance(self.codecs[-1], Crc32cCodec)
+        # bytes in this machine's byte order, then Blosc: Blosc's output is the values as they lie
+        # in memory, so a frame decompresses into an array of the chunk's dtype
+        self._blosc_second = (len(self.codecs) >= 2 and isinstance(self.codecs[0], BytesCodec)
+                              and isinstance(self.codecs[1], BloscCodec)
+                              and getattr(self.codecs[0].endian, "value", None) in (None, sys.byteorder))
 
     def encode(self, values: np.ndarray) -> Buffer:
         data = NDBuffer.from_numpy_array(values)
@@ -55,20 +79,84 @@ class _Pipeline:
             data = codec._encode_sync(data, spec)
         return data
 
+    def encode_parts(self, values: np.ndarray) -> list[np.ndarray]:
+        """The bytes ``encode`` makes, as parts to lay end to end: a last crc32c apart from the
+        bytes it covers (little-endian uint32, as zarr's codec writes it)."""
+        if not self._checksum_last:
+            return [self.encode(values).as_numpy_array()]
+        data = NDBuffer.from_numpy_array(values)
+        for codec, spec in zip(self.codecs[:-1], self.specs[:-1]):
+            data = codec._encode_sync(data, spec)
+        covered = data.as_numpy_array()
+        return [covered, np.array([crc32c.crc32c(covered)], dtype="<u4").view(np.uint8)]
+
     def decode(self, data: Buffer) -> np.ndarray:
         for codec, spec in zip(reversed(self.codecs), reversed(self.specs)):
             data = codec._decode_sync(data, spec)
         return data.as_numpy_array()
 
+    def decode_into(self, data: Buffer, out: np.ndarray) -> None:
+        """``decode`` into ``out`` (C-contiguous, the chunk's dtype and size): straight from Blosc
+        where the chain allows, after the checks of the codecs after it (crc32c: zarr's, no copy)."""
+        if not self._blosc_second:
+            out[...] = self.decode(data).reshape(out.shape)
+            return
+        for codec, spec in zip(reversed(self.codecs[2:]), reversed(self.specs[2:])):
+            data = codec._decode_sync(data, spec)
+        frame = data.as_numpy_array()
+        size = int.from_bytes(frame[4:8].tobytes(), "little")  # the Blosc header's uncompressed size
+        if size != out.nbytes:  # Blosc fills a larger destination only in part
+            raise ValueError(f"a Blosc frame of {size} bytes for a chunk of {out.nbytes}")
+        _BLOSC.decode(frame, out)
+
+
+_BLOSC = Blosc()  # decodes any Blosc frame: the frame's header says how it was compressed
+
+
+class FixedBlock:
+    """Values of one shape and dtype coded as a chunk of an uncompressed zarr array with a crc32c
+    (codecs ``bytes``, little-endian, then ``crc32c``): always ``nbytes`` long."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.codecs = (BytesCodec(endian="little"), Crc32cCodec())
+        spec = ArraySpec(shape=shape, dtype=parse_data_type(dtype, zarr_format=3), fill_value=0,
+                         config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+        self._pipeline = _Pipeline(self.codecs, spec)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize + 4  # the values, then their crc32c
+
+    @classmethod
+    @lru_cache(maxsize=64)
+    def of(cls, shape: tuple[int, ...], dtype: str) -> FixedBlock:
+        """The block of ``shape`` and ``dtype``, made once (resolving the codecs' specs is not free)."""
+        return cls(shape, dtype)
+
+    def describe(self) -> dict:
+        """The block in zarr's own terms (what an array's metadata says of its chunks)."""
+        return {"shape": list(self.shape), "data_type": self.dtype.name,
+                "codecs": [codec.to_dict() for codec in self.codecs]}
+
+    def encode(self, values: np.ndarray) -> Buffer:
+        return self._pipeline.encode(np.ascontiguousarray(values, dtype=self.dtype).reshape(self.shape))
+
+    def decode(self, data: Buffer) -> np.ndarray:
+        """The values (zarr's ValueError for a failed crc32c; a ValueError too for a block of the
+        wrong length)."""
+        if len(data) != self.nbytes:
+            raise ValueError(f"a block of {len(data)} bytes, not {self.nbytes}")
+        return self._pipeline.decode(data).view(self.dtype).reshape(self.shape)
+
 
 class ChunkCodec:
     """The objects of one zarr array: ``key(coords)`` names one, ``encode`` makes its bytes from
     its values, ``decode`` turns them back. A sharded array's shard also reads in parts: its
-    ``index`` (the last ``index_size`` bytes), then single inner chunks (``decode_inner``)."""
+    ``index`` (the last ``index_size`` bytes), then single inner chunks (``decode_inner``).
+    ``attributes`` are the array's user attributes, as its metadata holds them."""
 
     def __init__(self, array: zarr.Array) -> None:
         metadata = array.metadata
         self.path = array.path
+        self.attributes = dict(metadata.attributes)
         self.shape = tuple(metadata.chunk_grid.chunk_shape)  # of one object: the shard where sharded
         self.fill_value = metadata.fill_value
         self.dtype = metadata.dtype.to_native_dtype()
@@ -102,21 +190,27 @@ class ChunkCodec:
         full[tuple(slice(0, s) for s in values.shape)] = values
         return full
 
-    def encode(self, values: np.ndarray) -> Buffer:
+    def encode(self, values: np.ndarray, trailer: Buffer | None = None) -> Buffer:
         """The bytes of one object holding ``values`` (every inner chunk of a shard is written,
-        also one of only fill values: a written shard always exists as an object)."""
+        also one of only fill values: a written shard always exists as an object), and a shard's
+        ``trailer`` after its inner chunks, before its index (see the module's docstring)."""
         values = self.padded(values)
         if self.sharding is None:
+            if trailer is not None:
+                raise TypeError("only a shard carries a trailer")
             return self._chunk.encode(values)
         index = _ShardIndex.create_empty(self.per_shard)
         parts, offset = [], 0
         for coords in morton_order_iter(self.per_shard):
-            encoded = self._chunk.encode(values[self._inner(coords)])
-            parts.append(encoded)
-            index.set_chunk_slice(coords, slice(offset, offset + len(encoded)))
-            offset += len(encoded)
-        parts.append(self._index.encode(index.offsets_and_lengths))
-        return parts[0].combine(parts[1:])
+            encoded = self._chunk.encode_parts(values[self._inner(coords)])
+            size = sum(len(part) for part in encoded)
+            parts += encoded
+            index.set_chunk_slice(coords, slice(offset, offset + size))
+            offset += size
+        if trailer is not None:
+            parts.append(trailer.as_numpy_array())
+        parts.append(self._index.encode(index.offsets_and_lengths).as_numpy_array())
+        return default_buffer_prototype().buffer.from_array_like(np.concatenate(parts))  # the one copy
 
     def decode(self, data: Buffer) -> np.ndarray:
         """The whole object's values (zarr's ValueError for a failed crc32c, as for any part)."""
@@ -141,9 +235,17 @@ class ChunkCodec:
 
     def decode_inner(self, data: Buffer | None) -> np.ndarray:
         """One inner chunk of a shard from its bytes (None: the fill value)."""
+        out = np.empty(self.inner_shape, dtype=self.dtype)
+        self.decode_inner_into(data, out)
+        return out
+
+    def decode_inner_into(self, data: Buffer | None, out: np.ndarray) -> None:
+        """``decode_inner`` into ``out``, of the chunk's shape and dtype and C-contiguous (Blosc
+        refuses, with a ValueError, to decode into anything else)."""
         if data is None:
-            return np.full(self.inner_shape, self.fill_value, dtype=self.dtype)
-        return self._chunk.decode(data).reshape(self.inner_shape)
+            out[...] = self.fill_value
+        else:
+            self._chunk.decode_into(data, out)
 
     def _inner(self, coords: tuple[int, ...]) -> tuple[slice, ...]:
         return tuple(slice(c * s, (c + 1) * s) for c, s in zip(coords, self.inner_shape))

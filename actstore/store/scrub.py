@@ -43,11 +43,12 @@ def _reason(exc: DataLoss) -> str:
 
 
 def expected_shapes(layout: RunLayout, labelled: bool) -> dict[str, tuple[tuple[int, ...], str]]:
-    """(shape, dtype) of every array a run with `layout` has once committed."""
+    """(shape, dtype) of every array a run with `layout` has once committed (not a run's
+    `layer_sums` array: only older runs have one; `check_shard` reads every shard's sums, wherever
+    they are kept, and their shape)."""
     stored = "uint16" if layout.dtype == "bfloat16" else layout.dtype
     shapes = {
         layout.array_name: ((layout.rows, layout.num_states, layout.width), stored),
-        "layer_sums": ((layout.num_shards, layout.num_states, layout.width), "float64"),
         "sample_id_offsets": ((layout.n + 1,), "int64"),
         "means": ((layout.num_states, layout.width), "float64"),
     }

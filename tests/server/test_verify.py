@@ -35,6 +35,16 @@ def flip_chunk(server, run: str, shard: int, layer: int, array: str = "acts") ->
     path.write_bytes(bytes(data))
 
 
+def flip_sums(server, run: str, shard: int) -> None:
+    """Flip one byte in the middle of the layer sums a shard object carries: float64 (L+1, d) and
+    their crc32c, between the inner chunks and the index."""
+    path = run_dir(server, run) / "acts" / "c" / str(shard) / "0" / "0"
+    layout = server.service.arrays.layout(run)
+    data = bytearray(path.read_bytes())
+    data[len(data) - (16 * layout.num_states + 4) - (8 * layout.num_states * layout.width + 4) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def chunk_file(array_dir: Path) -> Path:
     """The one chunk file of a small side array."""
     [path] = [p for p in (array_dir / "c").rglob("*") if p.is_file()]
@@ -199,11 +209,13 @@ def test_repair_then_the_same_capture_rewrites_only_the_damaged_shards(module_cl
     clean = files_of(root)
     clean_layers = [c.read_activations(run, layer)[0] for layer in range(4)]
     flip_chunk(module_server, run, shard=1, layer=0)
-    flip_file(root / "layer_sums" / "c" / "3" / "0" / "0")
+    flip_sums(module_server, run, shard=3)
 
     report = c.verify([run], repair=True)
     [verdict] = report.runs
     assert report.repair and verdict.status == "repaired" and verdict.damaged_shards == [1, 3]
+    assert {(d.array, d.shard) for d in verdict.damage} == {("acts", 1), ("layer_sums", 3)}, verdict.damage
+    assert "crc32c" in next(d.reason for d in verdict.damage if d.array == "layer_sums")
     assert verdict.run_status == "failed" and verdict.recapture
     assert c.describe(run).status == "failed"
     with pytest.raises(FailedPrecondition):
@@ -216,7 +228,7 @@ def test_repair_then_the_same_capture_rewrites_only_the_damaged_shards(module_cl
     assert {name: data for name, (data, _) in after.items()} == {name: data for name, (data, _) in clean.items()}
     rewritten = {name for name in after if after[name][1] != clean[name][1]}
     shard_files = {name for name in rewritten if name.split("/")[0] in ("acts", "layer_sums")}
-    assert shard_files == {"acts/c/1/0/0", "acts/c/3/0/0", "layer_sums/c/1/0/0", "layer_sums/c/3/0/0"}, rewritten
+    assert shard_files == {"acts/c/1/0/0", "acts/c/3/0/0"}, rewritten
     for layer in range(4):
         np.testing.assert_array_equal(c.read_activations(run, layer)[0], clean_layers[layer])
     assert c.verify([run]).runs[0].status == "ok"

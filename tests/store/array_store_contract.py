@@ -425,7 +425,6 @@ class ArrayStoreContract:
         store.write_means(run_key)
         shapes = store.array_shapes(run_key)
         assert shapes["acts"] == ((N, NUM_STATES, WIDTH), "uint16")
-        assert shapes["layer_sums"] == ((layout.num_shards, NUM_STATES, WIDTH), "float64")
         assert shapes["means"] == ((NUM_STATES, WIDTH), "float64")
         assert shapes["sample_id_offsets"] == ((N + 1,), "int64")
 

@@ -10,7 +10,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import MemoryStore
 
-from actstore.store.codecs import ChunkCodec
+from actstore.store.codecs import ChunkCodec, FixedBlock
 
 ROWS, STATES, WIDTH = 8, 3, 16
 
@@ -112,3 +112,70 @@ def test_a_flipped_byte_fails_the_crc32c_of_its_chunk_or_the_index(store):
     data[-10] ^= 0xFF
     with pytest.raises(ValueError, match="checksum"):
         codec.index(prototype.buffer.from_bytes(bytes(data[-codec.index_size:])))
+
+
+def test_zarr_reads_a_shard_with_a_trailer_as_if_it_were_not_there(store):
+    array = sharded(store)
+    codec = ChunkCodec(array)
+    block = FixedBlock.of((STATES, WIDTH), "float64")
+    shard = values()
+    sums = shard.sum(axis=0, dtype=np.float64)
+    data = codec.encode(shard, block.encode(sums))
+    assert len(data) == len(codec.encode(shard)) + block.nbytes
+    store._store_dict[codec.key((0, 0, 0))] = data
+    np.testing.assert_array_equal(array[:ROWS], shard)  # zarr's own reader
+    np.testing.assert_array_equal(codec.decode(data), shard)
+    tail = data[len(data) - codec.index_size - block.nbytes:]  # what a suffix request of the reader gets
+    np.testing.assert_array_equal(block.decode(tail[:block.nbytes]), sums)
+    with pytest.raises(TypeError, match="only a shard"):
+        ChunkCodec(zarr.create_array(store, name="flat", shape=(4,), dtype="int64")).encode(np.arange(4), tail)
+
+
+def test_a_fixed_block_is_a_checksummed_zarr_chunk_of_fixed_size(store):
+    block = FixedBlock.of((STATES, WIDTH), "float64")
+    assert FixedBlock.of((STATES, WIDTH), "float64") is block and block.nbytes == 8 * STATES * WIDTH + 4
+    plain = zarr.create_array(store, name="plain", shape=(STATES, WIDTH), dtype="float64", compressors=[Crc32cCodec()],
+                              fill_value=0)
+    sums = np.random.default_rng(3).standard_normal((STATES, WIDTH))
+    plain[:] = sums
+    assert block.encode(sums).to_bytes() == stored(store, "plain/c/0/0")  # what zarr writes for such an array
+    assert [c["name"] for c in block.describe()["codecs"]] == ["bytes", "crc32c"]
+    data = bytearray(block.encode(sums).to_bytes())
+    data[100] ^= 0x01
+    prototype = default_buffer_prototype()
+    with pytest.raises(ValueError, match="checksum"):
+        block.decode(prototype.buffer.from_bytes(bytes(data)))
+    with pytest.raises(ValueError, match="not"):
+        block.decode(prototype.buffer.from_bytes(bytes(data[:-8])))
+
+
+@pytest.mark.parametrize("codecs", [[Crc32cCodec()], [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")], []],
+                         ids=["crc32c only", "Blosc without crc32c", "no codecs"])
+def test_other_codec_chains_code_as_zarr_does(store, codecs):
+    array = zarr.create_array(store, name="other", shape=(ROWS, STATES, WIDTH), chunks=(ROWS, 1, WIDTH),
+                              shards=(ROWS, STATES, WIDTH), dtype="float32", compressors=codecs, fill_value=0)
+    codec = ChunkCodec(array)
+    shard = values(dtype="float32")
+    array[:] = shard
+    data = store._store_dict["other/c/0/0/0"]
+    assert codec.encode(shard).to_bytes() == data.to_bytes()
+    index = codec.index(data[len(data) - codec.index_size:])
+    for layer in range(STATES):
+        start, stop = codec.chunk_range(index, (0, layer, 0))
+        np.testing.assert_array_equal(codec.decode_inner(data[start:stop])[:, 0], shard[:, layer])
+
+
+def test_a_chunk_decodes_in_place_only_into_an_array_of_its_size(store):
+    codec = ChunkCodec(sharded(store))
+    shard = values()
+    data = codec.encode(shard)
+    index = codec.index(data[len(data) - codec.index_size:])
+    start, stop = codec.chunk_range(index, (0, 1, 0))
+    answer = np.zeros((2, ROWS, WIDTH), np.float16)
+    codec.decode_inner_into(data[start:stop], answer[1, :, None])
+    np.testing.assert_array_equal(answer[1], shard[:, 1])
+    assert not answer[0].any()
+    with pytest.raises(ValueError, match="Blosc frame"):
+        codec.decode_inner_into(data[start:stop], np.empty((ROWS + 1, 1, WIDTH), np.float16))
+    with pytest.raises(ValueError, match="contiguous"):
+        codec.decode_inner_into(data[start:stop], np.empty((ROWS, 2, WIDTH), np.float16)[:, :1])

@@ -13,6 +13,7 @@ import zarr
 from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
+from actstore.store import arrays
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
 from actstore.store.arrays import ZarrArrayStore
 from tests.store.array_store_contract import (
@@ -22,7 +23,9 @@ from tests.store.array_store_contract import (
     ArrayStoreContract,
     N,
     key,
+    make_values,
     pooled_layout,
+    shard_sums,
     token_layout,
 )
 
@@ -67,8 +70,14 @@ class TestZarrArrayStore(ArrayStoreContract):
         requests.clear()
         start, stop = layout.shard_range(1)
         fresh.write_shard(run_key, 1, numbers[start:stop], numbers[start:stop].sum(0, dtype=np.float64))
-        assert sorted(requests) == [("get", "layer_sums/zarr.json"), ("set", "acts/c/1/0/0"),
-                                    ("set", "layer_sums/c/1/0/0")]
+        assert requests == [("set", "acts/c/1/0/0")]  # its layer sums inside it
+        requests.clear()
+        fresh.layer_sums(run_key, 2)
+        assert requests == [("exists", "zarr.json"), ("get", "acts/c/2/0/0")]  # the shard's end only
+        requests.clear()
+        fresh.write_means(run_key)
+        reads = sorted(r for r in requests if r[0] == "get" and "/c/" in r[1])
+        assert reads == [("get", f"acts/c/{s}/0/0") for s in range(3)]  # one each, all at once
 
     def test_one_file_per_shard(self, store, tmp_path):
         run_key, layout, _ = self.filled_run(store)
@@ -79,11 +88,23 @@ class TestZarrArrayStore(ArrayStoreContract):
             ("c", str(s), "0", "0") for s in range(layout.num_shards)
         ]
         assert store.nbytes_stored(run_key) >= sum(p.stat().st_size for p in chunk_files)
-        # layer_sums: one chunk per shard as well, so shard writers never share a file
-        sums = tmp_path / "store" / "runs" / run_key / "layer_sums"
-        assert [p.relative_to(sums).parts for p in self.files_under(sums) if p.name != "zarr.json"] == [
-            ("c", str(s), "0", "0") for s in range(layout.num_shards)
-        ]
+        # the layer sums travel inside the shard files: no other file per shard
+        assert not (tmp_path / "store" / "runs" / run_key / "layer_sums").exists()
+
+    @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+    def test_zarr_reads_shards_that_carry_their_layer_sums(self, store, tmp_path, dtype):
+        run_key, layout, numbers = self.filled_run(store, dtype)
+        array = zarr.open_array(str(tmp_path / "store" / "runs" / run_key / "acts"), mode="r")
+        np.testing.assert_array_equal(decode_stored(array[:], dtype), numbers)
+        np.testing.assert_array_equal(decode_stored(array[5:7, 2], dtype), numbers[5:7, 2])
+        sums = array.attrs["layer_sums"]  # what the attribute says, read as it says
+        assert sums["shape"] == [NUM_STATES, WIDTH] and sums["data_type"] == "float64"
+        assert [c["name"] for c in sums["codecs"]] == ["bytes", "crc32c"]
+        data = (tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0").read_bytes()
+        block = data[-(16 * NUM_STATES + 4) - (8 * NUM_STATES * WIDTH + 4):-(16 * NUM_STATES + 4)]
+        start, stop = layout.shard_range(1)
+        np.testing.assert_array_equal(np.frombuffer(block[:-4], "<f8").reshape(NUM_STATES, WIDTH),
+                                      numbers[start:stop].sum(axis=0, dtype=np.float64))
 
     def test_token_runs_store_a_tokens_array(self, store, tmp_path):
         offsets = np.array([0, 6, 13], dtype=np.int64)
@@ -175,13 +196,9 @@ class TestZarrArrayStore(ArrayStoreContract):
         assert blosc["cname"] == compressor
         assert blosc["typesize"] == itemsize
         assert "crc32c" in [c["name"] for c in config["index_codecs"]]
-
-        sums = json.loads((tmp_path / "store" / "runs" / key("c") / "layer_sums" / "zarr.json").read_text())
-        assert sums["data_type"] == "float64"
-        assert sums["chunk_grid"]["configuration"]["chunk_shape"] == [1, NUM_STATES, WIDTH]
-        codecs = {c["name"]: c.get("configuration", {}) for c in sums["codecs"]}
-        assert codecs["blosc"]["shuffle"] == "bitshuffle" and codecs["blosc"]["typesize"] == 8
-        assert [c["name"] for c in sums["codecs"]][-1] == "crc32c"
+        sums = meta["attributes"]["layer_sums"]  # each shard object carries its layer sums
+        assert sums["where"] == "in each shard object, between its inner chunks and its index"
+        assert sums["shape"] == [NUM_STATES, WIDTH] and sums["data_type"] == "float64"
 
     # ---- incomplete or replaced runs ------------------------------------------------------
     def test_a_group_without_layout_is_not_found(self, store, tmp_path):
@@ -215,7 +232,6 @@ class TestZarrArrayStore(ArrayStoreContract):
         ("labels", lambda store, run: store.labels(run)),
         ("sample_ids", lambda store, run: store.sample_ids(run)),
         ("sample_id_offsets", lambda store, run: store.sample_ids(run)),
-        ("layer_sums", lambda store, run: store.write_means(run)),
     ])
     def test_a_flipped_byte_in_any_side_array_is_data_loss_naming_it(self, store, tmp_path, array, read):
         run_key, layout = key("side"), pooled_layout()
@@ -226,6 +242,64 @@ class TestZarrArrayStore(ArrayStoreContract):
         self.flip_byte(chunk, chunk.stat().st_size // 2)
         with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: "):
             read(self.make_store(tmp_path), run_key)
+
+    def test_a_flipped_byte_in_a_shards_layer_sums_is_data_loss_naming_the_shard(self, store, tmp_path):
+        run_key, layout, numbers = self.filled_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0"
+        self.flip_byte(shard_file, shard_file.stat().st_size - (16 * NUM_STATES + 4) - 100)  # in the sums
+        fresh = self.make_store(tmp_path)
+        for read in (lambda: fresh.layer_sums(run_key, 1), lambda: fresh.write_means(run_key)):
+            with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: shard 1 of array 'layer_sums' failed its crc32c"):
+                read()
+        np.testing.assert_array_equal(fresh.read_layers(run_key, list(range(NUM_STATES)), 0, N),
+                                      self.expected(numbers, list(range(NUM_STATES)), 0, N))  # the values still read
+
+    def test_a_truncated_shard_is_data_loss_for_its_layer_sums(self, store, tmp_path):
+        run_key, _, _ = self.filled_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "2" / "0" / "0"
+        shard_file.write_bytes(shard_file.read_bytes()[:100])  # shorter than its sums and index
+        with pytest.raises(DataLoss, match="shard 2 of array 'layer_sums'"):
+            self.make_store(tmp_path).layer_sums(run_key, 2)
+
+    def test_write_means_adds_up_shards_batch_by_batch(self, store, monkeypatch):
+        monkeypatch.setattr(arrays, "SUMS_BATCH", 2)  # 3 shards: a batch of 2, then 1
+        run_key, _, numbers = self.filled_run(store)
+        np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
+
+    # ---- runs written before shards carried their layer sums ----------------------------------
+    def older_run(self, store, tmp_path, run_key, layout):
+        """A run as written before: a `layer_sums` array, one chunk per shard, and no attribute."""
+        self.create(store, run_key, layout)
+        root = tmp_path / "store" / "runs" / run_key
+        acts = zarr.open_array(str(root / layout.array_name), mode="r+")
+        acts.attrs.clear()  # the attribute is all that differs in the array's metadata
+        zarr.open_group(str(root), mode="r+").create_array(
+            "layer_sums", shape=(layout.num_shards, NUM_STATES, WIDTH), chunks=(1, NUM_STATES, WIDTH),
+            dtype="float64", compressors=store._codecs(8), fill_value=0)
+
+    def test_an_older_run_keeps_its_layer_sums_array_also_when_resumed(self, store, tmp_path):
+        run_key, layout = key("older"), pooled_layout("float16")
+        self.older_run(store, tmp_path, run_key, layout)
+        stored, numbers = make_values(layout)
+        fresh = self.make_store(tmp_path)  # as a resumed capture's handle, after an upgrade
+        for shard in range(layout.num_shards):
+            start, stop = layout.shard_range(shard)
+            fresh.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard))
+        root = tmp_path / "store" / "runs" / run_key
+        assert sorted(p.name for p in (root / "layer_sums" / "c").iterdir()) == ["0", "1", "2"]
+        shard_file = root / "acts" / "c" / "1" / "0" / "0"
+        assert len(shard_file.read_bytes()) == len(store._codec(run_key, "acts").encode(stored[4:8]))  # no sums
+        reader = self.make_store(tmp_path)
+        np.testing.assert_array_equal(reader.layer_sums(run_key, 1), shard_sums(numbers, layout, 1))
+        np.testing.assert_allclose(reader.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
+        np.testing.assert_array_equal(reader.read_layers(run_key, [0, 3], 0, N), self.expected(numbers, [0, 3], 0, N))
+        self.flip_byte(root / "layer_sums" / "c" / "2" / "0" / "0", 40)
+        with pytest.raises(DataLoss, match="shard 2 of array 'layer_sums' failed its crc32c"):
+            self.make_store(tmp_path).layer_sums(run_key, 2)
+        reader.drop_shards(run_key, [2])
+        assert not (root / "layer_sums" / "c" / "2" / "0" / "0").exists() and not reader.shard_present(run_key, 2)
+        with pytest.raises(DataLoss, match="shard 2 of array 'layer_sums' is missing"):
+            reader.layer_sums(run_key, 2)
 
     def test_a_truncated_group_metadata_file_is_data_loss(self, store, tmp_path):
         run_key, _, _ = self.filled_run(store)
