@@ -116,23 +116,21 @@ def squared_cross_norms(
     return squares
 
 
-def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> bool:
-    """`target += rows^T rows` for a symmetric, C-contiguous float64 `target`, in place.
-
-    With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
-    straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
-    the lower triangle is then stale until `_mirror_upper`. Otherwise the whole matrix is updated
-    (numpy) and False is returned.
-    """
-    if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
-        target += rows.T @ rows
-        return False
+def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> None:
+    """`target += rows^T rows` on the upper triangle (i <= j) of a square, C-contiguous float64
+    `target`, in place; the lower triangle is never touched (stale until `_mirror_upper`, or zero
+    for a sum that starts at zero). With BLAS it is one dsyrk accumulating straight into `target`
+    (no D x D temporary, half the FLOPs of a GEMM)."""
+    if not len(rows):
+        return
+    if _dsyrk is None:  # pragma: no cover - numpy alone: a full product, its upper triangle added
+        target += np.triu(rows.T @ rows)
+        return
     # target.T is the Fortran-ordered view of the same memory, and its lower triangle is
     # target's upper one; rows.T is Fortran-ordered too, so BLAS copies nothing.
     result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
     if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
         target[...] = result.T
-    return True
 
 
 def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
@@ -171,8 +169,8 @@ class SymmetricSum:
         if device is None:
             if self._on_device is not None:
                 self.matrix()
-            if _add_syrk_upper(self._host, rows.astype(np.float64, copy=False)):
-                self._upper_only = True
+            _add_syrk_upper(self._host, rows.astype(np.float64, copy=False))
+            self._upper_only = True
             return
         ops = array_ops(device)
         if self._on_device is None:

@@ -44,10 +44,16 @@ def test_groups_and_their_weights_are_seeded_functions_of_row_and_group():
 
 @pytest.mark.parametrize(("cuts", "order", "groups"),
                          [([], [0], 5), ([13, 40], [2, 0, 1], 7), ([1, 2, 50], [3, 1, 0, 2], 64)])
-def test_replicates_equal_the_repeated_rows_definition(cuts, order, groups):
+@pytest.mark.parametrize("near", [False, True])
+def test_replicates_equal_the_repeated_rows_definition(cuts, order, groups, near):
+    """Sums about the origin, far from the data (the finalize moves the group products to the mean
+    first), or about a shift near the mean (a third of a standard deviation off: the finalize
+    centres by algebra alone)."""
     blocks = correlated(61, seed=1)
     pairs = [(0, 1), (2, 1), (0, 2)]
-    stats = fed([blocks[0], blocks[1], blocks[2].astype(np.float32)], pairs, 12, groups, 9, cuts, order).finalize()
+    shifts = [b.mean(axis=0) + b.std(axis=0) / 3 for b in blocks] if near else None
+    stats = fed([blocks[0], blocks[1], blocks[2].astype(np.float32)], pairs, 12, groups, 9, cuts, order,
+                make=lambda w, p, r, g, s: GroupedBootstrapCKA(w, p, r, g, s, shifts)).finalize()
     blocks[2] = blocks[2].astype(np.float32).astype(np.float64)  # float32 rows are exact, upcast before products
     row_weights = group_poisson_weights(9, 12, groups)[:, sample_groups(9, np.arange(61), groups)]
     for k, (a, b) in enumerate(pairs):
