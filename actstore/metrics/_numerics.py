@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # BLAS syrk that accumulates in place (scipy ships with the server's dependencies)
+try:  # BLAS syrk and gemm that accumulate in place (scipy ships with the server's dependencies)
+    from scipy.linalg.blas import dgemm as _dgemm
     from scipy.linalg.blas import dsyrk as _dsyrk
+    from scipy.linalg.blas import dtrmm as _dtrmm
 except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
-    _dsyrk = None
+    _dgemm = _dsyrk = _dtrmm = None
 
 
 def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
@@ -131,6 +133,32 @@ def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> None:
     result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
     if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
         target[...] = result.T
+
+
+def _add_gemm(target: np.ndarray, rows_a: np.ndarray, rows_b: np.ndarray) -> None:
+    """`target += rows_a^T rows_b` for a C-contiguous float64 `target`, in place: with BLAS one
+    dgemm accumulating straight into it (no temporary of target's size)."""
+    if not len(rows_a):
+        return
+    if _dgemm is None or not (rows_a.flags.c_contiguous and rows_b.flags.c_contiguous):  # pragma: no cover
+        target += rows_a.T @ rows_b
+        return
+    # target.T (Fortran order, same memory) += rows_b^T rows_a; rows_b.T is Fortran-ordered: no copies
+    result = _dgemm(1.0, rows_b.T, rows_a.T, beta=1.0, c=target.T, trans_b=1, overwrite_c=1)
+    if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
+        target[...] = result.T
+
+
+def _upper_triangular_products(stack: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """`U_g @ right` for every g of a C-contiguous (G, d, d) float64 `stack` whose lower triangles
+    are zero, (G, d, k): with BLAS one dtrmm per matrix (half a GEMM's multiply-adds)."""
+    if _dtrmm is None:  # pragma: no cover
+        return np.matmul(stack, right)
+    out = np.empty((len(stack), stack.shape[1], right.shape[1]))
+    right = np.asfortranarray(right, dtype=np.float64)
+    for matrix, product in zip(stack, out):  # matrix.T is the Fortran view of U_g: lower triangular, transposed back
+        product[...] = _dtrmm(1.0, matrix.T, right, side=0, lower=1, trans_a=1)
+    return out
 
 
 def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:

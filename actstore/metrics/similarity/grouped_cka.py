@@ -49,16 +49,18 @@ are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from .._numerics import _add_syrk_upper
+from .._numerics import _add_gemm, _add_syrk_upper, _upper_triangular_products
 from .cka import hsic_u_from_grams, normalised
 from .inputs import FLOAT64_BYTES, MIN_HSIC_SAMPLES, validated_blocks, validated_widths
 from .resampling import group_poisson_weights, sample_groups
 from .uncertain_cka import ResampledCKAStats
 
-PENDING_ROWS_PER_GROUP = 32  # rows are buffered until each group gets ~32 at once: one syrk per group
+PENDING_ROWS_PER_GROUP = 256  # rows are buffered until each group gets ~256 at once: one syrk per group
+# (each product reads and writes the group's d x d sums, so few rows per product leave it memory-bound)
 PENDING_BYTES = 32 << 20  # ... or until the buffer holds this much as float64
 FAR_SHIFT = 2.0  # S is moved before the algebra when (sum ||x - shift||^2 / sum ||x - mean||^2) times y's passes this
 
@@ -67,6 +69,13 @@ def _products(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The block products a set of pairs needs: each pair (sorted) and every used block with itself."""
     used = sorted({x for pair in pairs for x in pair})
     return sorted({tuple(sorted(p)) for p in pairs} | {(b, b) for b in used})
+
+
+def _work(block_widths: Sequence[int], product: tuple[int, int]) -> float:
+    """A product's share of the work, accumulation and finalize alike: da db, half that for a
+    block with itself (syrk, and triangular products in the finalize)."""
+    a, b = product
+    return block_widths[a] * block_widths[b] / (2 if a == b else 1)
 
 
 def grouped_bootstrap_cost(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], n: int,
@@ -86,7 +95,9 @@ class GroupedBootstrapCKA:
     over `groups` random groups, seeded by `seed`.
 
     Feed chunks with `seek(first_row)` + `update(blocks)`, `merge` partial accumulators in any
-    order, then `finalize` (a `ResampledCKAStats` without a null). Every sum is of the rows minus
+    order, then `finalize` (`GroupedTerms`; its `stats()` are the pairs' CKA, sample and replicates).
+    `split` deals the block products between accumulators fed the same rows, whose terms join
+    (the products are independent until the CKA's normalisation). Every sum is of the rows minus
     `shifts[b]` (one vector per block, the same in every task: e.g. the run's stored means, so the
     sums stay near the centred ones; default 0), so partial states simply add. Rows wait in a buffer
     (at most `PENDING_BYTES` as float64) so that each group's products take many rows at once;
@@ -95,7 +106,8 @@ class GroupedBootstrapCKA:
     """
 
     def __init__(self, block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int,
-                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None) -> None:
+                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None,
+                 products: Sequence[tuple[int, int]] | None = None) -> None:
         self.block_widths = validated_widths(block_widths)
         self.pairs = tuple((int(a), int(b)) for a, b in pairs)
         if not self.pairs or any(not (0 <= x < len(self.block_widths)) for pair in self.pairs for x in pair):
@@ -103,8 +115,11 @@ class GroupedBootstrapCKA:
         if replicates < 0 or groups < 1:
             raise ValueError(f"replicates must be >= 0 and groups >= 1, got {replicates} and {groups}")
         self.replicates, self.groups, self.seed = int(replicates), int(groups), int(seed)
-        self.used = sorted({x for pair in self.pairs for x in pair})
-        self.products = _products(self.pairs)
+        needed = _products(self.pairs)
+        self.products = needed if products is None else sorted({tuple(sorted(map(int, p))) for p in products})
+        if not self.products or not set(self.products) <= set(needed):
+            raise ValueError(f"products must be some of {needed} (the pairs' own and each block's with itself)")
+        self.used = sorted({x for product in self.products for x in product})
         shifts = [np.zeros(w) for w in self.block_widths] if shifts is None else shifts
         if [np.shape(v) for v in shifts] != [(w,) for w in self.block_widths]:
             raise ValueError(f"shifts must be one vector per block of widths {self.block_widths}")
@@ -136,6 +151,21 @@ class GroupedBootstrapCKA:
                                     + (replicates + 1) * groups**2)
         return (tasks + 1) * GroupedBootstrapCKA.state_nbytes(widths, pairs, groups) + finalize
 
+    def split(self, parts: int) -> list[GroupedBootstrapCKA]:
+        """This accumulator's products dealt between at most `parts` new ones of near-equal work
+        (`_work`; largest first, each to the least loaded), each forming only its own products
+        from the same rows. Their finalized terms join: `first.stats(*others)`."""
+        if self._state is not None or self._pending:
+            raise ValueError("split an accumulator before adding rows")
+        shares: list[list[tuple[int, int]]] = [[] for _ in range(max(1, min(parts, len(self.products))))]
+        loads = [0.0] * len(shares)
+        for product in sorted(self.products, key=lambda p: -_work(self.block_widths, p)):
+            least = loads.index(min(loads))
+            shares[least].append(product)
+            loads[least] += _work(self.block_widths, product)
+        return [GroupedBootstrapCKA(self.block_widths, self.pairs, self.replicates, self.groups, self.seed,
+                                    self.shifts, share) for share in shares]
+
     def __getstate__(self) -> dict:
         self._flush()
         return self.__dict__.copy()
@@ -143,7 +173,7 @@ class GroupedBootstrapCKA:
     @property
     def n(self) -> int:
         flushed = 0 if self._state is None else int(self._state["n"].sum())
-        return flushed + sum(len(rows) for _, rows in self._pending)
+        return flushed + sum(len(rows[0]) for _, rows in self._pending)
 
     def seek(self, row: int) -> None:
         """The global index of the next chunk's first row (the map task's range start)."""
@@ -188,28 +218,38 @@ class GroupedBootstrapCKA:
         state = self._state if self._state is not None else self._allocate()
         state["n"][present] += counts[present]
         for b in self.used:
-            state["sums"][b][present] += np.add.reduceat(x[b], starts, axis=0)
             state["norms"][b][present] += np.add.reduceat(r[b], starts)
         for a, b in self.products:
             state["rho"][(a, b)][present] += np.add.reduceat(r[a] * r[b], starts)
-            state["u"][(a, b)][present] += np.add.reduceat(r[a][:, None] * x[b], starts, axis=0)
-            state["v"][(a, b)][present] += np.add.reduceat(r[b][:, None] * x[a], starts, axis=0)
-            cross = state["cross"][(a, b)]
-            for g, lo in zip(present, starts):
-                rows_a, rows_b = x[a][lo: lo + counts[g]], x[b][lo: lo + counts[g]]
-                if a == b:  # symmetric: the upper triangle by one syrk, mirrored in the finalize
-                    _add_syrk_upper(cross[g], rows_a)
+        # per block c and group: the rows' sum and every `sum r_w x_c` a product needs (u of (w, c), v of
+        # (c, w)) as one small product x_c^T [1, r_w, ...]
+        weighting = {c: sorted({a for a, b in self.products if b == c} | {b for a, b in self.products if a == c})
+                     for c in self.used}
+        columns = {c: np.column_stack([np.ones(len(index))] + [r[w] for w in weighting[c]]) for c in self.used}
+        for g, lo in zip(present, starts):
+            rows = {c: x[c][lo: lo + counts[g]] for c in self.used}
+            for c in self.used:
+                moments = rows[c].T @ columns[c][lo: lo + counts[g]]  # (width, 1 + weights)
+                state["sums"][c][g] += moments[:, 0]
+                for j, w in enumerate(weighting[c], 1):
+                    if (w, c) in state["u"]:
+                        state["u"][(w, c)][g] += moments[:, j]
+                    if (c, w) in state["v"]:
+                        state["v"][(c, w)][g] += moments[:, j]
+            for a, b in self.products:
+                if a == b:  # symmetric: the upper triangle by one syrk (the finalize reads only it)
+                    _add_syrk_upper(state["cross"][(a, b)][g], rows[a])
                 else:
-                    cross[g] += rows_a.T @ rows_b
+                    _add_gemm(state["cross"][(a, b)][g], rows[a], rows[b])
         self._state = state
 
     def merge(self, other: GroupedBootstrapCKA) -> GroupedBootstrapCKA:
         """Add `other`'s rows (in place; `other` is only read) and return self."""
-        if (other.block_widths, other.pairs, other.replicates, other.groups, other.seed) != (
-                self.block_widths, self.pairs, self.replicates, self.groups, self.seed) or not all(
+        if (other.block_widths, other.pairs, other.products, other.replicates, other.groups, other.seed) != (
+                self.block_widths, self.pairs, self.products, self.replicates, self.groups, self.seed) or not all(
                 np.array_equal(mine, theirs) for mine, theirs in zip(self.shifts, other.shifts)):
             raise ValueError("cannot merge grouped-bootstrap CKA accumulators of different blocks, pairs, "
-                             "replicates, groups, seeds or shifts")
+                             "products, replicates, groups, seeds or shifts")
         self._pending.extend(other._pending)
         if other._state is not None:
             if self._state is None:
@@ -223,8 +263,8 @@ class GroupedBootstrapCKA:
         self._flush()
         return self
 
-    def finalize(self) -> ResampledCKAStats:
-        """The sample's CKA and the bootstrap replicates', per pair. Only reads the state (a
+    def finalize(self) -> GroupedTerms:
+        """Each product's HSIC terms for the sample and every replicate. Only reads the state (a
         partial from Ray's object store, read-only, can be finalized as it is) once the buffer
         is empty; otherwise the buffer is flushed into the groups first. A group without rows
         has all-zero moments and adds nothing to any term, whatever its weight."""
@@ -237,10 +277,31 @@ class GroupedBootstrapCKA:
         size = weights @ counts
         delta = {b: state["sums"][b].sum(axis=0) / counts.sum() for b in self.used}  # mean - shift
         terms = {p: _product_terms(_centred(state, p, delta), weights, size) for p in self.products}
+        return GroupedTerms(self.pairs, terms, int(counts.sum()))
+
+
+@dataclass(frozen=True)
+class GroupedTerms:
+    """A grouped accumulator's finalized products: per block product (a, b), the biased HSIC
+    numerator and the unbiased HSIC, (R+1,) each (row 0 the sample's, then the replicates')."""
+
+    pairs: tuple[tuple[int, int], ...]
+    products: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    n: int
+
+    def stats(self, *others: GroupedTerms) -> ResampledCKAStats:
+        """The pairs' CKA, sample and replicates (no null), from these products and `others'`
+        (the other shares of one `split`)."""
+        terms = dict(self.products)
+        for other in others:
+            terms.update(other.products)
+        missing = sorted(set(_products(self.pairs)) - set(terms))
+        if missing:
+            raise ValueError(f"the products {missing} are missing: join every share of the split")
         cka = [np.stack([normalised(terms[tuple(sorted(p))][v], terms[(p[0], p[0])][v], terms[(p[1], p[1])][v])
                          for p in self.pairs], 1) for v in (0, 1)]
         empty = np.zeros((0, len(self.pairs)))
-        return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, int(counts.sum()))
+        return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, self.n)
 
 
 def _centred(state: dict, product: tuple[int, int], delta: dict) -> dict:
@@ -276,18 +337,23 @@ def _centred(state: dict, product: tuple[int, int], delta: dict) -> dict:
         da, db = parts["sums_a"].sum(axis=0) / total, parts["sums_b"].sum(axis=0) / total  # rounding left
     cross, n, t = parts["cross"], parts["n"], parts["sums_b"]
     groups, rows, _ = cross.shape
+    diagonal = np.diagonal(cross, axis1=1, axis2=2).copy() if symmetric else None
     moved_t = t - np.outer(n, db)
-    c, e, cross_t = _cross_products(cross, moved_t, da, db, symmetric)
+    c, e, cross_t = _cross_products(cross, moved_t, da, db, diagonal)
     moved = _moved_moments(parts, da, db, c, e)
     moved_s = moved["sums_a"]
     tensor = np.matmul(moved_s, cross_t).transpose(1, 0, 2)  # [g, h, k] = s'_g^T S_h t'_k (U_h when symmetric)
-    flat = cross.reshape(groups, -1)
-    gram = flat @ flat.T  # a syrk: numpy sees the transpose of its own operand
     if symmetric:
-        diagonal = np.diagonal(cross, axis1=1, axis2=2)
+        gram = np.zeros((groups, groups))
+        for i in range(rows):  # row i of every U_g from its diagonal on: a syrk of half the entries in all
+            entries = cross[:, i, i:]
+            gram += entries @ entries.T
         gram = 2 * gram - diagonal @ diagonal.T
         along_diagonal = (moved_s[:, None, :] * diagonal[None]).reshape(groups * groups, rows) @ moved_s.T
         tensor = tensor + tensor.transpose(2, 1, 0) - along_diagonal.reshape(groups, groups, groups)
+    else:
+        flat = cross.reshape(groups, -1)
+        gram = flat @ flat.T  # a syrk: numpy sees the transpose of its own operand
     moved_s_da, t_db, outer_s = moved_s @ da, t @ db, moved_s @ moved_s.T
     mixed = c @ moved_s.T + e @ t.T  # M_gh
     gram = (gram - mixed - mixed.T + (db @ db) * outer_s + np.outer(moved_s_da, t_db) + np.outer(t_db, moved_s_da)
@@ -296,16 +362,21 @@ def _centred(state: dict, product: tuple[int, int], delta: dict) -> dict:
     return {**moved, "gram": gram, "tensor": tensor}
 
 
-def _cross_products(cross: np.ndarray, moved_t: np.ndarray, da: np.ndarray, db: np.ndarray, symmetric: bool
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _cross_products(cross: np.ndarray, moved_t: np.ndarray, da: np.ndarray, db: np.ndarray,
+                    diagonal: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`c_g = S_g db`, `e_g = S_g^T da` and `S_h t'_k` as (G, da, K) for the K rows of `moved_t`, in
     two passes over the stacked S (the first one product for all of `[t'_1 .. t'_K, db]`). For a
-    symmetric product S = U + U^T - diag(U) gives c = e; the third is then `U_h t'_k`."""
+    symmetric product (`diagonal` given: the U_g's) S = U + U^T - diag(U) gives c = e; the third is
+    then `U_h t'_k` (triangular products: half the multiply-adds)."""
     groups, rows, cols = cross.shape
-    right = (cross.reshape(groups * rows, cols) @ np.column_stack([moved_t.T, db])).reshape(groups, rows, -1)
+    right = np.column_stack([moved_t.T, db])
+    if diagonal is None:
+        right = (cross.reshape(groups * rows, cols) @ right).reshape(groups, rows, -1)
+    else:
+        right = _upper_triangular_products(cross, right)
     c, e = right[:, :, -1], np.matmul(da, cross)
-    if symmetric:
-        c = e = c + e - np.diagonal(cross, axis1=1, axis2=2) * db
+    if diagonal is not None:
+        c = e = c + e - diagonal * db
     return c, e, right[:, :, :-1]
 
 
@@ -330,7 +401,8 @@ def _moved_moments(parts: dict, da: np.ndarray, db: np.ndarray, c: np.ndarray, e
 def _reshifted(parts: dict, da: np.ndarray, db: np.ndarray, symmetric: bool) -> dict:
     """`parts` moved to shift + (da, db), S_g included (a copy): `S' = S - s' db^T - da t^T`; for a
     symmetric product only on the upper triangle, so the lower stays zero."""
-    c, e, _ = _cross_products(parts["cross"], np.zeros((0, len(db))), da, db, symmetric)
+    diagonal = np.diagonal(parts["cross"], axis1=1, axis2=2) if symmetric else None
+    c, e, _ = _cross_products(parts["cross"], np.zeros((0, len(db))), da, db, diagonal)
     moved = _moved_moments(parts, da, db, c, e)
     cross = parts["cross"].copy()
     upper = np.triu(np.ones(cross.shape[1:], dtype=bool)) if symmetric else True

@@ -123,8 +123,10 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
         # the runs' stored means (transformed like the rows) keep the shifted sums near the centred ones
         means = [parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
         shifts = means if transforms is None else [t.apply(m[None])[0] for t, m in zip(transforms, means)]
-        boot = parts.executor.map_finalize(rows, sources, wrapped(GroupedBootstrapCKA(
-            widths, pairs, replicates, plan.groups, seed, shifts)), parts.executor.row_groups(rows, plan.tasks))
+        shares = GroupedBootstrapCKA(widths, pairs, replicates, plan.groups, seed, shifts).split(parts.executor.parts)
+        terms = parts.executor.map_finalize(rows, sources, [wrapped(share) for share in shares],
+                                            parts.executor.row_groups(rows, plan.tasks))
+        boot = terms[0].stats(*terms[1:])
         stats = boot if stats is None else dataclasses.replace(boot, null_biased=stats.null_biased,
                                                                null_debiased=stats.null_debiased)
     return stats
