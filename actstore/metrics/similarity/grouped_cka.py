@@ -24,6 +24,8 @@ State: per group and per block product (a, b) the pair and each used block with 
 sums of the rows minus a fixed shift per block (the same in every task, e.g. the run's stored
 means): count n_g, sums, `X_g^T Y_g` (self products: the upper triangle, one syrk), and the row
 norms' sums below. Memory G x (sum of da db) whatever n; partial states simply add, in any order.
+The products are independent until the CKA's normalisation, so accumulators fed the same rows can
+share them out (`GroupedBootstrapCKA.split`: one pair's (a, b) beside its (a, a) and (b, b)).
 The finalize centres every group's terms, exactly, at the sample's mean (the centre `uncertain_cka`
 uses too) by algebra on the sums about the shift, without moving the d x d group products (`_centred`).
 For a block pair (a, b) with group moments `S_g = X_g^T Y_g` (da x db), `s_g`, `t_g` (the column
@@ -43,7 +45,8 @@ group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = s
 
 Weights of all ones give the sample's CKA through the same formulas. Cost: the per-group moments
 are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da db per product
-(Q and S_h t_k) plus (B + 1) G^3 for the replicates (`grouped_bootstrap_cost`).
+(Q and S_h t_k; half that for a block with itself, from its upper triangle) plus (B + 1) G^3 for
+the replicates (`grouped_bootstrap_cost`).
 """
 
 from __future__ import annotations
@@ -81,11 +84,12 @@ def _work(block_widths: Sequence[int], product: tuple[int, int]) -> float:
 def grouped_bootstrap_cost(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], n: int,
                            replicates: int, groups: int) -> float:
     """Multiply-adds of the grouped bootstrap: the per-group syrk of the used blocks' rows
-    (`n D^2 / 2`), then per product (a, b) `Q` and the `S_h t_k` of `T` (2 G^2 da db), `T`'s
-    contraction with the s_g (G^3 da) and the (B + 1) replicates' cubic forms (G^3)."""
+    (`n D^2 / 2`), then per product (a, b) `Q` and the `S_h t_k` of `T` (2 G^2 da db, half for
+    a block with itself: `_work`), `T`'s contraction with the s_g (G^3 da) and the (B + 1)
+    replicates' cubic forms (G^3)."""
     widths = validated_widths(block_widths)
     used_width = sum(widths[b] for b in sorted({x for pair in pairs for x in pair}))
-    finalize = sum(2 * groups**2 * widths[a] * widths[b] + groups**3 * (widths[a] + replicates + 1)
+    finalize = sum(2 * groups**2 * _work(widths, (a, b)) + groups**3 * (widths[a] + replicates + 1)
                    for a, b in _products(pairs))
     return n * used_width**2 / 2 + finalize
 
