@@ -23,8 +23,9 @@ block products (A,B), (A,A), (B,B)):
     where the baseline is in Gram space (n < D), 5/4 n (D + 3R) / D^2 once n > D;
   * grouped bootstrap (`grouped_cka`, G groups): the per-group moments are the baseline's syrk,
     n D^2 / 2, and the finalize, independent of n, 2 G^2 da db per product (the Frobenius Gram
-    Q and the S_h t_k of the cubic tensor T) plus G^3 (da + R) for T and the replicates: the
-    ratio falls towards 1 as n grows.
+    Q and the S_h t_k of the cubic tensor T; half for (A,A) and (B,B), from their upper
+    triangles) plus G^3 (da + R) for T and the replicates: the ratio falls towards 1 as n grows.
+    The products run in two tasks here, (A,B) beside (A,A) and (B,B), each reading every row.
 
     python bench/bootstrap_ci.py [--quick] [--n 1024] [--replicates 200] [--repeats 3] [--method auto]
 """

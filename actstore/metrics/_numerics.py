@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # BLAS that reads or updates one triangle in place (scipy ships with the server's dependencies)
+try:  # BLAS that accumulates into, reads or updates one triangle in place (scipy ships with the server's dependencies)
+    from scipy.linalg.blas import dgemm as _dgemm
     from scipy.linalg.blas import dsymm as _dsymm
     from scipy.linalg.blas import dsyr2 as _dsyr2
     from scipy.linalg.blas import dsyrk as _dsyrk
+    from scipy.linalg.blas import dtrmm as _dtrmm
 except ImportError:  # pragma: no cover - numpy alone still works, at about half the speed
-    _dsymm = _dsyr2 = _dsyrk = None
+    _dgemm = _dsymm = _dsyr2 = _dsyrk = _dtrmm = None
 
 
 def as_float64_matrix(values: np.ndarray, name: str) -> np.ndarray:
@@ -118,23 +120,47 @@ def squared_cross_norms(
     return squares
 
 
-def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> bool:
-    """`target += rows^T rows` for a symmetric, C-contiguous float64 `target`, in place.
-
-    With BLAS available only the upper triangle (i <= j) is updated, by one dsyrk accumulating
-    straight into `target` (no D x D temporary, half the FLOPs of a GEMM), and True is returned:
-    the lower triangle is then stale until `_mirror_upper`. Otherwise the whole matrix is updated
-    (numpy) and False is returned.
-    """
-    if _dsyrk is None or not target.flags.c_contiguous or not len(rows):
-        target += rows.T @ rows
-        return False
+def _add_syrk_upper(target: np.ndarray, rows: np.ndarray) -> None:
+    """`target += rows^T rows` on the upper triangle (i <= j) of a square, C-contiguous float64
+    `target`, in place; the lower triangle is never touched (stale until `_mirror_upper`, or zero
+    for a sum that starts at zero). With BLAS it is one dsyrk accumulating straight into `target`
+    (no D x D temporary, half the FLOPs of a GEMM)."""
+    if not len(rows):
+        return
+    if _dsyrk is None:  # pragma: no cover - numpy alone: a full product, its upper triangle added
+        target += np.triu(rows.T @ rows)
+        return
     # target.T is the Fortran-ordered view of the same memory, and its lower triangle is
     # target's upper one; rows.T is Fortran-ordered too, so BLAS copies nothing.
     result = _dsyrk(1.0, rows.T, beta=1.0, c=target.T, trans=0, lower=1, overwrite_c=1)
     if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
         target[...] = result.T
-    return True
+
+
+def _add_gemm(target: np.ndarray, rows_a: np.ndarray, rows_b: np.ndarray) -> None:
+    """`target += rows_a^T rows_b` for a C-contiguous float64 `target`, in place: with BLAS one
+    dgemm accumulating straight into it (no temporary of target's size)."""
+    if not len(rows_a):
+        return
+    if _dgemm is None or not (rows_a.flags.c_contiguous and rows_b.flags.c_contiguous):  # pragma: no cover
+        target += rows_a.T @ rows_b
+        return
+    # target.T (Fortran order, same memory) += rows_b^T rows_a; rows_b.T is Fortran-ordered: no copies
+    result = _dgemm(1.0, rows_b.T, rows_a.T, beta=1.0, c=target.T, trans_b=1, overwrite_c=1)
+    if not np.shares_memory(result, target):  # pragma: no cover - f2py had to copy
+        target[...] = result.T
+
+
+def _upper_triangular_products(stack: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """`U_g @ right` for every g of a C-contiguous (G, d, d) float64 `stack` whose lower triangles
+    are zero, (G, d, k): with BLAS one dtrmm per matrix (half a GEMM's multiply-adds)."""
+    if _dtrmm is None:  # pragma: no cover
+        return np.matmul(stack, right)
+    out = np.empty((len(stack), stack.shape[1], right.shape[1]))
+    right = np.asfortranarray(right, dtype=np.float64)
+    for matrix, product in zip(stack, out):  # matrix.T is the Fortran view of U_g: lower triangular, transposed back
+        product[...] = _dtrmm(1.0, matrix.T, right, side=0, lower=1, trans_a=1)
+    return out
 
 
 def _mirror_upper(matrix: np.ndarray, block: int = 256) -> None:
@@ -185,8 +211,8 @@ class SymmetricSum:
     def add(self, rows: np.ndarray, device: str | None = None) -> None:
         """`S += rows^T rows` for a 2-D float array of `size` columns (upcast before the product)."""
         if device is None:
-            if _add_syrk_upper(self._home(), rows.astype(np.float64, copy=False)):
-                self._upper_only = True
+            _add_syrk_upper(self._home(), rows.astype(np.float64, copy=False))
+            self._upper_only = True
             return
         ops = array_ops(device)
         if self._on_device is None:

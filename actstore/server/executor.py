@@ -86,16 +86,21 @@ class Executor:
         groups = groups or self.row_groups(rows)
         return merged(gather([submit(self.store, sources, g, accumulator, labels) for g in groups]))
 
-    def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None):
-        """`map_reduce` and `finalize`, the merge and the finalize in one more Ray task (single-threaded
-        BLAS, off the server process; with one map task, in that task), for accumulators with a large
-        state and a heavy finalize that only reads it: only the finalized result comes back."""
+    def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulators: list, groups=None
+                     ) -> list:
+        """`map_reduce` and `finalize` of each accumulator, all submitted at once (shares of one
+        query's work over the same rows run side by side), the merge and the finalize in one more
+        Ray task per accumulator (single-threaded BLAS, off the server process; with one map task,
+        in that task), for accumulators with a large state and a heavy finalize that only reads it:
+        only the finalized results come back, in order."""
         groups = groups or self.row_groups(rows)
         if len(groups) == 1:
-            return gather(self.device_task(accumulated_and_finalized)(self.store, sources, groups[0], accumulator))
+            submit = self.device_task(accumulated_and_finalized)
+            return gather([submit(self.store, sources, groups[0], accumulator) for accumulator in accumulators])
         submit = self.device_task(accumulate)
-        refs = [submit(self.store, sources, g, accumulator, None) for g in groups]
-        return gather(remote(merged_and_finalized, num_cpus=1).remote(*refs))
+        reduce = remote(merged_and_finalized, num_cpus=1).remote
+        return gather([reduce(*[submit(self.store, sources, g, accumulator, None) for g in groups])
+                       for accumulator in accumulators])
 
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""

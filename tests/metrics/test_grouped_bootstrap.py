@@ -44,10 +44,16 @@ def test_groups_and_their_weights_are_seeded_functions_of_row_and_group():
 
 @pytest.mark.parametrize(("cuts", "order", "groups"),
                          [([], [0], 5), ([13, 40], [2, 0, 1], 7), ([1, 2, 50], [3, 1, 0, 2], 64)])
-def test_replicates_equal_the_repeated_rows_definition(cuts, order, groups):
+@pytest.mark.parametrize("near", [False, True])
+def test_replicates_equal_the_repeated_rows_definition(cuts, order, groups, near):
+    """Sums about the origin, far from the data (the finalize moves the group products to the mean
+    first), or about a shift near the mean (a third of a standard deviation off: the finalize
+    centres by algebra alone)."""
     blocks = correlated(61, seed=1)
     pairs = [(0, 1), (2, 1), (0, 2)]
-    stats = fed([blocks[0], blocks[1], blocks[2].astype(np.float32)], pairs, 12, groups, 9, cuts, order).finalize()
+    shifts = [b.mean(axis=0) + b.std(axis=0) / 3 for b in blocks] if near else None
+    stats = fed([blocks[0], blocks[1], blocks[2].astype(np.float32)], pairs, 12, groups, 9, cuts, order,
+                make=lambda w, p, r, g, s: GroupedBootstrapCKA(w, p, r, g, s, shifts)).finalize().stats()
     blocks[2] = blocks[2].astype(np.float32).astype(np.float64)  # float32 rows are exact, upcast before products
     row_weights = group_poisson_weights(9, 12, groups)[:, sample_groups(9, np.arange(61), groups)]
     for k, (a, b) in enumerate(pairs):
@@ -64,21 +70,45 @@ def test_replicates_equal_the_repeated_rows_definition(cuts, order, groups):
 
 def test_chunking_merge_order_and_the_row_buffer_change_nothing(monkeypatch):
     blocks = correlated(700, seed=2, widths=(5, 7))
-    one = fed(blocks, [(0, 1)], 30, 8, 1, [], [0]).finalize()
+    one = fed(blocks, [(0, 1)], 30, 8, 1, [], [0]).finalize().stats()
     monkeypatch.setattr(grouped_cka, "PENDING_ROWS_PER_GROUP", 2)  # flush every 16 rows
-    many = fed(blocks, [(0, 1)], 30, 8, 1, [7, 300, 301, 650], [2, 4, 3, 0, 1]).finalize()
+    many = fed(blocks, [(0, 1)], 30, 8, 1, [7, 300, 301, 650], [2, 4, 3, 0, 1]).finalize().stats()
     np.testing.assert_allclose(many.bootstrap_biased, one.bootstrap_biased, atol=1e-12)
     np.testing.assert_allclose(many.bootstrap_debiased, one.bootstrap_debiased, atol=1e-12)
     near = [block[3] for block in blocks]  # any shift is exact; one near the data keeps the sums small
     shifted = fed_in_chunks(lambda: GroupedBootstrapCKA([5, 7], [(0, 1)], 30, 8, 1, shifts=near), blocks,
-                            [350], [1, 0]).finalize()
+                            [350], [1, 0]).finalize().stats()
     np.testing.assert_allclose(shifted.bootstrap_debiased, one.bootstrap_debiased, atol=1e-10)
     np.testing.assert_allclose(shifted.bootstrap_biased, one.bootstrap_biased, atol=1e-10)
-    other = fed(blocks, [(0, 1)], 30, 8, 2, [], [0]).finalize()
+    other = fed(blocks, [(0, 1)], 30, 8, 2, [], [0]).finalize().stats()
     assert not np.allclose(other.bootstrap_biased, one.bootstrap_biased)
     again = fed(blocks, [(0, 1)], 30, 8, 1, [], [0])
-    first = again.finalize()
-    np.testing.assert_allclose(again.finalize().bootstrap_debiased, first.bootstrap_debiased, atol=1e-12)
+    first = again.finalize().stats()
+    np.testing.assert_allclose(again.finalize().stats().bootstrap_debiased, first.bootstrap_debiased, atol=1e-12)
+
+
+def test_split_shares_fed_the_same_rows_join_to_the_whole():
+    blocks = correlated(300, seed=5)
+    pairs = [(0, 1), (2, 1), (0, 2)]
+    whole = fed(blocks, pairs, 20, 6, 4, [], [0]).finalize().stats()
+    template = GroupedBootstrapCKA([6, 9, 4], pairs, 20, 6, 4)
+    for parts in (2, 4, 10):
+        shares = template.split(parts)
+        assert len(shares) == min(parts, 6) and sorted(p for s in shares for p in s.products) == template.products
+        for share in shares:
+            share.update(blocks)
+        terms = [share.finalize() for share in shares]
+        joined = terms[0].stats(*terms[1:])
+        for field in ("biased", "debiased", "bootstrap_biased", "bootstrap_debiased"):
+            np.testing.assert_allclose(getattr(joined, field), getattr(whole, field), rtol=0, atol=1e-12)
+    # a pair: its own product against both blocks with themselves (syrk: half the work each)
+    cross, selves = GroupedBootstrapCKA([6, 6], [(0, 1)], 5, 4).split(2)
+    assert (cross.products, selves.products) == ([(0, 1)], [(0, 0), (1, 1)])
+    cross.update([blocks[0][:, :6], blocks[1][:, :6]])
+    with pytest.raises(ValueError, match=r"the products \[\(0, 0\), \(1, 1\)\] are missing"):
+        cross.finalize().stats()
+    with pytest.raises(ValueError, match="before adding rows"):
+        cross.split(2)
 
 
 def test_grouped_and_exact_intervals_agree_in_width_at_large_n():
@@ -91,7 +121,7 @@ def test_grouped_and_exact_intervals_agree_in_width_at_large_n():
     for seed in range(3):
         blocks = correlated(1200, seed=seed, widths=(6, 9), offset=3.0)
         exact = fed(blocks, [(0, 1)], 300, 0, seed, [], [0], make=lambda w, p, r, g, s: ResampledCKA(w, p, r, 0, s))
-        exact, grouped = exact.finalize(), fed(blocks, [(0, 1)], 300, 64, seed, [], [0]).finalize()
+        exact, grouped = exact.finalize(), fed(blocks, [(0, 1)], 300, 64, seed, [], [0]).finalize().stats()
         for variant in ratios:
             e, g = getattr(exact, f"bootstrap_{variant}")[:, 0], getattr(grouped, f"bootstrap_{variant}")[:, 0]
             ratios[variant].append(g.std() / e.std())
@@ -110,7 +140,7 @@ def test_where_width_over_n_is_large_both_intervals_keep_their_width():
         x = rng.normal(size=(1000, 48))
         y = x @ rng.normal(size=(48, 48)) / np.sqrt(48) + rng.normal(size=(1000, 48))
         exact = fed([x, y], [(0, 1)], 200, 0, seed, [], [0], make=lambda w, p, r, g, s: ResampledCKA(w, p, r, 0, s))
-        exact, grouped = exact.finalize(), fed([x, y], [(0, 1)], 200, 48, seed, [], [0]).finalize()
+        exact, grouped = exact.finalize(), fed([x, y], [(0, 1)], 200, 48, seed, [], [0]).finalize().stats()
         biased.append(grouped.bootstrap_biased.std() / exact.bootstrap_biased.std())
         debiased.append(grouped.bootstrap_debiased.std() / exact.bootstrap_debiased.std())
     assert 0.8 < np.mean(debiased) < 1.2 and 0.8 < np.mean(biased) < 1.2, (biased, debiased)
@@ -128,7 +158,7 @@ def test_debiased_interval_covers_the_population_cka():
     for trial in range(60):
         x = rng.normal(size=(1500, 6))
         y = x @ a + noise * rng.normal(size=(1500, 5))
-        stats = fed([x, y], [(0, 1)], 200, 48, trial, [], [0]).finalize()
+        stats = fed([x, y], [(0, 1)], 200, 48, trial, [], [0]).finalize().stats()
         low, high = percentile_interval(stats.bootstrap_debiased[:, 0], 0.90)
         covered.append(low <= truth <= high)
     assert 0.78 <= np.mean(covered) <= 0.98, np.mean(covered)
@@ -139,11 +169,13 @@ def test_bad_inputs_are_refused():
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 0)
     with pytest.raises(ValueError, match="pairs must name blocks"):
         GroupedBootstrapCKA([3, 3], [(0, 2)], 10, 4)
-    with pytest.raises(ValueError, match="different blocks, pairs, replicates, groups, seeds or shifts"):
+    with pytest.raises(ValueError, match="different blocks, pairs, products, replicates, groups, seeds or shifts"):
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4).merge(GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 5))
-    with pytest.raises(ValueError, match="different blocks, pairs, replicates, groups, seeds or shifts"):
+    with pytest.raises(ValueError, match="different blocks, pairs, products, replicates, groups, seeds or shifts"):
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4).merge(
             GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4, shifts=[np.ones(3), np.zeros(3)]))
+    with pytest.raises(ValueError, match="products must be some of"):
+        GroupedBootstrapCKA([3, 3, 3], [(0, 1)], 10, 4, products=[(0, 2)])
     with pytest.raises(ValueError, match="one vector per block"):
         GroupedBootstrapCKA([3, 3], [(0, 1)], 10, 4, shifts=[np.ones(3)])
     with pytest.raises(ValueError, match="no rows were added"):

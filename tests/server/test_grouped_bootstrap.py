@@ -84,11 +84,13 @@ def test_map_finalize_merges_in_a_task_or_finalizes_in_the_one_map_task(module_s
     executor = module_server.service.queries.parts.executor
     sources = [(runs["bert"], [2]), (runs["gpt2"], [1])]
     make = lambda: GroupedBootstrapCKA([16, 16], [(0, 1)], 25, 5, seed=3)  # noqa: E731
-    three = executor.map_finalize(40, sources, make(), executor.row_groups(40, 3))  # merged in a reduce task
-    one = executor.map_finalize(40, sources, make(), executor.row_groups(40, 1))  # finalized in the map task
     local = make()
     local.update([rows(client, runs["bert"], 2), rows(client, runs["gpt2"], 1)])
-    expected = local.finalize()
-    for stats in (three, one):
+    expected = local.finalize().stats()
+    three = executor.map_finalize(40, sources, [make()], executor.row_groups(40, 3))  # merged in a reduce task
+    one = executor.map_finalize(40, sources, [make()], executor.row_groups(40, 1))  # finalized in the map task
+    shared = executor.map_finalize(40, sources, make().split(2), executor.row_groups(40, 2))  # two shares, side by side
+    for terms in (three, one, shared):
+        stats = terms[0].stats(*terms[1:])
         np.testing.assert_allclose(stats.bootstrap_debiased, expected.bootstrap_debiased, atol=1e-9)
         np.testing.assert_allclose(stats.bootstrap_biased, expected.bootstrap_biased, atol=1e-9)

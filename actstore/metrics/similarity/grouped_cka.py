@@ -24,8 +24,10 @@ State: per group and per block product (a, b) the pair and each used block with 
 sums of the rows minus a fixed shift per block (the same in every task, e.g. the run's stored
 means): count n_g, sums, `X_g^T Y_g` (self products: the upper triangle, one syrk), and the row
 norms' sums below. Memory G x (sum of da db) whatever n; partial states simply add, in any order.
-The finalize moves every group's sums, exactly, to the sample's mean (`_centred`; the centre
-`uncertain_cka` uses too).
+The products are independent until the CKA's normalisation, so accumulators fed the same rows can
+share them out (`GroupedBootstrapCKA.split`: one pair's (a, b) beside its (a, a) and (b, b)).
+The finalize centres every group's terms, exactly, at the sample's mean (the centre `uncertain_cka`
+uses too) by algebra on the sums about the shift, without moving the d x d group products (`_centred`).
 For a block pair (a, b) with group moments `S_g = X_g^T Y_g` (da x db), `s_g`, `t_g` (the column
 sums of X_g, Y_g), `rho_g = sum_i r_i q_i`, `u_g = sum_i r_i y_i`, `v_g = sum_i q_i x_i` over the
 group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = sum_g w_g S_g`,
@@ -43,23 +45,27 @@ group's rows (`r_i = ||x_i||^2`, `q_i = ||y_i||^2`), and per replicate `S(w) = s
 
 Weights of all ones give the sample's CKA through the same formulas. Cost: the per-group moments
 are the plain feature-space query's syrk, `n D^2 / 2`; the finalize ~ 2 G^2 da db per product
-(Q and S_h t_k) plus (B + 1) G^3 for the replicates (`grouped_bootstrap_cost`).
+(Q and S_h t_k; half that for a block with itself, from its upper triangle) plus (B + 1) G^3 for
+the replicates (`grouped_bootstrap_cost`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from .._numerics import _add_syrk_upper, _mirror_upper
+from .._numerics import _add_gemm, _add_syrk_upper, _upper_triangular_products
 from .cka import hsic_u_from_grams, normalised
 from .inputs import FLOAT64_BYTES, MIN_HSIC_SAMPLES, validated_blocks, validated_widths
 from .resampling import group_poisson_weights, sample_groups
 from .uncertain_cka import ResampledCKAStats
 
-PENDING_ROWS_PER_GROUP = 32  # rows are buffered until each group gets ~32 at once: one syrk per group
+PENDING_ROWS_PER_GROUP = 256  # rows are buffered until each group gets ~256 at once: one syrk per group
+# (each product reads and writes the group's d x d sums, so few rows per product leave it memory-bound)
 PENDING_BYTES = 32 << 20  # ... or until the buffer holds this much as float64
+FAR_SHIFT = 2.0  # S is moved before the algebra when (sum ||x - shift||^2 / sum ||x - mean||^2) times y's passes this
 
 
 def _products(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -68,14 +74,22 @@ def _products(pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return sorted({tuple(sorted(p)) for p in pairs} | {(b, b) for b in used})
 
 
+def _work(block_widths: Sequence[int], product: tuple[int, int]) -> float:
+    """A product's share of the work, accumulation and finalize alike: da db, half that for a
+    block with itself (syrk, and triangular products in the finalize)."""
+    a, b = product
+    return block_widths[a] * block_widths[b] / (2 if a == b else 1)
+
+
 def grouped_bootstrap_cost(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], n: int,
                            replicates: int, groups: int) -> float:
     """Multiply-adds of the grouped bootstrap: the per-group syrk of the used blocks' rows
-    (`n D^2 / 2`), then per product (a, b) `Q` and the `S_h t_k` of `T` (2 G^2 da db), `T`'s
-    contraction with the s_g (G^3 da) and the (B + 1) replicates' cubic forms (G^3)."""
+    (`n D^2 / 2`), then per product (a, b) `Q` and the `S_h t_k` of `T` (2 G^2 da db, half for
+    a block with itself: `_work`), `T`'s contraction with the s_g (G^3 da) and the (B + 1)
+    replicates' cubic forms (G^3)."""
     widths = validated_widths(block_widths)
     used_width = sum(widths[b] for b in sorted({x for pair in pairs for x in pair}))
-    finalize = sum(2 * groups**2 * widths[a] * widths[b] + groups**3 * (widths[a] + replicates + 1)
+    finalize = sum(2 * groups**2 * _work(widths, (a, b)) + groups**3 * (widths[a] + replicates + 1)
                    for a, b in _products(pairs))
     return n * used_width**2 / 2 + finalize
 
@@ -85,7 +99,9 @@ class GroupedBootstrapCKA:
     over `groups` random groups, seeded by `seed`.
 
     Feed chunks with `seek(first_row)` + `update(blocks)`, `merge` partial accumulators in any
-    order, then `finalize` (a `ResampledCKAStats` without a null). Every sum is of the rows minus
+    order, then `finalize` (`GroupedTerms`; its `stats()` are the pairs' CKA, sample and replicates).
+    `split` deals the block products between accumulators fed the same rows, whose terms join
+    (the products are independent until the CKA's normalisation). Every sum is of the rows minus
     `shifts[b]` (one vector per block, the same in every task: e.g. the run's stored means, so the
     sums stay near the centred ones; default 0), so partial states simply add. Rows wait in a buffer
     (at most `PENDING_BYTES` as float64) so that each group's products take many rows at once;
@@ -94,7 +110,8 @@ class GroupedBootstrapCKA:
     """
 
     def __init__(self, block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], replicates: int,
-                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None) -> None:
+                 groups: int, seed: int = 0, shifts: Sequence[np.ndarray] | None = None,
+                 products: Sequence[tuple[int, int]] | None = None) -> None:
         self.block_widths = validated_widths(block_widths)
         self.pairs = tuple((int(a), int(b)) for a, b in pairs)
         if not self.pairs or any(not (0 <= x < len(self.block_widths)) for pair in self.pairs for x in pair):
@@ -102,8 +119,11 @@ class GroupedBootstrapCKA:
         if replicates < 0 or groups < 1:
             raise ValueError(f"replicates must be >= 0 and groups >= 1, got {replicates} and {groups}")
         self.replicates, self.groups, self.seed = int(replicates), int(groups), int(seed)
-        self.used = sorted({x for pair in self.pairs for x in pair})
-        self.products = _products(self.pairs)
+        needed = _products(self.pairs)
+        self.products = needed if products is None else sorted({tuple(sorted(map(int, p))) for p in products})
+        if not self.products or not set(self.products) <= set(needed):
+            raise ValueError(f"products must be some of {needed} (the pairs' own and each block's with itself)")
+        self.used = sorted({x for product in self.products for x in product})
         shifts = [np.zeros(w) for w in self.block_widths] if shifts is None else shifts
         if [np.shape(v) for v in shifts] != [(w,) for w in self.block_widths]:
             raise ValueError(f"shifts must be one vector per block of widths {self.block_widths}")
@@ -126,12 +146,29 @@ class GroupedBootstrapCKA:
     def estimate_peak_nbytes(block_widths: Sequence[int], pairs: Sequence[tuple[int, int]], groups: int,
                              replicates: int, tasks: int) -> int:
         """Bytes held at the peak of a query's reduce and finalize: `tasks` partial states and
-        their merge, plus the finalize's largest product (its G group blocks moved to the mean,
-        T and the replicates' contraction of T)."""
+        their merge, plus the finalize's largest product: its G group blocks moved (a copy, only
+        when the shift is far from the mean, `_centred`), the products with t' and along the
+        diagonal (2 G^2 d), T with its temporaries and the replicates' contraction of T."""
         widths = validated_widths(block_widths)
         largest = max(widths[a] * widths[b] for a, b in _products(pairs))
-        finalize = FLOAT64_BYTES * (2 * groups * largest + 2 * groups**3 + (replicates + 1) * groups**2)
+        finalize = FLOAT64_BYTES * (groups * largest + 2 * groups**2 * (max(widths) + 1) + 4 * groups**3
+                                    + (replicates + 1) * groups**2)
         return (tasks + 1) * GroupedBootstrapCKA.state_nbytes(widths, pairs, groups) + finalize
+
+    def split(self, parts: int) -> list[GroupedBootstrapCKA]:
+        """This accumulator's products dealt between at most `parts` new ones of near-equal work
+        (`_work`; largest first, each to the least loaded), each forming only its own products
+        from the same rows. Their finalized terms join: `first.stats(*others)`."""
+        if self._state is not None or self._pending:
+            raise ValueError("split an accumulator before adding rows")
+        shares: list[list[tuple[int, int]]] = [[] for _ in range(max(1, min(parts, len(self.products))))]
+        loads = [0.0] * len(shares)
+        for product in sorted(self.products, key=lambda p: -_work(self.block_widths, p)):
+            least = loads.index(min(loads))
+            shares[least].append(product)
+            loads[least] += _work(self.block_widths, product)
+        return [GroupedBootstrapCKA(self.block_widths, self.pairs, self.replicates, self.groups, self.seed,
+                                    self.shifts, share) for share in shares]
 
     def __getstate__(self) -> dict:
         self._flush()
@@ -140,7 +177,7 @@ class GroupedBootstrapCKA:
     @property
     def n(self) -> int:
         flushed = 0 if self._state is None else int(self._state["n"].sum())
-        return flushed + sum(len(rows) for _, rows in self._pending)
+        return flushed + sum(len(rows[0]) for _, rows in self._pending)
 
     def seek(self, row: int) -> None:
         """The global index of the next chunk's first row (the map task's range start)."""
@@ -185,28 +222,38 @@ class GroupedBootstrapCKA:
         state = self._state if self._state is not None else self._allocate()
         state["n"][present] += counts[present]
         for b in self.used:
-            state["sums"][b][present] += np.add.reduceat(x[b], starts, axis=0)
             state["norms"][b][present] += np.add.reduceat(r[b], starts)
         for a, b in self.products:
             state["rho"][(a, b)][present] += np.add.reduceat(r[a] * r[b], starts)
-            state["u"][(a, b)][present] += np.add.reduceat(r[a][:, None] * x[b], starts, axis=0)
-            state["v"][(a, b)][present] += np.add.reduceat(r[b][:, None] * x[a], starts, axis=0)
-            cross = state["cross"][(a, b)]
-            for g, lo in zip(present, starts):
-                rows_a, rows_b = x[a][lo: lo + counts[g]], x[b][lo: lo + counts[g]]
-                if a == b:  # symmetric: the upper triangle by one syrk, mirrored in the finalize
-                    _add_syrk_upper(cross[g], rows_a)
+        # per block c and group: the rows' sum and every `sum r_w x_c` a product needs (u of (w, c), v of
+        # (c, w)) as one small product x_c^T [1, r_w, ...]
+        weighting = {c: sorted({a for a, b in self.products if b == c} | {b for a, b in self.products if a == c})
+                     for c in self.used}
+        columns = {c: np.column_stack([np.ones(len(index))] + [r[w] for w in weighting[c]]) for c in self.used}
+        for g, lo in zip(present, starts):
+            rows = {c: x[c][lo: lo + counts[g]] for c in self.used}
+            for c in self.used:
+                moments = rows[c].T @ columns[c][lo: lo + counts[g]]  # (width, 1 + weights)
+                state["sums"][c][g] += moments[:, 0]
+                for j, w in enumerate(weighting[c], 1):
+                    if (w, c) in state["u"]:
+                        state["u"][(w, c)][g] += moments[:, j]
+                    if (c, w) in state["v"]:
+                        state["v"][(c, w)][g] += moments[:, j]
+            for a, b in self.products:
+                if a == b:  # symmetric: the upper triangle by one syrk (the finalize reads only it)
+                    _add_syrk_upper(state["cross"][(a, b)][g], rows[a])
                 else:
-                    cross[g] += rows_a.T @ rows_b
+                    _add_gemm(state["cross"][(a, b)][g], rows[a], rows[b])
         self._state = state
 
     def merge(self, other: GroupedBootstrapCKA) -> GroupedBootstrapCKA:
         """Add `other`'s rows (in place; `other` is only read) and return self."""
-        if (other.block_widths, other.pairs, other.replicates, other.groups, other.seed) != (
-                self.block_widths, self.pairs, self.replicates, self.groups, self.seed) or not all(
+        if (other.block_widths, other.pairs, other.products, other.replicates, other.groups, other.seed) != (
+                self.block_widths, self.pairs, self.products, self.replicates, self.groups, self.seed) or not all(
                 np.array_equal(mine, theirs) for mine, theirs in zip(self.shifts, other.shifts)):
             raise ValueError("cannot merge grouped-bootstrap CKA accumulators of different blocks, pairs, "
-                             "replicates, groups, seeds or shifts")
+                             "products, replicates, groups, seeds or shifts")
         self._pending.extend(other._pending)
         if other._state is not None:
             if self._state is None:
@@ -220,70 +267,162 @@ class GroupedBootstrapCKA:
         self._flush()
         return self
 
-    def finalize(self) -> ResampledCKAStats:
-        """The sample's CKA and the bootstrap replicates', per pair. Only reads the state (a
+    def finalize(self) -> GroupedTerms:
+        """Each product's HSIC terms for the sample and every replicate. Only reads the state (a
         partial from Ray's object store, read-only, can be finalized as it is) once the buffer
-        is empty; otherwise the buffer is flushed into the groups first."""
+        is empty; otherwise the buffer is flushed into the groups first. A group without rows
+        has all-zero moments and adds nothing to any term, whatever its weight."""
         self._flush()
         if self._state is None:
             raise ValueError("no rows were added; CKA needs at least one sample")
         state = self._state
-        present = np.flatnonzero(state["n"])
-        counts = state["n"][present]
-        weights = np.vstack([np.ones(len(present)), group_poisson_weights(self.seed, self.replicates,
-                                                                          self.groups)[:, present]])
+        counts = state["n"]
+        weights = np.vstack([np.ones(self.groups), group_poisson_weights(self.seed, self.replicates, self.groups)])
         size = weights @ counts
-        delta = {b: state["sums"][b][present].sum(axis=0) / counts.sum() for b in self.used}  # mean - shift
-        terms = {p: _product_terms(_centred(state, p, present, delta), weights, size) for p in self.products}
+        delta = {b: state["sums"][b].sum(axis=0) / counts.sum() for b in self.used}  # mean - shift
+        terms = {p: _product_terms(_centred(state, p, delta), weights, size) for p in self.products}
+        return GroupedTerms(self.pairs, terms, int(counts.sum()))
+
+
+@dataclass(frozen=True)
+class GroupedTerms:
+    """A grouped accumulator's finalized products: per block product (a, b), the biased HSIC
+    numerator and the unbiased HSIC, (R+1,) each (row 0 the sample's, then the replicates')."""
+
+    pairs: tuple[tuple[int, int], ...]
+    products: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]
+    n: int
+
+    def stats(self, *others: GroupedTerms) -> ResampledCKAStats:
+        """The pairs' CKA, sample and replicates (no null), from these products and `others'`
+        (the other shares of one `split`)."""
+        terms = dict(self.products)
+        for other in others:
+            terms.update(other.products)
+        missing = sorted(set(_products(self.pairs)) - set(terms))
+        if missing:
+            raise ValueError(f"the products {missing} are missing: join every share of the split")
         cka = [np.stack([normalised(terms[tuple(sorted(p))][v], terms[(p[0], p[0])][v], terms[(p[1], p[1])][v])
                          for p in self.pairs], 1) for v in (0, 1)]
         empty = np.zeros((0, len(self.pairs)))
-        return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, int(counts.sum()))
+        return ResampledCKAStats(cka[0][0], cka[1][0], cka[0][1:], cka[1][1:], empty, empty, self.n)
 
 
-def _centred(state: dict, product: tuple[int, int], present: np.ndarray, delta: dict) -> dict:
-    """One product's group sums moved from the shift to the sample's mean, exactly: with
-    `x' = x - da`, `y' = y - db`, `r' = r - 2 da.x + ea` (`ea = ||da||^2`), per group
-    `S' = S - s db^T - da t^T + n da db^T`, `s' = s - n da`, `R' = R - 2 da.s + n ea`,
-    `u' = u - R db - 2 S^T da + 2 (da.s) db + ea t - n ea db` (v likewise), and
-    `rho' = rho - 2 db.u - 2 da.v + 4 da^T S db + eb R_a + ea R_b - 2 eb da.s - 2 ea db.t + n ea eb`."""
+def _centred(state: dict, product: tuple[int, int], delta: dict) -> dict:
+    """One product's group terms at the sample's mean, from its sums about the shift, without
+    moving any group's da x db matrix S_g (`da`, `db`: mean - shift; `ea = ||da||^2`). Per group
+    `s' = s - n da`, `t' = t - n db` and `S' = S - P`, `P = s' db^T + da t^T` (rank two), so with
+    `c_g = S_g db` and `e_g = S_g^T da`:
+
+    - `Q'_gh = <S'_g, S'_h> = Q_gh - M_gh - M_hg + <P_g, P_h>`, `M_gh = <S_g, P_h> = c_g.s'_h + e_g.t_h`,
+      `<P_g, P_h> = eb s'_g.s'_h + (s'_g.da)(t_h.db) + (t_g.db)(s'_h.da) + ea t_g.t_h`;
+    - `T'_ghk = s'_g^T S'_h t'_k = s'_g^T S_h t'_k - (s'_g.s'_h)(db.t'_k) - (s'_g.da)(t_h.t'_k)`;
+    - the other moments by `_moved_moments`.
+
+    Each S_g is read three times (Q, one product for every `S_h t'_k` and c, one for e) and never
+    copied. The subtractions are exact algebra, but Q' cancels about (|S| / |S'|)^2 of its
+    leading digits where moving S first cancels |S| / |S'|: when the shift is far from the mean
+    (`FAR_SHIFT`) the sums are moved to the mean first (`_reshifted`, a copy of S) and the algebra
+    handles the rounding left over. The service's shift is the runs' stored means, not far.
+    For a == b only the upper triangle U of S = U + U^T - diag(U) is summed (the lower is zero):
+    `<S_g, S_h> = 2 <U_g, U_h> - diag(U_g).diag(U_h)` and
+    `s'_g^T S_h s'_k = V_ghk + V_khg - sum_i s'_gi diag(U_h)_i s'_ki`, `V_ghk = s'_g^T U_h s'_k`."""
     a, b = product
+    symmetric = a == b
+    parts = {"n": state["n"], "cross": state["cross"][product], "sums_a": state["sums"][a],
+             "sums_b": state["sums"][b], "norms_a": state["norms"][a], "norms_b": state["norms"][b],
+             "rho": state["rho"][product], "u": state["u"][product], "v": state["v"][product]}
     da, db = delta[a], delta[b]
+    total = parts["n"].sum()
+    about_shift = [parts["norms_a"].sum(), parts["norms_b"].sum()]  # sum ||x - shift||^2, y's
+    about_mean = [about_shift[0] - total * (da @ da), about_shift[1] - total * (db @ db)]
+    if min(about_mean) <= 0 or about_shift[0] * about_shift[1] > FAR_SHIFT * about_mean[0] * about_mean[1]:
+        parts = _reshifted(parts, da, db, symmetric)
+        da, db = parts["sums_a"].sum(axis=0) / total, parts["sums_b"].sum(axis=0) / total  # rounding left
+    cross, n, t = parts["cross"], parts["n"], parts["sums_b"]
+    groups, rows, _ = cross.shape
+    diagonal = np.diagonal(cross, axis1=1, axis2=2).copy() if symmetric else None
+    moved_t = t - np.outer(n, db)
+    c, e, cross_t = _cross_products(cross, moved_t, da, db, diagonal)
+    moved = _moved_moments(parts, da, db, c, e)
+    moved_s = moved["sums_a"]
+    tensor = np.matmul(moved_s, cross_t).transpose(1, 0, 2)  # [g, h, k] = s'_g^T S_h t'_k (U_h when symmetric)
+    if symmetric:
+        gram = np.zeros((groups, groups))
+        for i in range(rows):  # row i of every U_g from its diagonal on: a syrk of half the entries in all
+            entries = cross[:, i, i:]
+            gram += entries @ entries.T
+        gram = 2 * gram - diagonal @ diagonal.T
+        along_diagonal = (moved_s[:, None, :] * diagonal[None]).reshape(groups * groups, rows) @ moved_s.T
+        tensor = tensor + tensor.transpose(2, 1, 0) - along_diagonal.reshape(groups, groups, groups)
+    else:
+        flat = cross.reshape(groups, -1)
+        gram = flat @ flat.T  # a syrk: numpy sees the transpose of its own operand
+    moved_s_da, t_db, outer_s = moved_s @ da, t @ db, moved_s @ moved_s.T
+    mixed = c @ moved_s.T + e @ t.T  # M_gh
+    gram = (gram - mixed - mixed.T + (db @ db) * outer_s + np.outer(moved_s_da, t_db) + np.outer(t_db, moved_s_da)
+            + (da @ da) * (t @ t.T))
+    tensor -= outer_s[:, :, None] * (moved_t @ db)[None, None, :] + moved_s_da[:, None, None] * (t @ moved_t.T)[None]
+    return {**moved, "gram": gram, "tensor": tensor}
+
+
+def _cross_products(cross: np.ndarray, moved_t: np.ndarray, da: np.ndarray, db: np.ndarray,
+                    diagonal: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`c_g = S_g db`, `e_g = S_g^T da` and `S_h t'_k` as (G, da, K) for the K rows of `moved_t`, in
+    two passes over the stacked S (the first one product for all of `[t'_1 .. t'_K, db]`). For a
+    symmetric product (`diagonal` given: the U_g's) S = U + U^T - diag(U) gives c = e; the third is
+    then `U_h t'_k` (triangular products: half the multiply-adds)."""
+    groups, rows, cols = cross.shape
+    right = np.column_stack([moved_t.T, db])
+    if diagonal is None:
+        right = (cross.reshape(groups * rows, cols) @ right).reshape(groups, rows, -1)
+    else:
+        right = _upper_triangular_products(cross, right)
+    c, e = right[:, :, -1], np.matmul(da, cross)
+    if diagonal is not None:
+        c = e = c + e - diagonal * db
+    return c, e, right[:, :, :-1]
+
+
+def _moved_moments(parts: dict, da: np.ndarray, db: np.ndarray, c: np.ndarray, e: np.ndarray) -> dict:
+    """`parts` with its sums, norms, rho, u and v moved, exactly, from the shift to shift + (da, db)
+    (`c_g = S_g db`, `e_g = S_g^T da`): with `x' = x - da`, `y' = y - db`, `r' = r - 2 da.x + ea`,
+    per group `s' = s - n da`, `R' = R - 2 da.s + n ea`, `u' = u - R db - 2 e + 2 (da.s) db + ea t - n ea db`
+    (v likewise with c), and
+    `rho' = rho - 2 db.u - 2 da.v + 4 da^T S db + eb R_a + ea R_b - 2 eb da.s - 2 ea db.t + n ea eb`."""
+    n, s, t, u, v = parts["n"], parts["sums_a"], parts["sums_b"], parts["u"], parts["v"]
+    norms_a, norms_b = parts["norms_a"], parts["norms_b"]
     ea, eb = da @ da, db @ db
-    n = state["n"][present]
-    cross = state["cross"][product][present]
-    if a == b:  # only the upper triangle is summed: mirror it in this copy
-        for matrix in cross:
-            _mirror_upper(matrix)
-    s, t = state["sums"][a][present], state["sums"][b][present]
-    norms_a, norms_b = state["norms"][a][present], state["norms"][b][present]
-    u, v = state["u"][product][present], state["v"][product][present]
     s_da, t_db = s @ da, t @ db
-    cross_db, da_cross = cross @ db, np.einsum("i,gij->gj", da, cross)
-    rho = (state["rho"][product][present] - 2 * u @ db - 2 * v @ da + 4 * da_cross @ db + eb * norms_a
-           + ea * norms_b - 2 * eb * s_da - 2 * ea * t_db + n * ea * eb)
-    u = u - np.outer(norms_a, db) - 2 * da_cross + np.outer(2 * s_da, db) + ea * t - np.outer(n * ea, db)
-    v = v - np.outer(norms_b, da) - 2 * cross_db + np.outer(2 * t_db, da) + eb * s - np.outer(n * eb, da)
-    moved_s = s - np.outer(n, da)
-    for matrix, sum_a, sum_b in zip(cross, moved_s, t):  # S - s db^T - da t^T + n da db^T = S - s' db^T - da t^T
-        matrix -= np.outer(sum_a, db)
-        matrix -= np.outer(da, sum_b)
-    return {"cross": cross, "sums_a": moved_s, "sums_b": t - np.outer(n, db), "rho": rho,
-            "norms_a": norms_a - 2 * s_da + n * ea, "norms_b": norms_b - 2 * t_db + n * eb, "u": u, "v": v}
+    rho = (parts["rho"] - 2 * u @ db - 2 * v @ da + 4 * e @ db + eb * norms_a + ea * norms_b - 2 * eb * s_da
+           - 2 * ea * t_db + n * ea * eb)
+    return {**parts, "sums_a": s - np.outer(n, da), "sums_b": t - np.outer(n, db), "rho": rho,
+            "norms_a": norms_a - 2 * s_da + n * ea, "norms_b": norms_b - 2 * t_db + n * eb,
+            "u": u - np.outer(norms_a, db) - 2 * e + np.outer(2 * s_da, db) + ea * t - np.outer(n * ea, db),
+            "v": v - np.outer(norms_b, da) - 2 * c + np.outer(2 * t_db, da) + eb * s - np.outer(n * eb, da)}
+
+
+def _reshifted(parts: dict, da: np.ndarray, db: np.ndarray, symmetric: bool) -> dict:
+    """`parts` moved to shift + (da, db), S_g included (a copy): `S' = S - s' db^T - da t^T`; for a
+    symmetric product only on the upper triangle, so the lower stays zero."""
+    diagonal = np.diagonal(parts["cross"], axis1=1, axis2=2) if symmetric else None
+    c, e, _ = _cross_products(parts["cross"], np.zeros((0, len(db))), da, db, diagonal)
+    moved = _moved_moments(parts, da, db, c, e)
+    cross = parts["cross"].copy()
+    upper = np.triu(np.ones(cross.shape[1:], dtype=bool)) if symmetric else True
+    for matrix, sum_a, sum_b in zip(cross, moved["sums_a"], parts["sums_b"]):  # one d x d temporary at a time
+        matrix -= (np.outer(sum_a, db) + np.outer(da, sum_b)) * upper
+    return {**moved, "cross": cross}
 
 
 def _product_terms(parts: dict, weights: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The biased HSIC numerator (no copy pairs, weights scaled to total n) and the unbiased HSIC
-    of one block product for every weight row, (R+1,) each, from its groups' centred moments:
-    `cross` S_g (G, da, db), `sums_a` s_g, `sums_b` t_g, `rho`, `norms_a` tr(X_g^T X_g), `norms_b`,
+    of one block product for every weight row, (R+1,) each, from its groups' centred terms:
+    `gram` Q, `tensor` T, `sums_a` s_g, `sums_b` t_g, `rho`, `norms_a` tr(X_g^T X_g), `norms_b`,
     `u` = sum r y, `v` = sum q x (module docstring). Row 0 (weights all 1) is the sample's."""
-    cross = parts["cross"]
-    groups = len(cross)
-    flat = cross.reshape(groups, -1)
-    quadratic = np.einsum("rg,rg->r", weights @ (flat @ flat.T), weights)  # w^T Q w
-    tensor = np.einsum("gi,hik->ghk", parts["sums_a"], cross @ parts["sums_b"].T,
-                       optimize=True)  # T_ghk = s_g^T S_h t_k (optimize: a BLAS product, not a C loop)
-    cubic = np.einsum("rhk,rh,rk->r", (weights @ tensor.reshape(groups, -1)).reshape(-1, groups, groups),
+    groups = len(weights[0])
+    quadratic = np.einsum("rg,rg->r", weights @ parts["gram"], weights)  # w^T Q w
+    cubic = np.einsum("rhk,rh,rk->r", (weights @ parts["tensor"].reshape(groups, -1)).reshape(-1, groups, groups),
                       weights, weights)
     sums_a, sums_b = weights @ parts["sums_a"], weights @ parts["sums_b"]  # s(w), t(w)
     norm_a, norm_b = np.einsum("ri,ri->r", sums_a, sums_a), np.einsum("ri,ri->r", sums_b, sums_b)

@@ -5,14 +5,18 @@ and with how many groups and map tasks, so that the grouped state fits `max_accu
 
 `auto` (issue 11's target: a pair query with B = 200 replicates within 3x the plain one) keeps the
 exact bootstrap while its modelled multiply-adds are within `TARGET_RATIO` times the plain
-query's (`streaming.cka_mode_costs`, the cheaper space) or below the grouped one's, and takes the
-grouped bootstrap otherwise (large n), or the exact one when the grouped state cannot fit even
-`MIN_GROUPS` groups. The plain query's fixed costs (reading, Ray tasks) are not modelled, so the
-model is conservative: it leaves the exact bootstrap somewhat before the measured ratio passes 3x.
+query's (`streaming.cka_mode_costs`, the cheaper space) or within `EXACT_RATE` times the grouped
+one's, and takes the grouped bootstrap otherwise (large n), or the exact one when the grouped
+state cannot fit even `MIN_GROUPS` groups. The plain query's fixed costs (reading, Ray tasks) are
+not modelled, so the model is conservative: it leaves the exact bootstrap somewhat before the
+measured ratio passes 3x.
 
 `resampled_cka` then runs it: one pass of the exact accumulator (its bootstrap and the null), or
-the grouped bootstrap's pass over `tasks` map tasks and, with a null, the exact accumulator's pass
-for the null alone (the null permutes rows, so it needs them).
+the grouped bootstrap's pass over `tasks` row ranges with its block products shared out between
+the executor's map tasks (`GroupedBootstrapCKA.split`: each share reads every row and forms only
+its products, so for one pair the two cores each take about half the products and the finalize)
+and, with a null, the exact accumulator's pass for the null alone (the null permutes rows, so it
+needs them).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from actstore.server.planners import QueryParts
 from actstore.server.runs import byte_size
 
 TARGET_RATIO = 3.0
+# The exact bootstrap's multiply-adds (large Gram strips) run about this much faster than the grouped
+# one's (per-group d x d products over ~n/G rows, G x d^2 passes of the finalize): measured walls are
+# equal at n = 3072, d = 384, B = 200, G = 48 (0.29 vs 0.27 s, bench/bootstrap_ci.py, 2 cores), where
+# the models say 8.6e9 vs 2.4e9; at n = 2048 the exact one took 0.17 s, the grouped one 0.21 s.
+EXACT_RATE = 3.5
 ROWS_PER_TASK = 32768  # a grouped map task's products over this many rows cost about what merging its state does
 MIN_GROUPS = 16  # below this the standard error's relative error (~ 1/sqrt(2(G-1))) passes 18%
 
@@ -92,7 +101,8 @@ def plan_bootstrap(method: str, groups: int, widths: Sequence[int], pairs: Seque
     if method == "auto":
         plain = min(cka_mode_costs(widths, n).values())
         exact = exact_bootstrap_cost(widths, pairs, n, replicates)
-        if exact <= max(TARGET_RATIO * plain, grouped_bootstrap_cost(widths, pairs, n, replicates, fitting)):
+        if exact <= max(TARGET_RATIO * plain, EXACT_RATE * grouped_bootstrap_cost(widths, pairs, n, replicates,
+                                                                                  fitting)):
             return BootstrapPlan("exact")
     most = min(max(parts, 1), -(-n // ROWS_PER_TASK))
     tasks = max(t for t in range(1, most + 1)
@@ -123,8 +133,10 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
         # the runs' stored means (transformed like the rows) keep the shifted sums near the centred ones
         means = [parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
         shifts = means if transforms is None else [t.apply(m[None])[0] for t, m in zip(transforms, means)]
-        boot = parts.executor.map_finalize(rows, sources, wrapped(GroupedBootstrapCKA(
-            widths, pairs, replicates, plan.groups, seed, shifts)), parts.executor.row_groups(rows, plan.tasks))
+        shares = GroupedBootstrapCKA(widths, pairs, replicates, plan.groups, seed, shifts).split(parts.executor.parts)
+        terms = parts.executor.map_finalize(rows, sources, [wrapped(share) for share in shares],
+                                            parts.executor.row_groups(rows, plan.tasks))
+        boot = terms[0].stats(*terms[1:])
         stats = boot if stats is None else dataclasses.replace(boot, null_biased=stats.null_biased,
                                                                null_debiased=stats.null_debiased)
     return stats
