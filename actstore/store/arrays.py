@@ -244,9 +244,24 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
-        means = self._whole(run_key, group, "layer_sums").sum(axis=0) / layout.rows
+        means = self._shard_sums(run_key, layout).sum(axis=0) / layout.rows
         self._side_array(group, "means", means, overwrite=True)
         return means
+
+    def _shard_sums(self, run_key: str, layout: RunLayout) -> np.ndarray:
+        """(shards, L+1, d): every shard's layer sums, their objects fetched at once (zarr's own
+        read of the array took 0.45 s for 791 shards, a share of a 45 s capture's commit)."""
+        codec = self._codec(run_key, "layer_sums")
+        found = self._fetch([(codec.key((shard, 0, 0)), None) for shard in range(layout.num_shards)])
+        sums = np.empty((layout.num_shards, layout.num_states, layout.width))
+        for shard, data in enumerate(found):
+            if data is None:
+                raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
+            try:
+                sums[shard] = codec.decode(data)[0]
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, "layer_sums", _why(exc), shard=shard) from None
+        return sums
 
     def means(self, run_key: str) -> np.ndarray:
         group = self._group(run_key)
@@ -377,12 +392,12 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_layer_stats(self, run_key: str) -> dict | None:
         layout = self.layout(run_key)
         total = LayerStats.empty(layout.num_states)
-        for shard in range(layout.num_shards):
-            payload = self._get(f"runs/{run_key}/layer_stats/{shard}.json")
+        found = self._fetch([(f"runs/{run_key}/layer_stats/{shard}.json", None) for shard in range(layout.num_shards)])
+        for shard, payload in enumerate(found):
             if payload is None:  # a shard written before statistics existed: the run has none
                 return None
             try:
-                total.merge(LayerStats.from_dict(json.loads(payload)))
+                total.merge(LayerStats.from_dict(json.loads(payload.to_bytes())))
             except (ValueError, KeyError) as exc:
                 raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
         stats = total.finalize()
