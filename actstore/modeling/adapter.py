@@ -17,6 +17,7 @@ No network is ever used: every ``from_pretrained`` call passes ``local_files_onl
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -233,17 +234,23 @@ class ModelAdapter:
         """(L+1, b, s, d) float32 on the model's device: the embedding output, then the output of
         every block. Layer L is the last block's raw output, before any final norm.
 
-        Hooks are added to the last block for the duration of the call, so one adapter must not
-        run two forwards at once from different threads (a Ray actor runs one call at a time)."""
+        Hooks are added to the last block for the duration of the call; each keeps only what the
+        forward of its own thread passes (a capture replica runs forwards from several threads at
+        once, and every forward calls every hook registered at the time)."""
         last = self._blocks[-1]
         seen: dict[str, torch.Tensor] = {}
+        caller = threading.get_ident()
 
         def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            if threading.get_ident() != caller:
+                return
             x = args[0] if args else kwargs.get("hidden_states")
             if isinstance(x, torch.Tensor):
                 seen["in"] = x
 
         def hook(_m: nn.Module, _args: tuple, output: Any) -> None:
+            if threading.get_ident() != caller:
+                return
             out = output[0] if isinstance(output, (tuple, list)) else output
             if hasattr(out, "last_hidden_state"):
                 out = out.last_hidden_state

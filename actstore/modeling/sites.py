@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -161,13 +162,16 @@ def resolve_in_folder(path: Path, sites: Sequence[str]) -> list[ResolvedSite]:
 def collected(model: nn.Module, resolved: Sequence[ResolvedSite]) -> Iterator[dict[str, list]]:
     """Plain forward hooks on every module of the sites other than resid_post (whose states the
     adapter takes from the model's hidden states): within the block, a forward fills
-    ``outputs[site][i]`` with block i's module output (a tuple's first element)."""
+    ``outputs[site][i]`` with block i's module output (a tuple's first element). Only forwards of
+    the calling thread are kept: several threads may run forwards of one model at once."""
     outputs: dict[str, list] = {r.site: [None] * len(r.modules) for r in resolved if r.site != RESID_POST}
     handles = []
+    caller = threading.get_ident()
 
     def keeper(site: str, index: int):
         def hook(_m: nn.Module, _args: tuple, output) -> None:
-            outputs[site][index] = output[0] if isinstance(output, (tuple, list)) else output
+            if threading.get_ident() == caller:
+                outputs[site][index] = output[0] if isinstance(output, (tuple, list)) else output
         return hook
 
     try:

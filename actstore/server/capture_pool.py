@@ -96,6 +96,9 @@ class CapturePool:
     def _start(self, digest: str, replica: int, model_path: str, resources: dict, threads: int | None):
         from actstore.workers.capture import ShardCapturer
 
+        # a CPU replica computes each of its tasks at once on its share of the cores (ShardCapturer);
+        # a GPU replica one at a time
+        forwards = min(self.concurrent_shards, threads) if threads else 1
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
@@ -103,7 +106,7 @@ class CapturePool:
         return ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
             max_concurrency=self.concurrent_shards, **resources,
-        ).remote(model_path, self.store, threads)
+        ).remote(model_path, self.store, threads, forwards)
 
     def _correct_placement(self, digest: str, model_path: str, actors: list, placements: list) -> None:
         """Start again, on its node, each replica that Ray placed elsewhere while that node is alive.

@@ -421,12 +421,12 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_layer_stats(self, run_key: str) -> dict | None:
         layout = self.layout(run_key)
         total = LayerStats.empty(layout.num_states)
-        for shard in range(layout.num_shards):
-            payload = self._get(f"runs/{run_key}/layer_stats/{shard}.json")
+        found = self._fetch([(f"runs/{run_key}/layer_stats/{shard}.json", None) for shard in range(layout.num_shards)])
+        for shard, payload in enumerate(found):
             if payload is None:  # a shard written before statistics existed: the run has none
                 return None
             try:
-                total.merge(LayerStats.from_dict(json.loads(payload)))
+                total.merge(LayerStats.from_dict(json.loads(payload.to_bytes())))
             except (ValueError, KeyError) as exc:
                 raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
         stats = total.finalize()

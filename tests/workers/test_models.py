@@ -4,6 +4,7 @@ to a temp folder with a tiny tokenizer built offline, plus slow tests on the pac
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,34 @@ def test_kind_and_shapes(adapters, name):
         ref = a.base(**batch.inputs, output_hidden_states=True).hidden_states
     for layer in range(a.num_layers):
         assert torch.equal(hidden[layer], ref[layer])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_forwards_from_several_threads_at_once_each_keep_their_own_states(adapters, name):
+    # a capture replica runs forwards from several threads at once, and every forward calls
+    # every hook registered at the time: each call must keep only its own thread's outputs
+    a = adapters[name]
+    sites = ["resid_post", "mlp_out"]
+    batches = [a.encode([text] * (1 + i % 3), 32) for i, text in enumerate(TEXTS * 4)]
+    expected = [a.site_states(batch, sites) for batch in batches]
+    start = threading.Barrier(4)
+    got: dict[int, dict] = {}
+
+    def run(offset: int) -> None:
+        start.wait()
+        for _ in range(10):
+            for i in range(offset, len(batches), 4):
+                got[i] = a.site_states(batches[i], sites)
+
+    threads = [threading.Thread(target=run, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got) == list(range(len(batches)))
+    for i, states in got.items():
+        for site in sites:
+            assert torch.equal(states[site], expected[i][site]), (i, site)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
