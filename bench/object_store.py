@@ -2,20 +2,24 @@
 
 A real S3-protocol server process on loopback (moto's server mode; on a cluster this is MinIO or
 S3) holds one bucket. Both sides use the same client library (obstore) and the same concurrency,
-so the ratio measures actstore's own overhead (coding each shard: Blosc, crc32c, the shard index;
-the layer-sums object each shard writes beside it; opening the run), not the server's speed.
+so the ratio measures actstore's own overhead (coding each shard: Blosc, crc32c, the shard index
+and the layer sums it carries; opening the run), not the server's speed.
 
   * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
     capture writes them, with their layer sums computed beforehand, as the capture does),
     `--concurrency` shards in flight (a capture keeps 2 per replica); baseline: `obstore.put` of
     random objects of exactly the sizes the shard objects have, same concurrency. Rate = stored
-    shard bytes / s (the layer-sum objects written beside them count for nothing).
+    shard bytes / s.
   * read: `read_layers(run, all layers, shard)` per shard from a fresh handle, as a CKA map task
     reads (decoded to numbers); baseline: `obstore.get` of the same shard objects.
   * each side runs batches of 2 x concurrency shards in turn with the other (shared machines drift
-    within seconds); medians over rounds. Target >= 0.8 of the raw rate each way. Also printed:
-    CPU ms per shard of this process (every thread) and of the S3 server, per side: unlike the
-    rates, these hardly move with the machine's load.
+    within seconds); medians over rounds. Target >= 0.8 of the raw rate each way. The setup's
+    objects are frozen out of Python's garbage collector first (`gc.freeze`): a full collection of
+    them (Ray's, torch's and zarr's modules, ~80 ms) fell into the third round's write batches in
+    every run (the raw side makes almost no Python objects, so never sets one off) and cut that
+    round's write rate by a quarter; a long capture meets one about once in thousands of shards.
+    Also printed: CPU ms per shard of this process (every thread) and of the S3 server, per side:
+    unlike the rates, these hardly move with the machine's load.
 
     python bench/object_store.py [--quick] [--shards 32] [--concurrency 4] [--repeats 3]
 """
@@ -23,6 +27,7 @@ the layer-sums object each shard writes beside it; opening the run), not the ser
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import subprocess
@@ -144,6 +149,8 @@ def main() -> None:
               for _ in range(args.shards)]
     layout = RunLayout(n=args.rows * args.shards, rows=args.rows * args.shards, num_states=args.states,
                        width=args.width, dtype="float16", pooling="mean", shard_rows=args.rows)
+    gc.collect()
+    gc.freeze()  # see the docstring: a full collection of the setup's objects is neither side's cost
     rounds: dict[str, list[float]] = {"write": [], "put": [], "read": [], "get": []}
     cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
     server_cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
