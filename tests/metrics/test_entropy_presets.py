@@ -55,7 +55,10 @@ def port_curvature(prompts: list[np.ndarray]) -> float:  # compute_curvature, k 
         layer = port_normalize(torch.tensor(p, dtype=torch.float64))
         total = 0.0
         for i in range(layer.shape[0] - 1):
-            total += torch.arccos(layer[i].unsqueeze(1).T @ layer[i + 1].unsqueeze(1)).item()
+            # clamped: the reference takes arccos of the raw product, which is NaN where rounding puts the
+            # cosine of two (anti)parallel tokens past +-1 (seen on a two-token prompt); the preset clips
+            # there (documented), and the port does the same so the two agree where the reference is defined
+            total += torch.arccos((layer[i].unsqueeze(1).T @ layer[i + 1].unsqueeze(1)).clamp(-1, 1)).item()
         values.append(total / (layer.shape[0] - 1))
     return float(np.mean(values))
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import ray
@@ -31,7 +32,15 @@ def _dead_and_alive() -> tuple:
     dead, alive = Counter.remote(), Counter.remote()
     ray.get([dead.count.remote(), alive.count.remote()])
     ray.kill(dead, no_restart=True)
-    return dead, alive
+    # ray.kill returns before the actor is gone: a call sent right after it can still run (seen under load)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(dead.count.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return dead, alive
+        time.sleep(0.1)
+    raise AssertionError("the killed actor still answers after 60 s")
 
 
 def test_a_task_lost_with_its_worker_goes_elsewhere_and_is_collected_once(ray_cluster):
