@@ -13,8 +13,8 @@ measured ratio passes 3x.
 
 `resampled_cka` then runs it: one pass of the exact accumulator (its bootstrap and the null), or
 the grouped bootstrap's pass over `tasks` row ranges with its block products shared out between
-the executor's map tasks (`GroupedBootstrapCKA.split`: each share reads every row and forms only
-its products, so for one pair the two cores each take about half the products and the finalize)
+the cores those leave idle (`GroupedBootstrapCKA.split`: each share reads every row and forms only
+its products, so for one pair on two cores each takes about half the products and the finalize)
 and, with a null, the exact accumulator's pass for the null alone (the null permutes rows, so it
 needs them).
 """
@@ -133,7 +133,9 @@ def resampled_cka(parts: QueryParts, rows: int, sources: list[tuple[str, list[in
         # the runs' stored means (transformed like the rows) keep the shifted sums near the centred ones
         means = [parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
         shifts = means if transforms is None else [t.apply(m[None])[0] for t, m in zip(transforms, means)]
-        shares = GroupedBootstrapCKA(widths, pairs, replicates, plan.groups, seed, shifts).split(parts.executor.parts)
+        # the cores the row ranges leave idle take shares of the products (each share reads every row)
+        shares = GroupedBootstrapCKA(widths, pairs, replicates, plan.groups, seed, shifts).split(
+            max(1, parts.executor.parts // plan.tasks))
         terms = parts.executor.map_finalize(rows, sources, [wrapped(share) for share in shares],
                                             parts.executor.row_groups(rows, plan.tasks))
         boot = terms[0].stats(*terms[1:])
