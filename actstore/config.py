@@ -41,8 +41,10 @@ class Settings(BaseSettings):
     default_max_len: int = Field(128, ge=CAPTURE.max_len.minimum, description="token limit for text captures")
     compressor: Literal["lz4", "zstd"] = "lz4"
     capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
-    capture_concurrent_shards: int = Field(2, ge=1, le=8, description="shards a model replica works on at once: "
-                                           "it computes one while writing the previous (1: one after the other)")
+    capture_concurrent_shards: int = Field(2, ge=1, le=8, description="capture tasks a model replica works on at "
+                                           "once, each writing its shards while the others compute: on CPU each "
+                                           "computes on its share of the replica's cores, on a GPU one at a time "
+                                           "(1: one after the other)")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
 
     metric_tasks: int | None = Field(

@@ -18,8 +18,10 @@ capture, between the two captures, after the steady one); the median is the base
 
 Also reported: stored bytes per row (per token for --pooling tokens) and the peak RSS of the
 capture replicas (Ray's `ray::ShardCapturer` processes, sampled every 0.2 s) during the steady-state
-capture: run two sizes to see it stay flat. `--concurrent-shards 1` turns off the overlap of one
-shard's write with the next one's forward pass (Settings.capture_concurrent_shards, default 2).
+capture: run two sizes to see it stay flat. `--concurrent-shards 1` makes the replica work on one task
+at a time, its forward pass on every core, then its writes (Settings.capture_concurrent_shards,
+default 2: two tasks at once, each forward on half the cores, each task writing while the other
+computes).
 
     python bench/capture_throughput.py [--quick] [--n 2048] [--max-len 128] [--batch 32]
         [--pooling tokens] [--concurrent-shards 1]
@@ -62,7 +64,8 @@ def bare_forward(adapter, batches) -> float:
 
 
 class ReplicaMemory:
-    """Peak RSS of the capture replica processes while the block runs."""
+    """Peak RSS of the capture replica processes while the block runs: this benchmark's own (its
+    local Ray's processes descend from it), not those of other work on the machine."""
 
     def __enter__(self):
         import psutil
@@ -73,9 +76,9 @@ class ReplicaMemory:
         def sample() -> None:
             while not self._stop.wait(0.2):
                 total = 0
-                for proc in psutil.process_iter(["cmdline"]):
+                for proc in psutil.Process().children(recursive=True):
                     try:
-                        if "ShardCapturer" in " ".join(proc.info["cmdline"] or ()):
+                        if "ShardCapturer" in " ".join(proc.cmdline()):
                             total += proc.memory_info().rss
                     except psutil.Error:
                         continue
