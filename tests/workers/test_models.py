@@ -51,7 +51,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def adapters(folders) -> dict[str, ModelAdapter]:
-    return {name: ModelAdapter.load(path) for name, path in folders.items()}
+    # on the CPU even where a GPU is present: the CUDA path is checked against these below
+    return {name: ModelAdapter.load(path, device="cpu") for name, path in folders.items()}
 
 
 def _images(n: int = 3, seed: int = 0) -> np.ndarray:
@@ -149,6 +150,25 @@ def test_kind_and_shapes(adapters, name):
         ref = a.base(**batch.inputs, output_hidden_states=True).hidden_states
     for layer in range(a.num_layers):
         assert torch.equal(hidden[layer], ref[layer])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_cuda_replica_captures_what_the_cpu_does(adapters, folders, name):
+    # ModelAdapter.load picks CUDA where present, as a capture replica holding a GPU does; its
+    # states agree with the CPU's to float32 rounding (different kernels, same float32 maths)
+    on_cpu = adapters[name]
+    on_gpu = ModelAdapter.load(folders[name])
+    assert on_gpu.device.type == "cuda" and on_gpu.digest == on_cpu.digest
+    batch = _batch(on_cpu)
+    hidden = on_gpu.hidden_states(batch)
+    assert hidden.device.type == "cuda"
+    np.testing.assert_allclose(hidden.cpu().numpy(), on_cpu.hidden_states(batch).numpy(), rtol=1e-4, atol=1e-5)
+    if on_cpu.kind != "vision":
+        sites = ["resid_post", "mlp_out"]
+        got, expected = on_gpu.site_states(batch, sites), on_cpu.site_states(batch, sites)
+        for site in sites:
+            np.testing.assert_allclose(got[site].cpu().numpy(), expected[site].numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
