@@ -55,13 +55,12 @@ def model_inputs(data: DatasetData, start: int, stop: int):
     return data.texts[start:stop] if data.kind == "text" else data.images[start:stop]
 
 
-def to_storage(values: torch.Tensor, dtype: str) -> tuple[np.ndarray, torch.Tensor]:
-    """Cast float32 hidden states to the storage dtype: (the array to store, the stored numbers as
-    a tensor); bfloat16 is stored as its uint16 bits."""
-    cast = values.to(_TORCH_STORAGE[dtype])
-    if dtype == "bfloat16":
-        return cast.view(torch.int16).numpy().view(np.uint16), cast
-    return cast.numpy(), cast
+def storage_array(cast: torch.Tensor) -> np.ndarray:
+    """The array to store of numbers already in the storage dtype, on the host: bfloat16 is stored
+    as its uint16 bits."""
+    if cast.dtype == torch.bfloat16:
+        return cast.view(torch.int16).numpy().view(np.uint16)
+    return cast.numpy()
 
 
 @dataclass(frozen=True)
@@ -79,9 +78,10 @@ def prepare_shard(values: torch.Tensor, dtype: str) -> PreparedShard:
     runs it where its forward pass runs, so torch's thread team there does it; the rest of a
     shard's write (`write_prepared`) is numpy and I/O, and a writer thread starts no second team
     of spinning OpenMP threads on cores the forward pass needs."""
-    stored, numbers = to_storage(values, dtype)
-    return PreparedShard(stored, numbers.float().numpy(), numbers.sum(dim=0, dtype=torch.float64).numpy(),
-                         layer_extremes(numbers))
+    cast = values.to(_TORCH_STORAGE[dtype])  # where the forward pass ran: on a GPU, the reductions too
+    sums, extremes = cast.sum(dim=0, dtype=torch.float64), layer_extremes(cast)
+    on_host = cast.cpu()  # a GPU sends the storage dtype's bytes (half of float32's); no copy on the CPU
+    return PreparedShard(storage_array(on_host), on_host.float().numpy(), sums.cpu().numpy(), extremes)
 
 
 def layer_extremes(numbers: torch.Tensor) -> tuple[list, list]:
