@@ -46,6 +46,9 @@ class Settings(BaseSettings):
                                            "computes on its share of the replica's cores, on a GPU one at a time "
                                            "(1: one after the other)")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
+    replica_start_seconds: float = Field(300.0, gt=0, description="a capture fails (UNAVAILABLE) when its model "
+                                         "replicas have not started in this time: no GPU came free, or the model "
+                                         "loads slower")
 
     metric_tasks: int | None = Field(
         None, ge=1, description="parallel map tasks per metric job; default: the cluster's CPUs"

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actstore.errors import Unavailable
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 
 log = logging.getLogger(__name__)
 
 PLACEMENT_TRIES = 3  # rounds of restarting replicas that Ray placed off their node
-REPLICA_START_SECONDS = 300  # a replica loads its model before it answers where it runs
 
 
 @dataclass
@@ -41,8 +41,9 @@ class _Replicas:
 
 class CapturePool:
     def __init__(self, store: StoreHandle, replicas_per_model: int, idle_seconds: float,
-                 concurrent_shards: int) -> None:
+                 concurrent_shards: int, start_seconds: float) -> None:
         self.store = store
+        self.start_seconds = start_seconds  # a replica loads its model before it answers where it runs
         self.concurrent_shards = concurrent_shards
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         self._prefix = f"capture-{hashlib.sha256(store.root.encode()).hexdigest()[:8]}"
@@ -70,7 +71,9 @@ class CapturePool:
                 placements = [({"num_gpus": 1}, None)] * gpus if gpus else self._cpu_placements()
                 actors = [self._start(digest, i, model_path, resources, threads)
                           for i, (resources, threads) in enumerate(placements)]
-                if not gpus:
+                if gpus:
+                    self._await_gpu_replicas(digest, actors, gpus)
+                else:
                     self._correct_placement(digest, model_path, actors, placements)
                 entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors])
                 lost = [False] * len(actors)
@@ -108,6 +111,27 @@ class CapturePool:
             max_concurrency=self.concurrent_shards, **resources,
         ).remote(model_path, self.store, threads, forwards)
 
+    def _await_gpu_replicas(self, digest: str, actors: list, gpus: int) -> None:
+        """Wait, at most `start_seconds`, until every GPU replica has its GPU and its model; else
+        kill them and fail saying why. A replica waits in Ray's queue while other work holds every
+        GPU (a training job, another server's replicas on the same cluster), which would otherwise
+        leave the capture waiting without a word."""
+        try:
+            ray.get([actor.node_id.remote() for actor in actors], timeout=self.start_seconds)
+            return
+        except ray.exceptions.GetTimeoutError:
+            free = ray.available_resources().get("GPU", 0.0)
+        except ray.exceptions.RayError as exc:  # died while loading: the job reports it as a lost worker
+            log.warning("a GPU capture replica of model %s failed to start: %s", digest[:12], exc)
+            return
+        for actor in actors:
+            ray.kill(actor)
+        why = (f"no GPU came free ({free:g} of the cluster's {gpus} free now): other work holds them (a "
+               "training job, another actstore server on the same Ray cluster); let it finish or stop it"
+               if free < 1 else "the model is still loading: a larger ACTSTORE_REPLICA_START_SECONDS gives it time")
+        raise Unavailable(f"capture replicas of model {digest[:12]} did not start within {self.start_seconds:g} s: "
+                          f"{why}, then submit the capture again")
+
     def _correct_placement(self, digest: str, model_path: str, actors: list, placements: list) -> None:
         """Start again, on its node, each replica that Ray placed elsewhere while that node is alive.
 
@@ -119,7 +143,7 @@ class CapturePool:
         wanted = [resources["scheduling_strategy"].node_id for resources, _ in placements]
         for _ in range(PLACEMENT_TRIES):
             try:
-                placed = ray.get([actor.node_id.remote() for actor in actors], timeout=REPLICA_START_SECONDS)
+                placed = ray.get([actor.node_id.remote() for actor in actors], timeout=self.start_seconds)
             except ray.exceptions.RayError:  # GetTimeoutError included: left for the job to report
                 return
             alive = {node for node, _ in cluster.cpu_nodes()}

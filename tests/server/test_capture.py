@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,6 +174,8 @@ def test_a_replica_lost_mid_capture_and_between_captures_costs_only_time(tmp_pat
     """Two replicas on one node; one is killed for good while shards are in flight: its tasks go to
     the other, and the run equals a capture by one replica that nothing happened to, byte for byte.
     The next capture on the warm pool gets live replicas only (the pool starts the lost one afresh)."""
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("a GPU cluster runs one replica per GPU, not capture_actors CPU replicas")
     texts = sentences(240, seed=5)
     reference_model = client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=texts, name="big")
@@ -204,6 +211,55 @@ def test_a_replica_lost_mid_capture_and_between_captures_costs_only_time(tmp_pat
                 pool.release(model.digest)
     finally:
         running.stop()
+
+
+NO_FREE_GPU = """
+import os, sys, time
+import ray
+from actstore.client import Client
+from actstore.errors import Unavailable
+from actstore.workers.cluster import WORKER_ENV
+from tests.factories import sentences
+
+store, model = sys.argv[1], sys.argv[2]
+os.environ.update(WORKER_ENV)
+# a cluster whose one GPU (a logical one: Ray schedules on it, torch sees none) is held by other work
+ray.init(address="local", num_cpus=2, num_gpus=1, _node_ip_address="127.0.0.1", include_dashboard=False,
+         log_to_driver=False)
+holder = ray.remote(num_gpus=1)(lambda: time.sleep(3600)).remote()
+while ray.available_resources().get("GPU", 0) >= 1:
+    time.sleep(0.1)
+with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_seconds=4,
+                     resume_on_start=False) as client:
+    client.register_model(model, name="bert")
+    client.register_dataset(texts=sentences(24), name="toy")
+    started = time.monotonic()
+    try:
+        client.capture("bert", "toy")
+        print("captured while the GPU was held")
+    except Unavailable as exc:
+        print(f"UNAVAILABLE after {time.monotonic() - started:.0f} s: {exc}")
+    ray.cancel(holder, force=True)
+    print("then:", client.describe(client.capture("bert", "toy").run_key).status)
+"""
+
+
+def test_a_capture_that_finds_no_free_gpu_fails_in_bounded_time_then_succeeds(tmp_path, tiny_models):
+    """On a cluster whose GPUs other work holds, a capture's GPU replica waits in Ray's queue: the
+    capture fails after `replica_start_seconds` saying so, and succeeds once a GPU is free. Its
+    own local Ray (a subprocess) with one logical GPU: no GPU is needed to schedule on one."""
+    script = tmp_path / "no_free_gpu.py"
+    script.write_text(textwrap.dedent(NO_FREE_GPU))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), str(tiny_models["bert"])],
+                          capture_output=True, text=True, timeout=240, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, then = done.stdout.strip().splitlines()[-2:]
+    assert first.startswith("UNAVAILABLE after"), done.stdout
+    assert int(first.split()[2]) < 60, first
+    assert "did not start within 4 s: no GPU came free (0 of the cluster's 1 free now)" in first, first
+    assert then == "then: committed", done.stdout
 
 
 def test_cancelled_capture_resumes_with_only_missing_shards(client, tiny_models):
