@@ -199,11 +199,21 @@ class CapturePool:
         for actor in self._pool.pop(digest).actors:
             ray.kill(actor)
 
-    def _release_idle(self, keep: str | None, older_than: float) -> None:
+    def _release_idle(self, keep: str | None, older_than: float) -> int:
         now = time.monotonic()
-        for digest in [d for d, e in self._pool.items()
-                       if d != keep and e.busy == 0 and now - e.last_used >= older_than]:
+        idle = [d for d, e in self._pool.items() if d != keep and e.busy == 0 and now - e.last_used >= older_than]
+        released = sum(len(self._pool[digest].actors) for digest in idle)
+        for digest in idle:
             self._kill(digest)
+        return released
+
+    def release_idle_gpus(self) -> int:
+        """Release every idle replica now, on a GPU cluster (where each holds a whole GPU), for
+        other work that asks for a GPU; busy ones keep theirs. Returns how many were released."""
+        if not cluster.cluster_gpus():
+            return 0
+        with self._lock:
+            return self._release_idle(keep=None, older_than=0.0)
 
     def _reap_forever(self) -> None:
         while not self._stop.wait(min(5.0, self.idle_seconds)):

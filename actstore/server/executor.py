@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -52,11 +54,17 @@ def merged_and_finalized(*partials):
     one as it came: `map_finalize` is for accumulators whose finalize only reads their state)."""
     return (partials[0] if len(partials) == 1 else merged(list(partials))).finalize()
 
+GPU_RELEASE_SECONDS = 10.0  # how long a metric job waits for the GPUs of idle capture replicas it released
+
 
 class Executor:
-    def __init__(self, store: StoreHandle, settings: Settings) -> None:
+    def __init__(self, store: StoreHandle, settings: Settings,
+                 release_idle_gpus: Callable[[], int] = lambda: 0) -> None:
         self.store = store
         self.settings = settings
+        # warm capture replicas hold whole GPUs while idle: a metric job asking for a GPU share
+        # hands them back first (a single-GPU machine otherwise waited out actor_idle_seconds)
+        self.release_idle_gpus = release_idle_gpus
 
     @property
     def parts(self) -> int:
@@ -65,15 +73,27 @@ class Executor:
 
     def device_task(self, function):
         """A submitter of `function` as a Ray task whose float64 products may run on a GPU: the
-        task asks for `metric_gpus_per_task` of one when `metric_device` is auto or cuda and the
-        cluster has GPUs, and gets `device_policy=metric_device` (`metric_tasks.task_device`
-        decides in the task). Call it as `function` is called; it returns the task's ref."""
+        task asks for `metric_gpus_per_task` of one when `metric_device` is cuda, or auto and a
+        share is free once idle capture replicas have handed theirs back (a GPU busy with a capture
+        or training leaves auto's tasks on the host), and gets `device_policy=metric_device`
+        (`metric_tasks.task_device` decides in the task). Call it as `function` is called; it
+        returns the task's ref."""
         policy = self.settings.metric_device
         gpus = cluster.cluster_gpus()
         if policy == "cuda" and not gpus:
             raise FailedPrecondition("metric_device is 'cuda' but the Ray cluster has no GPU: join a cluster "
                                      "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
-        share = {"num_gpus": self.settings.metric_gpus_per_task} if policy in ("auto", "cuda") and gpus else {}
+        share = {}
+        if policy in ("auto", "cuda") and gpus:
+            wanted = self.settings.metric_gpus_per_task
+            if self.release_idle_gpus():  # Ray frees a killed actor's GPU a moment later
+                deadline = time.monotonic() + GPU_RELEASE_SECONDS
+                while ray.available_resources().get("GPU", 0.0) < wanted and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            # auto: the host's BLAS when every GPU is busy now (a capture, a training job), rather
+            # than a queue behind that job; cuda: the tasks wait for their share
+            if policy == "cuda" or ray.available_resources().get("GPU", 0.0) >= wanted:
+                share = {"num_gpus": wanted}
         return partial(remote(function, num_cpus=1, **share).remote, device_policy=policy)
 
     def row_groups(self, rows: int, parts: int | None = None) -> list[list[tuple[int, int]]]:

@@ -8,6 +8,7 @@ planners (`planners/`). The matrix job and stitching use the same parts.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 from actstore.config import Settings
 from actstore.server.executor import Executor
@@ -24,9 +25,10 @@ from actstore.store.handle import StoreHandle
 
 
 class QueryEngine:
-    def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings) -> None:
+    def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings,
+                 release_idle_gpus: Callable[[], int] = lambda: 0) -> None:
         arrays = store.open()
-        executor = Executor(store, settings)
+        executor = Executor(store, settings, release_idle_gpus)
         self.parts = QueryParts(
             catalog=catalog,
             arrays=arrays,

@@ -74,7 +74,7 @@ class ActStoreService:
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
         self.imports = ImportJobs(self.catalog, self.store, self.jobs, self.registrar, self.settings,
                                   self.captures.submissions)
-        self.queries = QueryEngine(self.catalog, self.store, self.settings)
+        self.queries = QueryEngine(self.catalog, self.store, self.settings, self.capture_pool.release_idle_gpus)
         self.similarity = self.queries.similarity
         self.measure = self.queries.measure
         self.entropy = self.queries.entropy

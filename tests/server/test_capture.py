@@ -240,14 +240,21 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_se
     except Unavailable as exc:
         print(f"UNAVAILABLE after {time.monotonic() - started:.0f} s: {exc}")
     ray.cancel(holder, force=True)
-    print("then:", client.describe(client.capture("bert", "toy").run_key).status)
+    run = client.capture("bert", "toy").run_key
+    print("then:", client.describe(run).status)
+    # the capture's replica now idles on the GPU; a metric job asking for a GPU share has it
+    # released (it waited out actor_idle_seconds, 120 s, before)
+    started = time.monotonic()
+    client.cka(run, run, layers_a=[1], layers_b=[2])
+    print(f"cka after {time.monotonic() - started:.0f} s")
 """
 
 
-def test_a_capture_that_finds_no_free_gpu_fails_in_bounded_time_then_succeeds(tmp_path, tiny_models):
-    """On a cluster whose GPUs other work holds, a capture's GPU replica waits in Ray's queue: the
-    capture fails after `replica_start_seconds` saying so, and succeeds once a GPU is free. Its
-    own local Ray (a subprocess) with one logical GPU: no GPU is needed to schedule on one."""
+def test_one_gpu_shared_by_other_work_captures_and_metric_jobs(tmp_path, tiny_models):
+    """On a cluster whose GPU other work holds, a capture's GPU replica waits in Ray's queue: the
+    capture fails after `replica_start_seconds` saying so, and succeeds once the GPU is free; a
+    metric job then gets the GPU from the idle replica at once. Its own local Ray (a subprocess)
+    with one logical GPU: no GPU is needed to schedule on one."""
     script = tmp_path / "no_free_gpu.py"
     script.write_text(textwrap.dedent(NO_FREE_GPU))
     root = Path(__file__).resolve().parents[2]
@@ -255,11 +262,12 @@ def test_a_capture_that_finds_no_free_gpu_fails_in_bounded_time_then_succeeds(tm
                           capture_output=True, text=True, timeout=240, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
-    first, then = done.stdout.strip().splitlines()[-2:]
+    first, then, query = done.stdout.strip().splitlines()[-3:]
     assert first.startswith("UNAVAILABLE after"), done.stdout
     assert int(first.split()[2]) < 60, first
     assert "did not start within 4 s: no GPU came free (0 of the cluster's 1 free now)" in first, first
     assert then == "then: committed", done.stdout
+    assert int(query.split()[2]) < 30, query
 
 
 def test_cancelled_capture_resumes_with_only_missing_shards(client, tiny_models):
