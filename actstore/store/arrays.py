@@ -8,11 +8,12 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/means       (L+1, d) float64, written at commit
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
-Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means: after
-its inner chunks, before its index, where zarr does not look (`store.codecs`; the array's
-`layer_sums` attribute describes them). One object per shard, so a shard and its sums are written
-together, in one request. Runs written before keep them in a `layer_sums` array (shards, L+1, d),
-one chunk per shard, and are read and resumed that way.
+Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
+its chunk rows and layer statistics: after its inner chunks, before its index, where zarr does
+not look (`store.shard_details`; the array's attributes describe them). One object per shard, so
+a shard and all that is known of it are written together, in one request. Runs written before
+keep the rows and statistics in two JSON objects per shard, and the oldest their sums in a
+`layer_sums` array (shards, L+1, d), one chunk per shard; they are read and resumed that way.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
 Zarr opens the groups and arrays and codes the side arrays; a shard (and its token ids) moves as
 whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of one call at
@@ -22,6 +23,7 @@ once (`store.store_calls`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +39,24 @@ from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.codecs import ChunkCodec, FixedBlock
+from actstore.store.shard_details import (
+    DETAILS_ATTRIBUTE,
+    LEGACY_ROWS,
+    LEGACY_STATS,
+    SUMS_ATTRIBUTE,
+    describe,
+    details_block,
+    details_values,
+    from_details,
+    sums_block,
+)
 from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
 # What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
 # crc32c is a ValueError; a garbled shard index or Blosc frame can be any of these).
 DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
-# The attribute of a run's activation array that says its shards carry their layer sums, and how.
-SUMS_ATTRIBUTE = "layer_sums"
-SUMS_WHERE = "in each shard object, between its inner chunks and its index"
-# layer sums read at once by `write_means`: 64 shards of a 33 x 4096 model are 69 MB
+# shard ends read at once by `write_means` and the like: 64 shards' sums of a 33 x 4096 model are 69 MB
 SUMS_BATCH = 64
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
@@ -130,7 +140,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             dtype=dtype,
             compressors=self._codecs(dtype.itemsize),
             fill_value=0,
-            attributes={SUMS_ATTRIBUTE: {"where": SUMS_WHERE, **sums_block(layout).describe()}},
+            attributes=describe(layout),
         )
         # ids as UTF-8 bytes plus offsets: Zarr v3 has no stable string dtype
         encoded = [i.encode() for i in sample_ids]
@@ -175,7 +185,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
-    def write_shard(self, run_key, shard, values, sums, token_ids=None) -> None:
+    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None) -> None:
         layout = self._layouts.get(run_key) or self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
@@ -183,42 +193,88 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        # whole objects, coded here and PUT together (`store.codecs`): the shard with its layer sums
-        # (an older run's sums: a chunk of its own), its token ids. A known run's existence is not
-        # asked first (a round trip per shard): the service deletes no run while its capture writes,
-        # and what a cancelled capture's last tasks write after a delete lies in a folder without
-        # group metadata, which no read takes for a run (`gc` removes it; `create_run` of the key
-        # replaces it)
-        codec, block = self._codec(run_key, layout.array_name), self._sums_block(run_key, layout)
-        written = {codec.key((shard, 0, 0)): codec.encode(values, None if block is None else block.encode(sums))}
-        for name, part in (("layer_sums", None if block else sums[None]), ("token_ids", token_ids)):
+        # whole objects, coded here and PUT together (`store.codecs`): the shard with its chunk rows,
+        # statistics and layer sums (`store.shard_details`; an older run's: objects of their own), its
+        # token ids. A known run's existence is not asked first (a round trip per shard): the service
+        # deletes no run while its capture writes, and what a cancelled capture's last tasks write
+        # after a delete lies in a folder without group metadata, which no read takes for a run
+        # (`gc` removes it; `create_run` of the key replaces it)
+        codec = self._codec(run_key, layout.array_name)
+        sums_at, details_at = self._carried(run_key, layout)
+        trailer = [] if details_at is None else [
+            details_at.encode(details_values(run_key, shard, layout.num_states, rows, stats))]
+        trailer += [] if sums_at is None else [sums_at.encode(sums)]
+        written = {codec.key((shard, 0, 0)): codec.encode(values, trailer)}
+        for name, part in (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids)):
             if part is not None:
                 side = self._codec(run_key, name)
                 written[side.key((shard,) + (0,) * (len(side.shape) - 1))] = side.encode(part)
         self._store(written)
+        if details_at is None:  # an older run's, after the shard: kept rows always describe a stored shard
+            self._put({template.format(run_key=run_key, shard=shard): json.dumps(part).encode()
+                       for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
-    def _sums_block(self, run_key: str, layout: RunLayout) -> FixedBlock | None:
-        """How the run's shards carry their layer sums (None: a run written before keeps them in
-        its `layer_sums` array)."""
-        if SUMS_ATTRIBUTE not in self._codec(run_key, layout.array_name).attributes:
-            return None
-        return sums_block(layout)
+    def _carried(self, run_key: str, layout: RunLayout) -> tuple[FixedBlock | None, FixedBlock | None]:
+        """The blocks the run's shard objects carry, from its array's attributes: the layer sums
+        (None: the oldest runs keep them in a `layer_sums` array) and the details (None: runs
+        written before keep chunk rows and statistics in JSON objects)."""
+        attributes = self._codec(run_key, layout.array_name).attributes
+        return (sums_block(layout) if SUMS_ATTRIBUTE in attributes else None,
+                details_block(layout) if DETAILS_ATTRIBUTE in attributes else None)
+
+    def _blocks(self, run_key: str, layout: RunLayout, shards: range, name: str, block: FixedBlock,
+                after: int = 0) -> list[np.ndarray | None]:
+        """A block the shards' objects carry, `after` bytes before their index: the end of each,
+        one GET per shard, all at once (None for a shard not stored); DataLoss naming a shard (and
+        the block as `name`) whose block fails its check."""
+        codec = self._codec(run_key, layout.array_name)
+        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + after + codec.index_size))
+                             for shard in shards])
+        blocks = []
+        for shard, data in zip(shards, found):
+            try:
+                blocks.append(None if data is None else block.decode(data[:block.nbytes]))
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, name, _why(exc), shard=shard) from None
+        return blocks
 
     def _shard_sums(self, run_key: str, layout: RunLayout, shards: range) -> list[np.ndarray]:
-        """The layer sums that the shards' objects carry: the end of each, one GET per shard, all at once."""
-        codec, block = self._codec(run_key, layout.array_name), sums_block(layout)
-        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + codec.index_size))
-                             for shard in shards])
-        sums = []
-        for shard, data in zip(shards, found):
-            if data is None:
+        """The layer sums the shards' objects carry; DataLoss for a shard not stored."""
+        sums = self._blocks(run_key, layout, shards, "layer_sums", sums_block(layout))
+        for shard, found in zip(shards, sums):
+            if found is None:
                 self.layout(run_key)  # NotFound if the whole run is gone
                 raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
-            try:
-                sums.append(block.decode(data[:block.nbytes]))
-            except DECODE_ERRORS as exc:
-                raise damaged(run_key, "layer_sums", _why(exc), shard=shard) from None
         return sums
+
+    def _kept(self, run_key: str, shards: range) -> list[tuple[dict | None, dict | None]]:
+        """Each shard's chunk rows and statistics, as given to `write_shard` (None: none kept,
+        or the shard is not stored), all shards' at once; DataLoss naming a damaged one."""
+        layout = self.layout(run_key)
+        block = self._carried(run_key, layout)[1]
+        if block is not None:
+            found = self._blocks(run_key, layout, shards, "shard_details", block, sums_block(layout).nbytes)
+            return [(None, None) if values is None else from_details(run_key, shard, values)
+                    for shard, values in zip(shards, found)]
+        parts = (("chunk_rows", LEGACY_ROWS), ("layer_stats", LEGACY_STATS))  # a run written before
+        found = iter(self._fetch([(template.format(run_key=run_key, shard=shard), None)
+                                  for shard in shards for _, template in parts]))
+        kept = []
+        for shard in shards:
+            decoded = []
+            for (name, _), data in zip(parts, [next(found), next(found)]):
+                try:
+                    decoded.append(None if data is None else json.loads(data.to_bytes()))
+                except ValueError as exc:
+                    raise damaged(run_key, name, f"does not decode ({exc})", shard=shard) from None
+            kept.append((decoded[0], decoded[1]))
+        return kept
+
+    def _each_batch(self, run_key: str, read: Callable[[range], list]) -> list:
+        """`read` of every shard of the run, a batch of shards at a time (memory stays bounded)."""
+        shards = self.layout(run_key).num_shards
+        return [item for first in range(0, shards, SUMS_BATCH) for item in read(range(first, min(first + SUMS_BATCH,
+                                                                                                  shards)))]
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
@@ -277,7 +333,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
-        if self._sums_block(run_key, layout) is None:
+        if self._carried(run_key, layout)[0] is None:
             total = self._whole(run_key, group, "layer_sums").sum(axis=0)
         else:  # a batch of shards at a time, so memory stays bounded for any run
             total = np.zeros((layout.num_states, layout.width))
@@ -351,18 +407,18 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
 
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
-        """The shard's objects: activations, an older run's layer sums, token ids, kept rows and statistics."""
+        """The shard's objects: activations, token ids, and an older run's layer sums, rows and statistics."""
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
-                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
-                f"runs/{run_key}/layer_stats/{shard}.json"]
+                f"runs/{run_key}/token_ids/c/{shard}", LEGACY_ROWS.format(run_key=run_key, shard=shard),
+                LEGACY_STATS.format(run_key=run_key, shard=shard)]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])
 
     def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
         layout = self.layout(run_key)
-        if self._sums_block(run_key, layout) is not None:
+        if self._carried(run_key, layout)[0] is not None:
             return self._shard_sums(run_key, layout, range(shard, shard + 1))[0]
         if not self._exists(self._shard_keys(run_key, shard)[1]):
             raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
@@ -397,36 +453,24 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def spec(self, run_key: str) -> dict | None:
         return self._group(run_key).attrs.asdict().get("spec")
 
-    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
-        # one object per shard: shards are written concurrently, and a shared attribute would lose updates
-        self._put(f"runs/{run_key}/chunk_rows/{shard}.json", json.dumps(rows).encode())
-
     def chunk_rows(self, run_key: str) -> dict[str, list]:
         combined: dict[str, list] = {}
-        for name in sorted(self._listed("list_prefix", f"runs/{run_key}/chunk_rows/")):
-            payload = self._get(name)
-            if payload is None:
-                continue
-            try:
-                rows = json.loads(payload)
-            except ValueError as exc:
-                raise DataLoss(f"run {run_key[:12]}: the chunk rows {name} are unreadable ({exc})") from None
-            for column, cells in rows.items():
+        for rows, _ in self._each_batch(run_key, lambda shards: self._kept(run_key, shards)):
+            for column, cells in (rows or {}).items():
                 combined.setdefault(column, []).extend(cells)
         return combined
 
-    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
-        self._put(f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode())
+    def shard_details(self, run_key: str, shard: int) -> tuple[dict | None, dict | None]:
+        return self._kept(run_key, range(shard, shard + 1))[0]
 
     def write_layer_stats(self, run_key: str) -> dict | None:
         layout = self.layout(run_key)
         total = LayerStats.empty(layout.num_states)
-        found = self._fetch([(f"runs/{run_key}/layer_stats/{shard}.json", None) for shard in range(layout.num_shards)])
-        for shard, payload in enumerate(found):
-            if payload is None:  # a shard written before statistics existed: the run has none
+        for shard, (_, stats) in enumerate(self._each_batch(run_key, lambda shards: self._kept(run_key, shards))):
+            if stats is None:  # a shard written without statistics (before they existed): the run has none
                 return None
             try:
-                total.merge(LayerStats.from_dict(json.loads(payload.to_bytes())))
+                total.merge(LayerStats.from_dict(stats))
             except (ValueError, KeyError) as exc:
                 raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
         stats = total.finalize()
@@ -438,15 +482,10 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         return self._group(run_key).attrs.asdict().get("layer_stats")
 
     def mark_committed(self, run_key: str) -> None:
-        self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())
+        self._put({f"runs/{run_key}/{COMMIT_MARKER}": json.dumps({"run_key": run_key}).encode()})
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
-
-
-def sums_block(layout: RunLayout) -> FixedBlock:
-    """The layer sums a shard object of a run with ``layout`` carries."""
-    return FixedBlock.of((layout.num_states, layout.width), "float64")
 
 
 def _why(exc: BaseException) -> str:

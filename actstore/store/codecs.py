@@ -190,13 +190,14 @@ class ChunkCodec:
         full[tuple(slice(0, s) for s in values.shape)] = values
         return full
 
-    def encode(self, values: np.ndarray, trailer: Buffer | None = None) -> Buffer:
+    def encode(self, values: np.ndarray, trailer: Sequence[Buffer] = ()) -> Buffer:
         """The bytes of one object holding ``values`` (every inner chunk of a shard is written,
         also one of only fill values: a written shard always exists as an object), and a shard's
-        ``trailer`` after its inner chunks, before its index (see the module's docstring)."""
+        ``trailer`` blocks, in order, after its inner chunks, before its index (see the module's
+        docstring)."""
         values = self.padded(values)
         if self.sharding is None:
-            if trailer is not None:
+            if trailer:
                 raise TypeError("only a shard carries a trailer")
             return self._chunk.encode(values)
         index = _ShardIndex.create_empty(self.per_shard)
@@ -207,8 +208,7 @@ class ChunkCodec:
             parts += encoded
             index.set_chunk_slice(coords, slice(offset, offset + size))
             offset += size
-        if trailer is not None:
-            parts.append(trailer.as_numpy_array())
+        parts += [block.as_numpy_array() for block in trailer]
         parts.append(self._index.encode(index.offsets_and_lengths).as_numpy_array())
         return default_buffer_prototype().buffer.from_array_like(np.concatenate(parts))  # the one copy
 
