@@ -23,7 +23,6 @@ once (`store.store_calls`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,34 +34,19 @@ from zarr.errors import NodeNotFoundError
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
-from actstore.store.codecs import ChunkCodec, FixedBlock
-from actstore.store.shard_details import (
-    DETAILS_ATTRIBUTE,
-    LEGACY_ROWS,
-    LEGACY_STATS,
-    SUMS_ATTRIBUTE,
-    describe,
-    details_block,
-    details_values,
-    from_details,
-    sums_block,
-)
+from actstore.store.codecs import ChunkCodec
+from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
-# What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
-# crc32c is a ValueError; a garbled shard index or Blosc frame can be any of these).
-DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
-# shard ends read at once by `write_means` and the like: 64 shards' sums of a 33 x 4096 model are 69 MB
-SUMS_BATCH = 64
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
 
-class ZarrArrayStore(StoreCalls, ArrayStore):
+class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
     `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
@@ -115,7 +99,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         except (*DECODE_ERRORS, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
                 raise
-            raise damaged(run_key, name, _why(exc), shard=shard) from None
+            raise damaged(run_key, name, why_failed(exc), shard=shard) from None
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
         self._forget(run_key)
@@ -214,68 +198,6 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             self._put({template.format(run_key=run_key, shard=shard): json.dumps(part).encode()
                        for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
-    def _carried(self, run_key: str, layout: RunLayout) -> tuple[FixedBlock | None, FixedBlock | None]:
-        """The blocks the run's shard objects carry, from its array's attributes: the layer sums
-        (None: the oldest runs keep them in a `layer_sums` array) and the details (None: runs
-        written before keep chunk rows and statistics in JSON objects)."""
-        attributes = self._codec(run_key, layout.array_name).attributes
-        return (sums_block(layout) if SUMS_ATTRIBUTE in attributes else None,
-                details_block(layout) if DETAILS_ATTRIBUTE in attributes else None)
-
-    def _blocks(self, run_key: str, layout: RunLayout, shards: range, name: str, block: FixedBlock,
-                after: int = 0) -> list[np.ndarray | None]:
-        """A block the shards' objects carry, `after` bytes before their index: the end of each,
-        one GET per shard, all at once (None for a shard not stored); DataLoss naming a shard (and
-        the block as `name`) whose block fails its check."""
-        codec = self._codec(run_key, layout.array_name)
-        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + after + codec.index_size))
-                             for shard in shards])
-        blocks = []
-        for shard, data in zip(shards, found):
-            try:
-                blocks.append(None if data is None else block.decode(data[:block.nbytes]))
-            except DECODE_ERRORS as exc:
-                raise damaged(run_key, name, _why(exc), shard=shard) from None
-        return blocks
-
-    def _shard_sums(self, run_key: str, layout: RunLayout, shards: range) -> list[np.ndarray]:
-        """The layer sums the shards' objects carry; DataLoss for a shard not stored."""
-        sums = self._blocks(run_key, layout, shards, "layer_sums", sums_block(layout))
-        for shard, found in zip(shards, sums):
-            if found is None:
-                self.layout(run_key)  # NotFound if the whole run is gone
-                raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
-        return sums
-
-    def _kept(self, run_key: str, shards: range) -> list[tuple[dict | None, dict | None]]:
-        """Each shard's chunk rows and statistics, as given to `write_shard` (None: none kept,
-        or the shard is not stored), all shards' at once; DataLoss naming a damaged one."""
-        layout = self.layout(run_key)
-        block = self._carried(run_key, layout)[1]
-        if block is not None:
-            found = self._blocks(run_key, layout, shards, "shard_details", block, sums_block(layout).nbytes)
-            return [(None, None) if values is None else from_details(run_key, shard, values)
-                    for shard, values in zip(shards, found)]
-        parts = (("chunk_rows", LEGACY_ROWS), ("layer_stats", LEGACY_STATS))  # a run written before
-        found = iter(self._fetch([(template.format(run_key=run_key, shard=shard), None)
-                                  for shard in shards for _, template in parts]))
-        kept = []
-        for shard in shards:
-            decoded = []
-            for (name, _), data in zip(parts, [next(found), next(found)]):
-                try:
-                    decoded.append(None if data is None else json.loads(data.to_bytes()))
-                except ValueError as exc:
-                    raise damaged(run_key, name, f"does not decode ({exc})", shard=shard) from None
-            kept.append((decoded[0], decoded[1]))
-        return kept
-
-    def _each_batch(self, run_key: str, read: Callable[[range], list]) -> list:
-        """`read` of every shard of the run, a batch of shards at a time (memory stays bounded)."""
-        shards = self.layout(run_key).num_shards
-        return [item for first in range(0, shards, SUMS_BATCH) for item in read(range(first, min(first + SUMS_BATCH,
-                                                                                                  shards)))]
-
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
         # existence (it may have been deleted through another handle) is checked only then
@@ -310,7 +232,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                     else:
                         out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
-                    raise damaged(run_key, layout.array_name, _why(exc), shard=shard, layer=layer,
+                    raise damaged(run_key, layout.array_name, why_failed(exc), shard=shard, layer=layer,
                                   rows=(lo, hi)) from None
         return decode_stored(out, layout.dtype)
 
@@ -321,7 +243,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         try:
             index = codec.index(data[len(data) - codec.index_size:])
         except DECODE_ERRORS as exc:
-            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {_why(exc)}", shard=shard,
+            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {why_failed(exc)}", shard=shard,
                           rows=layout.shard_range(shard)) from None
         return [codec.chunk_range(index, (0, layer, 0)) for layer in layers]
 
@@ -337,8 +259,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             total = self._whole(run_key, group, "layer_sums").sum(axis=0)
         else:  # a batch of shards at a time, so memory stays bounded for any run
             total = np.zeros((layout.num_states, layout.width))
-            for first in range(0, layout.num_shards, SUMS_BATCH):
-                batch = range(first, min(first + SUMS_BATCH, layout.num_shards))
+            for batch in shard_batches(layout):
                 total += np.sum(self._shard_sums(run_key, layout, batch), axis=0)
         means = total / layout.rows
         self._side_array(group, "means", means, overwrite=True)
@@ -435,7 +356,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                     array = group[name]
                 shapes[name] = (tuple(array.shape), str(array.dtype))
             except DECODE_ERRORS as exc:
-                raise damaged(run_key, name, f"has unreadable metadata ({_why(exc)})") from None
+                raise damaged(run_key, name, f"has unreadable metadata ({why_failed(exc)})") from None
         return shapes
 
     def drop_shards(self, run_key: str, shards: list[int]) -> None:
@@ -453,31 +374,6 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def spec(self, run_key: str) -> dict | None:
         return self._group(run_key).attrs.asdict().get("spec")
 
-    def chunk_rows(self, run_key: str) -> dict[str, list]:
-        combined: dict[str, list] = {}
-        for rows, _ in self._each_batch(run_key, lambda shards: self._kept(run_key, shards)):
-            for column, cells in (rows or {}).items():
-                combined.setdefault(column, []).extend(cells)
-        return combined
-
-    def shard_details(self, run_key: str, shard: int) -> tuple[dict | None, dict | None]:
-        return self._kept(run_key, range(shard, shard + 1))[0]
-
-    def write_layer_stats(self, run_key: str) -> dict | None:
-        layout = self.layout(run_key)
-        total = LayerStats.empty(layout.num_states)
-        for shard, (_, stats) in enumerate(self._each_batch(run_key, lambda shards: self._kept(run_key, shards))):
-            if stats is None:  # a shard written without statistics (before they existed): the run has none
-                return None
-            try:
-                total.merge(LayerStats.from_dict(stats))
-            except (ValueError, KeyError) as exc:
-                raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
-        stats = total.finalize()
-        with self._reported():
-            self._group(run_key, mode="r+").attrs.update({"layer_stats": stats})
-        return stats
-
     def layer_stats(self, run_key: str) -> dict | None:
         return self._group(run_key).attrs.asdict().get("layer_stats")
 
@@ -487,20 +383,3 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
 
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0][:200] if str(exc) else ""
-    if "checksum" in text:
-        return f"failed its crc32c check ({text})"
-    return f"does not decode ({type(exc).__name__}: {text})"
-
-
-def damaged(run_key: str, array: str, why: str, *, shard: int | None = None, layer: int | None = None,
-            rows: tuple[int, int] | None = None) -> DataLoss:
-    """The DataLoss of damaged stored bytes: the run, the array and, where known, the shard (the
-    chunk a capture task writes), the layer and the rows, and what to do about it."""
-    where = "".join([f"shard {shard} " if shard is not None else "", f"layer {layer} " if layer is not None else "",
-                     "of " if shard is not None or layer is not None else "", f"array {array!r}",
-                     f" (rows {rows[0]}..{rows[1]})" if rows else ""])
-    return DataLoss(f"run {run_key[:12]}: {where} {why}; `actstore verify {run_key[:12]} --repair` "
-                    "drops the damaged shards, then submit the same capture again to rewrite them")

@@ -20,12 +20,18 @@ written before statistics existed).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
 import numpy as np
+from zarr.abc.store import SuffixByteRequest
 
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store.array_store import RunLayout
 from actstore.store.catalog_schema import CHUNK_SCHEMA
-from actstore.store.codecs import FixedBlock
+from actstore.store.codecs import ChunkCodec, FixedBlock
+from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
 
 SUMS_ATTRIBUTE = "layer_sums"
 SUMS_WHERE = "in each shard object, between its inner chunks and its index"
@@ -39,6 +45,8 @@ COLUMNS = ROW_COLUMNS + STATS_COLUMNS
 # where a run written before keeps its chunk rows and layer statistics: one JSON object per shard
 LEGACY_ROWS = "runs/{run_key}/chunk_rows/{shard}.json"
 LEGACY_STATS = "runs/{run_key}/layer_stats/{shard}.json"
+# shard ends read at once by `write_means` and the like: 64 shards' sums of a 33 x 4096 model are 69 MB
+SHARDS_AT_ONCE = 64
 
 
 def sums_block(layout: RunLayout) -> FixedBlock:
@@ -89,3 +97,106 @@ def from_details(run_key: str, shard: int, values: np.ndarray) -> tuple[dict[str
     if not np.isnan(part[:, 0]).all():
         stats = {column: part[:, i].tolist() for i, column in enumerate(STATS_COLUMNS)}
     return rows, stats
+
+
+def shard_batches(layout: RunLayout) -> list[range]:
+    """The run's shards in batches of `SHARDS_AT_ONCE`, read at once (memory stays bounded)."""
+    return [range(first, min(first + SHARDS_AT_ONCE, layout.num_shards))
+            for first in range(0, layout.num_shards, SHARDS_AT_ONCE)]
+
+
+class ShardEnds:
+    """Mixin of `ZarrArrayStore`: reading what shard objects carry after their values (and an
+    older run's JSON objects beside them), over the store's own calls."""
+
+    _codec: Callable[[str, str], ChunkCodec]
+    layout: Callable[[str], RunLayout]
+    _fetch: Callable[[list], list]
+    _group: Callable[..., object]
+    _reported: Callable[[], AbstractContextManager]
+
+    def _carried(self, run_key: str, layout: RunLayout) -> tuple[FixedBlock | None, FixedBlock | None]:
+        """The blocks the run's shard objects carry, from its array's attributes: the layer sums
+        (None: the oldest runs keep them in a `layer_sums` array) and the details (None: runs
+        written before keep chunk rows and statistics in JSON objects)."""
+        attributes = self._codec(run_key, layout.array_name).attributes
+        return (sums_block(layout) if SUMS_ATTRIBUTE in attributes else None,
+                details_block(layout) if DETAILS_ATTRIBUTE in attributes else None)
+
+    def _blocks(self, run_key: str, layout: RunLayout, shards: range, name: str, block: FixedBlock,
+                after: int = 0) -> list[np.ndarray | None]:
+        """A block the shards' objects carry, `after` bytes before their index: the end of each,
+        one GET per shard, all at once (None for a shard not stored); DataLoss naming a shard (and
+        the block as `name`) whose block fails its check."""
+        codec = self._codec(run_key, layout.array_name)
+        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + after + codec.index_size))
+                             for shard in shards])
+        blocks = []
+        for shard, data in zip(shards, found):
+            try:
+                blocks.append(None if data is None else block.decode(data[:block.nbytes]))
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, name, why_failed(exc), shard=shard) from None
+        return blocks
+
+    def _shard_sums(self, run_key: str, layout: RunLayout, shards: range) -> list[np.ndarray]:
+        """The layer sums the shards' objects carry; DataLoss for a shard not stored."""
+        sums = self._blocks(run_key, layout, shards, "layer_sums", sums_block(layout))
+        for shard, found in zip(shards, sums):
+            if found is None:
+                self.layout(run_key)  # NotFound if the whole run is gone
+                raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
+        return sums
+
+    def _kept(self, run_key: str, shards: range) -> list[tuple[dict | None, dict | None]]:
+        """Each shard's chunk rows and statistics, as given to `write_shard` (None: none kept,
+        or the shard is not stored), all shards' at once; DataLoss naming a damaged one."""
+        layout = self.layout(run_key)
+        block = self._carried(run_key, layout)[1]
+        if block is not None:
+            found = self._blocks(run_key, layout, shards, "shard_details", block, sums_block(layout).nbytes)
+            return [(None, None) if values is None else from_details(run_key, shard, values)
+                    for shard, values in zip(shards, found)]
+        parts = (("chunk_rows", LEGACY_ROWS), ("layer_stats", LEGACY_STATS))  # a run written before
+        found = iter(self._fetch([(template.format(run_key=run_key, shard=shard), None)
+                                  for shard in shards for _, template in parts]))
+        kept = []
+        for shard in shards:
+            decoded = []
+            for (name, _), data in zip(parts, [next(found), next(found)]):
+                try:
+                    decoded.append(None if data is None else json.loads(data.to_bytes()))
+                except ValueError as exc:
+                    raise damaged(run_key, name, f"does not decode ({exc})", shard=shard) from None
+            kept.append((decoded[0], decoded[1]))
+        return kept
+
+    def _every_kept(self, run_key: str) -> list[tuple[dict | None, dict | None]]:
+        """`_kept` of every shard of the run, a batch of shards at a time (memory stays bounded)."""
+        return [kept for batch in shard_batches(self.layout(run_key)) for kept in self._kept(run_key, batch)]
+
+    def chunk_rows(self, run_key: str) -> dict[str, list]:
+        combined: dict[str, list] = {}
+        for rows, _ in self._every_kept(run_key):
+            for column, cells in (rows or {}).items():
+                combined.setdefault(column, []).extend(cells)
+        return combined
+
+    def shard_details(self, run_key: str, shard: int) -> tuple[dict | None, dict | None]:
+        return self._kept(run_key, range(shard, shard + 1))[0]
+
+    def write_layer_stats(self, run_key: str) -> dict | None:
+        layout = self.layout(run_key)
+        total = LayerStats.empty(layout.num_states)
+        for shard, (_, stats) in enumerate(self._every_kept(run_key)):
+            if stats is None:  # a shard written without statistics (before they existed): the run has none
+                return None
+            try:
+                total.merge(LayerStats.from_dict(stats))
+            except (ValueError, KeyError) as exc:
+                raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
+        stats = total.finalize()
+        with self._reported():
+            self._group(run_key, mode="r+").attrs.update({"layer_stats": stats})
+        return stats
+

@@ -13,7 +13,7 @@ import zarr
 from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store import arrays
+from actstore.store import shard_details
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
 from actstore.store.arrays import ZarrArrayStore
 from actstore.store.scrub import check_shard
@@ -267,7 +267,7 @@ class TestZarrArrayStore(ArrayStoreContract):
             self.make_store(tmp_path).layer_sums(run_key, 2)
 
     def test_write_means_adds_up_shards_batch_by_batch(self, store, monkeypatch):
-        monkeypatch.setattr(arrays, "SUMS_BATCH", 2)  # 3 shards: a batch of 2, then 1
+        monkeypatch.setattr(shard_details, "SHARDS_AT_ONCE", 2)  # 3 shards: a batch of 2, then 1
         run_key, _, numbers = self.filled_run(store)
         np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
 
