@@ -387,7 +387,7 @@ class TestZarrArrayStore(ArrayStoreContract):
         else:
             self.create(store, run_key, layout)
             acts = zarr.open_array(str(tmp_path / "store" / "runs" / run_key / "acts"), mode="r+")
-            acts.attrs.__delitem__("shard_details")
+            del acts.attrs["shard_details"]
         stored, numbers = make_values(layout)
         fresh = self.make_store(tmp_path)
         for shard in range(layout.num_shards):
