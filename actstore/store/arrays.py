@@ -23,6 +23,7 @@ once (`store.store_calls`).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         # round trip each on an object store), so a capture or a map task opens each once, not
         # once per shard; shards and their side chunks then move as whole objects (`store.codecs`)
         self._coders: dict[tuple[str, str], ChunkCodec] = {}
+        # threads that meet a run first at once (a map task's, a capture's writers) open it once:
+        # each opening is ~1 ms of CPU and a round trip
+        self._opening = threading.RLock()
 
     def _gone(self, run_key: str) -> NotFound:
         self._forget(run_key)
@@ -148,7 +152,11 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     def _codec(self, run_key: str, name: str) -> ChunkCodec:
         """The codec of an array of a run, from the array's metadata (one GET, then kept)."""
         codec = self._coders.get((run_key, name))
-        if codec is None:
+        if codec is not None:
+            return codec
+        with self._opening:
+            if (run_key, name) in self._coders:  # opened by another thread meanwhile
+                return self._coders[run_key, name]
             try:
                 with self._reported():
                     array = zarr.open_array(store=self._zarr, path=f"runs/{run_key}/{name}", mode="r+", zarr_format=3)
@@ -157,16 +165,18 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                 self.layout(run_key)  # NotFound if the whole run is gone
                 raise NotFound(f"run {run_key[:12]} has no {name!r} array") from None
             codec = self._coders[run_key, name] = ChunkCodec(array)
-        return codec
+            return codec
 
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
             self._forget(run_key)  # deleted through another handle
         if run_key not in self._layouts:
-            attrs = self._group(run_key).attrs.asdict()
-            if "layout" not in attrs:
-                raise NotFound(f"run {run_key[:12]} was never completely created")
-            self._layouts[run_key] = RunLayout(**attrs["layout"])
+            with self._opening:
+                if run_key not in self._layouts:  # not opened by another thread meanwhile
+                    attrs = self._group(run_key).attrs.asdict()
+                    if "layout" not in attrs:
+                        raise NotFound(f"run {run_key[:12]} was never completely created")
+                    self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
     def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None) -> None:

@@ -92,17 +92,17 @@ class _Pipeline:
 
     def decode(self, data: Buffer) -> np.ndarray:
         for codec, spec in zip(reversed(self.codecs), reversed(self.specs)):
-            data = codec._decode_sync(data, spec)
+            data = _checked(data) if isinstance(codec, Crc32cCodec) else codec._decode_sync(data, spec)
         return data.as_numpy_array()
 
     def decode_into(self, data: Buffer, out: np.ndarray) -> None:
         """``decode`` into ``out`` (C-contiguous, the chunk's dtype and size): straight from Blosc
-        where the chain allows, after the checks of the codecs after it (crc32c: zarr's, no copy)."""
+        where the chain allows, after the checks of the codecs after it (crc32c: no copy)."""
         if not self._blosc_second:
             out[...] = self.decode(data).reshape(out.shape)
             return
         for codec, spec in zip(reversed(self.codecs[2:]), reversed(self.specs[2:])):
-            data = codec._decode_sync(data, spec)
+            data = _checked(data) if isinstance(codec, Crc32cCodec) else codec._decode_sync(data, spec)
         frame = data.as_numpy_array()
         size = int.from_bytes(frame[4:8].tobytes(), "little")  # the Blosc header's uncompressed size
         if size != out.nbytes:  # Blosc fills a larger destination only in part
@@ -111,6 +111,19 @@ class _Pipeline:
 
 
 _BLOSC = Blosc()  # decodes any Blosc frame: the frame's header says how it was compressed
+
+
+def _checked(data: Buffer) -> Buffer:
+    """The bytes a last crc32c covers, after checking it: zarr's ``Crc32cCodec`` check (its
+    ValueError, its message), through the ``crc32c`` library, which zarr's own ``google_crc32c``
+    call is 2.5x slower than here (123 vs 48 us for a 1.4 MB shard) and which, unlike that one,
+    lets the process's other threads run while it sums."""
+    raw = data.as_numpy_array()
+    stored = bytes(raw[-4:])
+    computed = np.uint32(crc32c.crc32c(raw[:-4])).astype("<u4").tobytes()
+    if computed != stored:
+        raise ValueError(f"Stored and computed checksum do not match. Stored: {stored!r}. Computed: {computed!r}.")
+    return data[:len(raw) - 4]
 
 
 class FixedBlock:

@@ -84,6 +84,27 @@ class TestZarrArrayStore(ArrayStoreContract):
         reads = sorted(r for r in requests if r[0] == "get" and "/c/" in r[1])
         assert reads == [("get", f"acts/c/{s}/0/0") for s in range(3)]  # one each, all at once
 
+    def test_threads_that_meet_a_run_at_once_open_it_once(self, store, tmp_path):
+        from concurrent.futures import ThreadPoolExecutor
+
+        run_key, layout, numbers = self.filled_run(store)
+        opened = []
+
+        class Counted(WrapperStore):
+            async def get(self, key, prototype, byte_range=None):
+                if key.endswith("zarr.json"):
+                    opened.append(key.rsplit(run_key + "/", 1)[-1])
+                return await self._store.get(key, prototype, byte_range)
+
+        fresh = self.make_store(tmp_path)
+        fresh._zarr = Counted(fresh._zarr)
+        every = list(range(NUM_STATES))
+        with ThreadPoolExecutor(8) as pool:
+            read = list(pool.map(lambda s: fresh.read_layers(run_key, every, *layout.shard_range(s)), [0, 1, 2] * 4))
+        for shard, values in zip([0, 1, 2] * 4, read):
+            np.testing.assert_array_equal(values, self.expected(numbers, every, *layout.shard_range(shard)))
+        assert sorted(opened) == ["acts/zarr.json", "zarr.json"]
+
     def test_one_file_per_shard(self, store, tmp_path):
         run_key, layout, _ = self.filled_run(store)
         acts = tmp_path / "store" / "runs" / run_key / "acts"
