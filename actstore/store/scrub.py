@@ -4,9 +4,9 @@
 catalog says the run is, sample ids, labels, offsets, means); `check_shard` reads every inner
 chunk of one shard (each layer alone, so its crc32c is checked and a failure names the layer),
 its layer sums, kept chunk rows and statistics, and token ids, and compares each layer's bytes
-with the crc32c the capture recorded in the catalog. Both only use the `ArrayStore` interface and return `Finding`s; the
-verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks and compares the catalog's
-chunk rows with the shards present.
+with the crc32c the capture recorded in the catalog. Both only use the `ArrayStore` interface
+and return `Finding`s; the verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks
+and compares the catalog's chunk rows with the shards present.
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
                 ids_expected: bool = False) -> list[Finding]:
     """Every inner chunk of one shard, its layer sums, kept rows and statistics, and token ids;
     `checksums` maps a layer to the crc32c the catalog recorded for it (a layer without one is not
-    compared). With `ids_expected` (a token-level run of a text model), rows without a token id are missing."""
+    compared). With `ids_expected` (a token-level run of a text model), rows without a token id
+    are missing."""
     layout = arrays.layout(run_key)
     name = layout.array_name
     if not arrays.shard_present(run_key, shard):
