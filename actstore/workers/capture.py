@@ -245,7 +245,7 @@ def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: Prepa
     stored, numbers = prepared.stored, prepared.numbers
     rows = chunk_metadata(run_key, shard, stored, numbers, prepared.extremes)
     stats = LayerStats.empty(stored.shape[1]).update(numbers).to_dict()
-    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # all in one request
+    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # in the shard object
     return rows
 
 
