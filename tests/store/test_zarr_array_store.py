@@ -355,6 +355,18 @@ class TestZarrArrayStore(ArrayStoreContract):
             assert findings and all(f.shard == 1 for f in findings), position
             shard_file.write_bytes(good)
 
+    def test_a_shard_written_again_after_a_crash_is_the_same_object_recorded_once(self, store, tmp_path):
+        # a crash after a shard's PUT, before the catalog recorded it: the resumed capture writes
+        # it again; the store keeps one object, byte for byte the first, and one set of rows
+        run_key, layout, numbers = self.described_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0"
+        first = shard_file.read_bytes()
+        start, stop = layout.shard_range(1)
+        self.make_store(tmp_path).write_shard(run_key, 1, numbers[start:stop], shard_sums(numbers, layout, 1), None,
+                                              *kept_with(run_key, layout, 1))
+        assert shard_file.read_bytes() == first
+        assert store.chunk_rows(run_key)["shard"] == [s for s in range(layout.num_shards) for _ in range(NUM_STATES)]
+
     def test_rows_and_statistics_are_read_back_and_merged_at_commit(self, store):
         from actstore.metrics.layer_stats import LayerStats
 
