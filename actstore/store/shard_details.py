@@ -7,8 +7,9 @@ index, where zarr does not look (`store.codecs`):
 so a capture writes a shard with everything the catalog and the commit need in one PUT, and a
 reader gets both blocks with one suffix request of a known length. Each block is described in
 the activation array's attributes (``layer_sums``, ``shard_details``), in zarr's own terms; a
-run without the ``shard_details`` attribute keeps them in two JSON objects per shard beside it
-(`LEGACY_ROWS`, `LEGACY_STATS`), a run without ``layer_sums`` too in its own array.
+run without the ``shard_details`` attribute (written before) keeps its chunk rows and statistics
+in two JSON objects per shard beside it (`LEGACY_ROWS`, `LEGACY_STATS`), and one without
+``layer_sums`` too (the oldest) its sums in a ``layer_sums`` array.
 
 A details block holds one row per layer: the catalog's chunk row (`catalog_schema.CHUNK_SCHEMA`;
 its run key, shard and layer are where the block lies, so not stored) and the layer's running
