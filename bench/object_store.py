@@ -6,7 +6,8 @@ so the ratio measures actstore's own overhead (coding each shard: Blosc, crc32c,
 and the layer sums it carries; opening the run), not the server's speed.
 
   * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
-    capture writes them, with their layer sums computed beforehand, as the capture does),
+    capture writes them, with their layer sums, chunk rows and statistics computed beforehand, as
+    the capture does: `workers.capture.write_prepared`),
     `--concurrency` shards in flight (a capture keeps 2 per replica); baseline: `obstore.put` of
     random objects of exactly the sizes the shard objects have, same concurrency. Rate = stored
     shard bytes / s.
@@ -86,6 +87,15 @@ class Meter:
             record[side] = record.get(side, 0.0) + value
 
 
+def capture_details(run: str, shard: int, values: np.ndarray) -> tuple[dict, dict]:
+    """The chunk rows and layer statistics a capture writes with a shard."""
+    from actstore.metrics.layer_stats import LayerStats
+    from actstore.workers.capture import chunk_metadata
+
+    numbers = values.astype(np.float32)
+    return chunk_metadata(run, shard, values, numbers), LayerStats.empty(values.shape[1]).update(numbers).to_dict()
+
+
 def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, meter: Meter) -> tuple[int, int]:
     """One fresh bucket: actstore's writes and raw PUTs of the same sizes, then actstore's reads and
     raw GETs of the same objects, each side in batches of 2 x concurrency shards taken in turn, so
@@ -103,7 +113,8 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     run = f"{r:064d}"
     arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
     store, raw = s3_store(url), s3_store(f"s3://{bucket}/raw")
-    sums = [shard.astype(np.float64).sum(0) for shard in shards]  # the capture's work, not the store's
+    # the capture's work, not the store's: what `write_prepared` hands `write_shard` with each shard
+    kept = [(shard.astype(np.float64).sum(0), *capture_details(run, s, shard)) for s, shard in enumerate(shards)]
     key = f"runs/{run}/acts/c/{{}}/0/0"
     batches = [range(i, min(i + 2 * concurrency, len(shards))) for i in range(0, len(shards), 2 * concurrency)]
     reader = ZarrArrayStore(url, "lz4")  # a fresh handle, as a map task opens one
@@ -112,7 +123,8 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     payloads: dict[int, bytes] = {}
     with ThreadPoolExecutor(concurrency) as pool:
         for batch in batches:
-            meter.run("write", pool, lambda s: arrays.write_shard(run, s, shards[s], sums[s]), batch)
+            meter.run("write", pool, lambda s: arrays.write_shard(run, s, shards[s], kept[s][0], None, *kept[s][1:]),
+                      batch)
             sizes.update({s: obstore.head(store, key.format(s))["size"] for s in batch})
             payloads.update({s: rng.bytes(sizes[s]) for s in batch})
             meter.run("put", pool, lambda s: obstore.put(raw, f"obj-{s}", payloads[s]), batch)

@@ -70,9 +70,13 @@ class ArrayStore(ABC):
 
     @abstractmethod
     def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
-                    token_ids: np.ndarray | None = None) -> None:
-        """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums and, for
-        token-level runs of text models, the token id of every row."""
+                    token_ids: np.ndarray | None = None, rows: dict[str, list] | None = None,
+                    stats: dict[str, list] | None = None) -> None:
+        """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums, for
+        token-level runs of text models the token id of every row, and what is kept with it for
+        `catalog rebuild` and the commit: its catalog chunk rows (one per layer, the columns of
+        `catalog_schema.CHUNK_SCHEMA`) and its per-layer running statistics
+        (`LayerStats.to_dict`). A shard is written with all of it or not at all."""
 
     @abstractmethod
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
@@ -141,16 +145,13 @@ class ArrayStore(ABC):
         """The spec given to `create_run`, if any."""
 
     @abstractmethod
-    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
-        """Keep a written shard's catalog rows (checksums, min/max, NaN/Inf counts) beside it."""
-
-    @abstractmethod
     def chunk_rows(self, run_key: str) -> dict[str, list]:
-        """Every shard's rows kept by `write_chunk_rows`, concatenated column by column."""
+        """Every stored shard's chunk rows given to `write_shard`, concatenated column by column."""
 
     @abstractmethod
-    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
-        """Keep a written shard's per-layer running statistics (`metrics.layer_stats`) beside it."""
+    def shard_details(self, run_key: str, shard: int) -> tuple[dict | None, dict | None]:
+        """The chunk rows and statistics kept with one shard (None for either where none were
+        given, or the shard is not stored); DataLoss naming the shard if they are damaged."""
 
     @abstractmethod
     def write_layer_stats(self, run_key: str) -> dict | None:

@@ -8,11 +8,12 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/means       (L+1, d) float64, written at commit
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
-Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means: after
-its inner chunks, before its index, where zarr does not look (`store.codecs`; the array's
-`layer_sums` attribute describes them). One object per shard, so a shard and its sums are written
-together, in one request. Runs written before keep them in a `layer_sums` array (shards, L+1, d),
-one chunk per shard, and are read and resumed that way.
+Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
+its chunk rows and layer statistics: after its inner chunks, before its index, where zarr does
+not look (`store.shard_details`; the array's attributes describe them). One object per shard, so
+a shard and all that is known of it are written together, in one request. Runs written before
+keep the rows and statistics in two JSON objects per shard, and the oldest their sums in a
+`layer_sums` array (shards, L+1, d), one chunk per shard; they are read and resumed that way.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
 Zarr opens the groups and arrays and codes the side arrays; a shard (and its token ids) moves as
 whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of one call at
@@ -22,6 +23,7 @@ once (`store.store_calls`).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,26 +35,19 @@ from zarr.errors import NodeNotFoundError
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.metrics.layer_stats import LayerStats
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
-from actstore.store.codecs import ChunkCodec, FixedBlock
+from actstore.store.codecs import ChunkCodec
+from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
-# What zarr and its codecs raise for bytes that fail their checksum or do not decode (a failed
-# crc32c is a ValueError; a garbled shard index or Blosc frame can be any of these).
-DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
-# The attribute of a run's activation array that says its shards carry their layer sums, and how.
-SUMS_ATTRIBUTE = "layer_sums"
-SUMS_WHERE = "in each shard object, between its inner chunks and its index"
-# layer sums read at once by `write_means`: 64 shards of a 33 x 4096 model are 69 MB
-SUMS_BATCH = 64
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
 
 
-class ZarrArrayStore(StoreCalls, ArrayStore):
+class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
     `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
@@ -69,6 +64,9 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         # round trip each on an object store), so a capture or a map task opens each once, not
         # once per shard; shards and their side chunks then move as whole objects (`store.codecs`)
         self._coders: dict[tuple[str, str], ChunkCodec] = {}
+        # threads that meet a run first at once (a map task's, a capture's writers) open it once:
+        # each opening is ~1 ms of CPU and a round trip
+        self._opening = threading.RLock()
 
     def _gone(self, run_key: str) -> NotFound:
         self._forget(run_key)
@@ -105,7 +103,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         except (*DECODE_ERRORS, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
                 raise
-            raise damaged(run_key, name, _why(exc), shard=shard) from None
+            raise damaged(run_key, name, why_failed(exc), shard=shard) from None
 
     def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
         self._forget(run_key)
@@ -130,7 +128,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             dtype=dtype,
             compressors=self._codecs(dtype.itemsize),
             fill_value=0,
-            attributes={SUMS_ATTRIBUTE: {"where": SUMS_WHERE, **sums_block(layout).describe()}},
+            attributes=describe(layout),
         )
         # ids as UTF-8 bytes plus offsets: Zarr v3 has no stable string dtype
         encoded = [i.encode() for i in sample_ids]
@@ -154,7 +152,11 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def _codec(self, run_key: str, name: str) -> ChunkCodec:
         """The codec of an array of a run, from the array's metadata (one GET, then kept)."""
         codec = self._coders.get((run_key, name))
-        if codec is None:
+        if codec is not None:
+            return codec
+        with self._opening:
+            if (run_key, name) in self._coders:  # opened by another thread meanwhile
+                return self._coders[run_key, name]
             try:
                 with self._reported():
                     array = zarr.open_array(store=self._zarr, path=f"runs/{run_key}/{name}", mode="r+", zarr_format=3)
@@ -163,19 +165,21 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                 self.layout(run_key)  # NotFound if the whole run is gone
                 raise NotFound(f"run {run_key[:12]} has no {name!r} array") from None
             codec = self._coders[run_key, name] = ChunkCodec(array)
-        return codec
+            return codec
 
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
             self._forget(run_key)  # deleted through another handle
         if run_key not in self._layouts:
-            attrs = self._group(run_key).attrs.asdict()
-            if "layout" not in attrs:
-                raise NotFound(f"run {run_key[:12]} was never completely created")
-            self._layouts[run_key] = RunLayout(**attrs["layout"])
+            with self._opening:
+                if run_key not in self._layouts:  # not opened by another thread meanwhile
+                    attrs = self._group(run_key).attrs.asdict()
+                    if "layout" not in attrs:
+                        raise NotFound(f"run {run_key[:12]} was never completely created")
+                    self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
-    def write_shard(self, run_key, shard, values, sums, token_ids=None) -> None:
+    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None) -> None:
         layout = self._layouts.get(run_key) or self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
@@ -183,42 +187,26 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
-        # whole objects, coded here and PUT together (`store.codecs`): the shard with its layer sums
-        # (an older run's sums: a chunk of its own), its token ids. A known run's existence is not
-        # asked first (a round trip per shard): the service deletes no run while its capture writes,
-        # and what a cancelled capture's last tasks write after a delete lies in a folder without
-        # group metadata, which no read takes for a run (`gc` removes it; `create_run` of the key
-        # replaces it)
-        codec, block = self._codec(run_key, layout.array_name), self._sums_block(run_key, layout)
-        written = {codec.key((shard, 0, 0)): codec.encode(values, None if block is None else block.encode(sums))}
-        for name, part in (("layer_sums", None if block else sums[None]), ("token_ids", token_ids)):
+        # whole objects, coded here and PUT together (`store.codecs`): the shard with its chunk rows,
+        # statistics and layer sums (`store.shard_details`; an older run's: objects of their own), its
+        # token ids. A known run's existence is not asked first (a round trip per shard): the service
+        # deletes no run while its capture writes, and what a cancelled capture's last tasks write
+        # after a delete lies in a folder without group metadata, which no read takes for a run
+        # (`gc` removes it; `create_run` of the key replaces it)
+        codec = self._codec(run_key, layout.array_name)
+        sums_at, details_at = self._carried(run_key, layout)
+        trailer = [] if details_at is None else [
+            details_at.encode(details_values(run_key, shard, layout.num_states, rows, stats))]
+        trailer += [] if sums_at is None else [sums_at.encode(sums)]
+        written = {codec.key((shard, 0, 0)): codec.encode(values, trailer)}
+        for name, part in (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids)):
             if part is not None:
                 side = self._codec(run_key, name)
                 written[side.key((shard,) + (0,) * (len(side.shape) - 1))] = side.encode(part)
         self._store(written)
-
-    def _sums_block(self, run_key: str, layout: RunLayout) -> FixedBlock | None:
-        """How the run's shards carry their layer sums (None: a run written before keeps them in
-        its `layer_sums` array)."""
-        if SUMS_ATTRIBUTE not in self._codec(run_key, layout.array_name).attributes:
-            return None
-        return sums_block(layout)
-
-    def _shard_sums(self, run_key: str, layout: RunLayout, shards: range) -> list[np.ndarray]:
-        """The layer sums that the shards' objects carry: the end of each, one GET per shard, all at once."""
-        codec, block = self._codec(run_key, layout.array_name), sums_block(layout)
-        found = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(block.nbytes + codec.index_size))
-                             for shard in shards])
-        sums = []
-        for shard, data in zip(shards, found):
-            if data is None:
-                self.layout(run_key)  # NotFound if the whole run is gone
-                raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
-            try:
-                sums.append(block.decode(data[:block.nbytes]))
-            except DECODE_ERRORS as exc:
-                raise damaged(run_key, "layer_sums", _why(exc), shard=shard) from None
-        return sums
+        if details_at is None:  # an older run's, after the shard: kept rows always describe a stored shard
+            self._put({template.format(run_key=run_key, shard=shard): json.dumps(part).encode()
+                       for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
@@ -254,7 +242,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                     else:
                         out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
-                    raise damaged(run_key, layout.array_name, _why(exc), shard=shard, layer=layer,
+                    raise damaged(run_key, layout.array_name, why_failed(exc), shard=shard, layer=layer,
                                   rows=(lo, hi)) from None
         return decode_stored(out, layout.dtype)
 
@@ -265,7 +253,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
         try:
             index = codec.index(data[len(data) - codec.index_size:])
         except DECODE_ERRORS as exc:
-            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {_why(exc)}", shard=shard,
+            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {why_failed(exc)}", shard=shard,
                           rows=layout.shard_range(shard)) from None
         return [codec.chunk_range(index, (0, layer, 0)) for layer in layers]
 
@@ -277,12 +265,11 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def write_means(self, run_key: str) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
-        if self._sums_block(run_key, layout) is None:
+        if self._carried(run_key, layout)[0] is None:
             total = self._whole(run_key, group, "layer_sums").sum(axis=0)
         else:  # a batch of shards at a time, so memory stays bounded for any run
             total = np.zeros((layout.num_states, layout.width))
-            for first in range(0, layout.num_shards, SUMS_BATCH):
-                batch = range(first, min(first + SUMS_BATCH, layout.num_shards))
+            for batch in shard_batches(layout):
                 total += np.sum(self._shard_sums(run_key, layout, batch), axis=0)
         means = total / layout.rows
         self._side_array(group, "means", means, overwrite=True)
@@ -351,18 +338,18 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
 
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:
-        """The shard's objects: activations, an older run's layer sums, token ids, kept rows and statistics."""
+        """The shard's objects: activations, token ids, and an older run's layer sums, rows and statistics."""
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
-                f"runs/{run_key}/token_ids/c/{shard}", f"runs/{run_key}/chunk_rows/{shard}.json",
-                f"runs/{run_key}/layer_stats/{shard}.json"]
+                f"runs/{run_key}/token_ids/c/{shard}", LEGACY_ROWS.format(run_key=run_key, shard=shard),
+                LEGACY_STATS.format(run_key=run_key, shard=shard)]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])
 
     def layer_sums(self, run_key: str, shard: int) -> np.ndarray:
         layout = self.layout(run_key)
-        if self._sums_block(run_key, layout) is not None:
+        if self._carried(run_key, layout)[0] is not None:
             return self._shard_sums(run_key, layout, range(shard, shard + 1))[0]
         if not self._exists(self._shard_keys(run_key, shard)[1]):
             raise damaged(run_key, "layer_sums", "is missing from the store", shard=shard)
@@ -379,7 +366,7 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
                     array = group[name]
                 shapes[name] = (tuple(array.shape), str(array.dtype))
             except DECODE_ERRORS as exc:
-                raise damaged(run_key, name, f"has unreadable metadata ({_why(exc)})") from None
+                raise damaged(run_key, name, f"has unreadable metadata ({why_failed(exc)})") from None
         return shapes
 
     def drop_shards(self, run_key: str, shards: list[int]) -> None:
@@ -397,71 +384,12 @@ class ZarrArrayStore(StoreCalls, ArrayStore):
     def spec(self, run_key: str) -> dict | None:
         return self._group(run_key).attrs.asdict().get("spec")
 
-    def write_chunk_rows(self, run_key: str, shard: int, rows: dict[str, list]) -> None:
-        # one object per shard: shards are written concurrently, and a shared attribute would lose updates
-        self._put(f"runs/{run_key}/chunk_rows/{shard}.json", json.dumps(rows).encode())
-
-    def chunk_rows(self, run_key: str) -> dict[str, list]:
-        combined: dict[str, list] = {}
-        for name in sorted(self._listed("list_prefix", f"runs/{run_key}/chunk_rows/")):
-            payload = self._get(name)
-            if payload is None:
-                continue
-            try:
-                rows = json.loads(payload)
-            except ValueError as exc:
-                raise DataLoss(f"run {run_key[:12]}: the chunk rows {name} are unreadable ({exc})") from None
-            for column, cells in rows.items():
-                combined.setdefault(column, []).extend(cells)
-        return combined
-
-    def write_shard_stats(self, run_key: str, shard: int, stats: dict) -> None:
-        self._put(f"runs/{run_key}/layer_stats/{shard}.json", json.dumps(stats).encode())
-
-    def write_layer_stats(self, run_key: str) -> dict | None:
-        layout = self.layout(run_key)
-        total = LayerStats.empty(layout.num_states)
-        found = self._fetch([(f"runs/{run_key}/layer_stats/{shard}.json", None) for shard in range(layout.num_shards)])
-        for shard, payload in enumerate(found):
-            if payload is None:  # a shard written before statistics existed: the run has none
-                return None
-            try:
-                total.merge(LayerStats.from_dict(json.loads(payload.to_bytes())))
-            except (ValueError, KeyError) as exc:
-                raise damaged(run_key, "layer_stats", f"does not decode ({exc})", shard=shard) from None
-        stats = total.finalize()
-        with self._reported():
-            self._group(run_key, mode="r+").attrs.update({"layer_stats": stats})
-        return stats
-
     def layer_stats(self, run_key: str) -> dict | None:
         return self._group(run_key).attrs.asdict().get("layer_stats")
 
     def mark_committed(self, run_key: str) -> None:
-        self._put(f"runs/{run_key}/{COMMIT_MARKER}", json.dumps({"run_key": run_key}).encode())
+        self._put({f"runs/{run_key}/{COMMIT_MARKER}": json.dumps({"run_key": run_key}).encode()})
 
     def is_committed(self, run_key: str) -> bool:
         return self._exists(f"runs/{run_key}/{COMMIT_MARKER}")
 
-
-def sums_block(layout: RunLayout) -> FixedBlock:
-    """The layer sums a shard object of a run with ``layout`` carries."""
-    return FixedBlock.of((layout.num_states, layout.width), "float64")
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0][:200] if str(exc) else ""
-    if "checksum" in text:
-        return f"failed its crc32c check ({text})"
-    return f"does not decode ({type(exc).__name__}: {text})"
-
-
-def damaged(run_key: str, array: str, why: str, *, shard: int | None = None, layer: int | None = None,
-            rows: tuple[int, int] | None = None) -> DataLoss:
-    """The DataLoss of damaged stored bytes: the run, the array and, where known, the shard (the
-    chunk a capture task writes), the layer and the rows, and what to do about it."""
-    where = "".join([f"shard {shard} " if shard is not None else "", f"layer {layer} " if layer is not None else "",
-                     "of " if shard is not None or layer is not None else "", f"array {array!r}",
-                     f" (rows {rows[0]}..{rows[1]})" if rows else ""])
-    return DataLoss(f"run {run_key[:12]}: {where} {why}; `actstore verify {run_key[:12]} --repair` "
-                    "drops the damaged shards, then submit the same capture again to rewrite them")

@@ -3,10 +3,10 @@
 `check_run` reads the run-wide parts (group metadata, array shapes and dtypes against what the
 catalog says the run is, sample ids, labels, offsets, means); `check_shard` reads every inner
 chunk of one shard (each layer alone, so its crc32c is checked and a failure names the layer),
-its layer sums and token ids, and compares each layer's bytes with the crc32c the capture
-recorded in the catalog. Both only use the `ArrayStore` interface and return `Finding`s; the
-verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks and compares the catalog's
-chunk rows with the shards present.
+its layer sums, kept chunk rows and statistics, and token ids, and compares each layer's bytes
+with the crc32c the capture recorded in the catalog. Both only use the `ArrayStore` interface
+and return `Finding`s; the verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks
+and compares the catalog's chunk rows with the shards present.
 """
 
 from __future__ import annotations
@@ -136,9 +136,10 @@ def stored_bytes(values: np.ndarray, dtype: str) -> bytes:
 
 def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int],
                 ids_expected: bool = False) -> list[Finding]:
-    """Every inner chunk of one shard, its layer sums and token ids; `checksums` maps a layer to
-    the crc32c the catalog recorded for it (a layer without one is not compared). With
-    `ids_expected` (a token-level run of a text model), rows without a token id are missing."""
+    """Every inner chunk of one shard, its layer sums, kept rows and statistics, and token ids;
+    `checksums` maps a layer to the crc32c the catalog recorded for it (a layer without one is not
+    compared). With `ids_expected` (a token-level run of a text model), rows without a token id
+    are missing."""
     layout = arrays.layout(run_key)
     name = layout.array_name
     if not arrays.shard_present(run_key, shard):
@@ -161,6 +162,10 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
             findings.append(Finding("layer_sums", shard, WHOLE, f"has shape {sums.shape}"))
     except DataLoss as exc:
         findings.append(Finding("layer_sums", shard, WHOLE, _reason(exc)))
+    try:
+        arrays.shard_details(run_key, shard)
+    except DataLoss as exc:
+        findings.append(Finding(_named(exc, "shard_details"), shard, WHOLE, _reason(exc)))
     try:
         ids = arrays.token_ids(run_key, start, stop)
         if ids is not None and len(ids) != stop - start:

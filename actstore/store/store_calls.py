@@ -45,8 +45,8 @@ class StoreCalls:
         with self._reported():
             return sync(self._zarr.exists(key))
 
-    def _put(self, key: str, data: bytes) -> None:
-        self._store({key: default_buffer_prototype().buffer.from_bytes(data)})
+    def _put(self, contents: dict[str, bytes]) -> None:
+        self._store({key: default_buffer_prototype().buffer.from_bytes(data) for key, data in contents.items()})
 
     def _store(self, contents: dict[str, Buffer]) -> None:
         """PUT whole objects, all at once (one call into zarr's event loop; one object on an

@@ -243,10 +243,9 @@ def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: Prepa
                    token_ids: np.ndarray | None = None) -> dict[str, list]:
     """`store_shard` after `prepare_shard`: numpy and the store only (no torch)."""
     stored, numbers = prepared.stored, prepared.numbers
-    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids)
     rows = chunk_metadata(run_key, shard, stored, numbers, prepared.extremes)
-    arrays.write_shard_stats(run_key, shard, LayerStats.empty(stored.shape[1]).update(numbers).to_dict())
-    arrays.write_chunk_rows(run_key, shard, rows)
+    stats = LayerStats.empty(stored.shape[1]).update(numbers).to_dict()
+    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # in the shard object
     return rows
 
 

@@ -87,16 +87,53 @@ def test_queries_on_the_object_store_match_the_formulas(s3_client, captured):
     assert s3_client.neural_collapse(a, layers=[3]).values[0] > 0
 
 
+def _as_written_before(url: str, run: str) -> None:
+    """Rewrite a run as actstore wrote it before its shards carried their chunk rows and statistics:
+    its array without the attribute for them, each shard object without them and two JSON objects
+    beside it (through the store's writer for such runs, which a resumed capture of one takes)."""
+    import zarr
+
+    from actstore.store.arrays import ZarrArrayStore
+
+    arrays = ZarrArrayStore(url)
+    layout = arrays.layout(run)
+    assert layout.dtype == "float16"  # read back as stored
+    every = list(range(layout.num_states))
+    shards = [(arrays.read_layers(run, every, *layout.shard_range(shard)).transpose(1, 0, 2),
+               arrays.layer_sums(run, shard), *arrays.shard_details(run, shard)) for shard in range(layout.num_shards)]
+    del zarr.open_array(store=arrays._zarr, path=f"runs/{run}/{layout.array_name}", mode="r+").attrs["shard_details"]
+    older = ZarrArrayStore(url)
+    for shard, (values, sums, rows, stats) in enumerate(shards):
+        older.write_shard(run, shard, np.ascontiguousarray(values), sums, None, rows, stats)
+
+
+def _chunk_rows(catalog, run: str) -> list[tuple]:
+    cursor = catalog.cursor()
+    try:
+        return cursor.execute("SELECT shard, layer, rows, checksum, min, max, nan_count, inf_count FROM chunks "
+                              "WHERE run_key = ? ORDER BY shard, layer", [run]).fetchall()
+    finally:
+        cursor.close()
+
+
 def test_catalog_rebuild_from_the_object_store_alone(s3_service, s3_client, captured, s3_module_bucket, tmp_path):
+    # one run as shards now carry their chunk rows, one as runs written before keep them (JSON objects)
+    older = s3_client.capture("bert", "toy", pooling="last").run_key
+    _as_written_before(s3_module_bucket, older)
+    bucket, prefix = s3_module_bucket.removeprefix("s3://").split("/", 1)
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    assert f"{prefix}/runs/{older}/chunk_rows/0.json" in keys
+    assert not any(k.startswith(f"{prefix}/runs/{captured['bert']}/chunk_rows/") for k in keys)
     fresh = tmp_path / "rebuilt.duckdb"
     out = subprocess.run([sys.executable, "-m", "actstore.cli", "catalog", "rebuild", "--store", s3_module_bucket,
                           "--catalog", str(fresh)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "2 models, 1 datasets, 2 runs (2 committed)" in out.stdout
+    assert "2 models, 1 datasets, 3 runs (3 committed)" in out.stdout
     assert "cached metric results" in out.stdout  # what it says it could not recover
     from actstore.store.catalog import Catalog
 
     original = s3_client.describe(captured["bert"])
+    serving = s3_service[0].service.catalog
     catalog = Catalog(fresh)
     try:
         run = catalog.committed_run(captured["bert"])
@@ -105,6 +142,8 @@ def test_catalog_rebuild_from_the_object_store_alone(s3_service, s3_client, capt
                                                                original.width)
         assert health.recorded_shards == original.num_shards
         assert {m.aliases[0] for m in catalog.models()} == {"bert", "bert24"}
+        for key in (captured["bert"], older):  # every chunk row as the capture recorded it
+            assert catalog.committed_run(key) and _chunk_rows(catalog, key) == _chunk_rows(serving, key)
     finally:
         catalog.close()
     again = subprocess.run([sys.executable, "-m", "actstore.cli", "catalog", "rebuild", "--store", s3_module_bucket,

@@ -68,6 +68,26 @@ def shard_sums(numbers: np.ndarray, layout: RunLayout, shard: int) -> np.ndarray
     return numbers[start:stop].sum(axis=0, dtype=np.float64)
 
 
+def kept_with(run_key: str, layout: RunLayout, shard: int) -> tuple[dict[str, list], dict[str, list]]:
+    """Chunk rows and statistics to keep with a shard, as a capture gives them (one row per layer,
+    the catalog's columns; `LayerStats.to_dict`'s fields), with values that tell shards and layers
+    apart: a crc32c above 2^31, a layer without finite values (NaN extremes), large counts."""
+    layers, rows = layout.num_states, layout.shard_range(shard)[1] - layout.shard_range(shard)[0]
+    chunk_rows = {"run_key": [run_key] * layers, "shard": [shard] * layers, "layer": list(range(layers)),
+                  "rows": [rows] * layers, "checksum": [0xFFFF0000 + 16 * shard + layer for layer in range(layers)],
+                  "min": [float("nan")] + [-1.5 - shard - layer for layer in range(1, layers)],
+                  "max": [float("nan")] + [2.25 + shard + layer for layer in range(1, layers)],
+                  "nan_count": [rows * layout.width] + [0] * (layers - 1), "inf_count": [0] * (layers - 1) + [shard]}
+    stats = {name: [i + 0.1 * shard + layer / 3 for layer in range(layers)]
+             for i, name in enumerate(("count", "mean", "m2", "norm_count", "norm_mean", "norm_m2"))}
+    return chunk_rows, stats
+
+
+def same_cells(a: list, b: list) -> bool:
+    """Lists equal cell by cell, NaN equal to NaN (a NaN read back is another float object)."""
+    return len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b))
+
+
 class ArrayStoreContract:
     """Tests every ArrayStore backend must pass. Override `make_store`."""
 
@@ -405,12 +425,23 @@ class ArrayStoreContract:
         assert store.run_keys() == sorted([run_key, other])
         assert store.spec(run_key) == spec and store.spec(other) is None
         assert store.chunk_rows(run_key) == {} and not store.is_committed(run_key)
+        stored, numbers = make_values(layout)
         for shard in (2, 0, 1):  # any order, as shards finish
-            store.write_chunk_rows(run_key, shard, {"shard": [shard, shard], "layer": [0, 1],
-                                                    "min": [float("nan"), -1.5]})
-        rows = store.chunk_rows(run_key)
-        assert sorted(zip(rows["shard"], rows["layer"])) == [(s, layer) for s in range(3) for layer in (0, 1)]
-        assert sum(np.isnan(rows["min"])) == 3
+            start, stop = layout.shard_range(shard)
+            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard),
+                              *((None,) + kept_with(run_key, layout, shard) if shard != 1 else ()))
+        rows = store.chunk_rows(run_key)  # shard 1 was written without any: it has none
+        expected = [kept_with(run_key, layout, shard) for shard in (0, 2)]
+        assert set(rows) == set(expected[0][0])
+        assert all(same_cells(cells, expected[0][0][column] + expected[1][0][column]) for column, cells in rows.items())
+        assert store.shard_details(run_key, 1) == (None, None)
+        assert store.write_layer_stats(run_key) is None  # not every shard has statistics
+        read_rows, read_stats = self.make_store(tmp_path).shard_details(run_key, 2)  # another handle
+        assert all(same_cells(read_rows[c], expected[1][0][c]) for c in expected[1][0]) and read_rows.keys() == \
+            expected[1][0].keys()
+        assert read_stats == expected[1][1]
+        for column in ("checksum", "nan_count", "inf_count", "rows"):
+            assert all(type(cell) is int for cell in read_rows[column])
         store.mark_committed(run_key)
         assert store.is_committed(run_key) and not store.is_committed(other)
         assert self.make_store(tmp_path).is_committed(run_key)  # another handle sees it
@@ -437,8 +468,8 @@ class ArrayStoreContract:
 
         def write(shard):
             start, stop = layout.shard_range(shard)
-            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard), ids[start:stop])
-            store.write_chunk_rows(run_key, shard, {"shard": [shard]})
+            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard), ids[start:stop],
+                              *kept_with(run_key, layout, shard))
 
         for shard in range(layout.num_shards):
             write(shard)
@@ -447,7 +478,8 @@ class ArrayStoreContract:
         store.drop_shards(run_key, [1])
         assert not store.is_committed(run_key) and not store.shard_present(run_key, 1)
         assert store.shard_present(run_key, 0) and store.shard_present(run_key, 2)
-        assert store.chunk_rows(run_key)["shard"] == [0, 2]
+        assert store.chunk_rows(run_key)["shard"] == [0] * layout.num_states + [2] * layout.num_states
+        assert store.shard_details(run_key, 1) == (None, None)
         with pytest.raises(NotFound):
             store.means(run_key)
         with pytest.raises(DataLoss, match="shard 1 of array 'tokens'"):

@@ -120,7 +120,7 @@ def test_zarr_reads_a_shard_with_a_trailer_as_if_it_were_not_there(store):
     block = FixedBlock.of((STATES, WIDTH), "float64")
     shard = values()
     sums = shard.sum(axis=0, dtype=np.float64)
-    data = codec.encode(shard, block.encode(sums))
+    data = codec.encode(shard, [block.encode(sums)])
     assert len(data) == len(codec.encode(shard)) + block.nbytes
     store._store_dict[codec.key((0, 0, 0))] = data
     np.testing.assert_array_equal(array[:ROWS], shard)  # zarr's own reader
@@ -128,7 +128,7 @@ def test_zarr_reads_a_shard_with_a_trailer_as_if_it_were_not_there(store):
     tail = data[len(data) - codec.index_size - block.nbytes:]  # what a suffix request of the reader gets
     np.testing.assert_array_equal(block.decode(tail[:block.nbytes]), sums)
     with pytest.raises(TypeError, match="only a shard"):
-        ChunkCodec(zarr.create_array(store, name="flat", shape=(4,), dtype="int64")).encode(np.arange(4), tail)
+        ChunkCodec(zarr.create_array(store, name="flat", shape=(4,), dtype="int64")).encode(np.arange(4), [tail])
 
 
 def test_a_fixed_block_is_a_checksummed_zarr_chunk_of_fixed_size(store):

@@ -13,18 +13,22 @@ import zarr
 from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store import arrays
+from actstore.store import shard_details
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
 from actstore.store.arrays import ZarrArrayStore
+from actstore.store.scrub import check_shard
+from actstore.store.shard_details import COLUMNS
 from tests.store.array_store_contract import (
     NUM_STATES,
     SHARD_ROWS,
     WIDTH,
     ArrayStoreContract,
     N,
+    kept_with,
     key,
     make_values,
     pooled_layout,
+    same_cells,
     shard_sums,
     token_layout,
 )
@@ -69,8 +73,9 @@ class TestZarrArrayStore(ArrayStoreContract):
         assert sorted(requests) == [("get", "acts/c/1/0/0"), ("get", "acts/c/2/0/0")]
         requests.clear()
         start, stop = layout.shard_range(1)
-        fresh.write_shard(run_key, 1, numbers[start:stop], numbers[start:stop].sum(0, dtype=np.float64))
-        assert requests == [("set", "acts/c/1/0/0")]  # its layer sums inside it
+        fresh.write_shard(run_key, 1, numbers[start:stop], numbers[start:stop].sum(0, dtype=np.float64),
+                          None, *kept_with(run_key, layout, 1))
+        assert requests == [("set", "acts/c/1/0/0")]  # its layer sums, chunk rows and statistics inside it
         requests.clear()
         fresh.layer_sums(run_key, 2)
         assert requests == [("exists", "zarr.json"), ("get", "acts/c/2/0/0")]  # the shard's end only
@@ -78,6 +83,27 @@ class TestZarrArrayStore(ArrayStoreContract):
         fresh.write_means(run_key)
         reads = sorted(r for r in requests if r[0] == "get" and "/c/" in r[1])
         assert reads == [("get", f"acts/c/{s}/0/0") for s in range(3)]  # one each, all at once
+
+    def test_threads_that_meet_a_run_at_once_open_it_once(self, store, tmp_path):
+        from concurrent.futures import ThreadPoolExecutor
+
+        run_key, layout, numbers = self.filled_run(store)
+        opened = []
+
+        class Counted(WrapperStore):
+            async def get(self, key, prototype, byte_range=None):
+                if key.endswith("zarr.json"):
+                    opened.append(key.rsplit(run_key + "/", 1)[-1])
+                return await self._store.get(key, prototype, byte_range)
+
+        fresh = self.make_store(tmp_path)
+        fresh._zarr = Counted(fresh._zarr)
+        every = list(range(NUM_STATES))
+        with ThreadPoolExecutor(8) as pool:
+            read = list(pool.map(lambda s: fresh.read_layers(run_key, every, *layout.shard_range(s)), [0, 1, 2] * 4))
+        for shard, values in zip([0, 1, 2] * 4, read):
+            np.testing.assert_array_equal(values, self.expected(numbers, every, *layout.shard_range(shard)))
+        assert sorted(opened) == ["acts/zarr.json", "zarr.json"]
 
     def test_one_file_per_shard(self, store, tmp_path):
         run_key, layout, _ = self.filled_run(store)
@@ -262,9 +288,93 @@ class TestZarrArrayStore(ArrayStoreContract):
             self.make_store(tmp_path).layer_sums(run_key, 2)
 
     def test_write_means_adds_up_shards_batch_by_batch(self, store, monkeypatch):
-        monkeypatch.setattr(arrays, "SUMS_BATCH", 2)  # 3 shards: a batch of 2, then 1
+        monkeypatch.setattr(shard_details, "SHARDS_AT_ONCE", 2)  # 3 shards: a batch of 2, then 1
         run_key, _, numbers = self.filled_run(store)
         np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
+
+    # ---- what a shard object carries besides its values ----------------------------------------
+    def described_run(self, store, name="kept"):
+        """A run whose every shard was written with its chunk rows and statistics."""
+        run_key, layout = key(name), pooled_layout()
+        self.create(store, run_key, layout)
+        stored, numbers = make_values(layout)
+        for shard in range(layout.num_shards):
+            start, stop = layout.shard_range(shard)
+            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard), None,
+                              *kept_with(run_key, layout, shard))
+        return run_key, layout, numbers
+
+    def test_a_shard_carries_its_rows_and_statistics_before_its_sums(self, store, tmp_path):
+        run_key, layout, numbers = self.described_run(store)
+        root = tmp_path / "store" / "runs" / run_key
+        assert sorted(p.name for p in root.iterdir()) == ["acts", "sample_id_offsets", "sample_ids", "zarr.json"]
+        array = zarr.open_array(str(root / "acts"), mode="r")
+        np.testing.assert_array_equal(array[:], numbers)  # zarr's own reader does not see them
+        details = array.attrs["shard_details"]  # what the attribute says, read as it says
+        assert details["shape"] == [NUM_STATES, len(details["columns"])] and details["data_type"] == "float64"
+        data = (root / "acts" / "c" / "2" / "0" / "0").read_bytes()
+        index, sums = 16 * NUM_STATES + 4, 8 * NUM_STATES * WIDTH + 4
+        size = 8 * NUM_STATES * len(details["columns"])
+        block = np.frombuffer(data[-index - sums - size - 4:-index - sums - 4], "<f8").reshape(NUM_STATES, -1)
+        rows, stats = kept_with(run_key, layout, 2)
+        for i, column in enumerate(details["columns"]):
+            assert same_cells(block[:, i].tolist(), rows[column] if column in rows else stats[column])
+        with pytest.raises(ValueError, match="one per layer"):
+            store.write_shard(run_key, 0, np.zeros((SHARD_ROWS, NUM_STATES, WIDTH), np.float32),
+                              np.zeros((NUM_STATES, WIDTH)), None, kept_with(run_key, layout, 1)[0])
+
+    def test_a_flipped_byte_anywhere_in_a_shard_is_data_loss_naming_run_and_shard(self, store, tmp_path):
+        # every byte of one shard object: inner chunks, chunk rows and statistics, layer sums, index
+        run_key, layout, numbers = self.described_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0"
+        good = shard_file.read_bytes()
+        every = list(range(NUM_STATES))
+        reads = {"read_layers": lambda s: s.read_layers(run_key, every, 0, N),
+                 "layer_sums": lambda s: s.layer_sums(run_key, 1),
+                 "shard_details": lambda s: s.shard_details(run_key, 1),
+                 "chunk_rows": lambda s: s.chunk_rows(run_key),
+                 "write_layer_stats": lambda s: s.write_layer_stats(run_key)}
+        # every 9th byte, and the first and last four of each part (where its crc32c lies)
+        index, sums, details = 16 * NUM_STATES + 4, 8 * NUM_STATES * WIDTH + 4, 8 * NUM_STATES * len(COLUMNS) + 4
+        bounds = np.cumsum([0, len(good) - index - sums - details, details, sums, index])
+        ends = {p for a, b in zip(bounds[:-1], bounds[1:]) for p in (*range(a, a + 4), *range(b - 4, b))}
+        for position in sorted(set(range(0, len(good), 9)) | ends):
+            self.flip_byte(shard_file, position)
+            fresh, failed = self.make_store(tmp_path), []
+            for name, read in reads.items():
+                try:
+                    value = read(fresh)
+                except DataLoss as exc:
+                    assert str(exc).startswith(f"run {run_key[:12]}: shard 1 "), (position, name, exc)
+                    failed.append(name)
+                    continue
+                if name == "read_layers":  # what reads, reads right
+                    np.testing.assert_array_equal(value, numbers.transpose(1, 0, 2))
+            assert failed, position  # some read sees it, and verify names it
+            findings = check_shard(fresh, run_key, 1, {})
+            assert findings and all(f.shard == 1 for f in findings), position
+            shard_file.write_bytes(good)
+
+    def test_a_shard_written_again_after_a_crash_is_the_same_object_recorded_once(self, store, tmp_path):
+        # a crash after a shard's PUT, before the catalog recorded it: the resumed capture writes
+        # it again; the store keeps one object, byte for byte the first, and one set of rows
+        run_key, layout, numbers = self.described_run(store)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "1" / "0" / "0"
+        first = shard_file.read_bytes()
+        start, stop = layout.shard_range(1)
+        self.make_store(tmp_path).write_shard(run_key, 1, numbers[start:stop], shard_sums(numbers, layout, 1), None,
+                                              *kept_with(run_key, layout, 1))
+        assert shard_file.read_bytes() == first
+        assert store.chunk_rows(run_key)["shard"] == [s for s in range(layout.num_shards) for _ in range(NUM_STATES)]
+
+    def test_rows_and_statistics_are_read_back_and_merged_at_commit(self, store):
+        from actstore.metrics.layer_stats import LayerStats
+
+        run_key, layout, _ = self.described_run(store)
+        total = LayerStats.empty(NUM_STATES)
+        for shard in range(layout.num_shards):
+            total.merge(LayerStats.from_dict(kept_with(run_key, layout, shard)[1]))
+        assert store.write_layer_stats(run_key) == total.finalize() == store.layer_stats(run_key)
 
     # ---- runs written before shards carried their layer sums ----------------------------------
     def older_run(self, store, tmp_path, run_key, layout):
@@ -300,6 +410,39 @@ class TestZarrArrayStore(ArrayStoreContract):
         assert not (root / "layer_sums" / "c" / "2" / "0" / "0").exists() and not reader.shard_present(run_key, 2)
         with pytest.raises(DataLoss, match="shard 2 of array 'layer_sums' is missing"):
             reader.layer_sums(run_key, 2)
+
+    @pytest.mark.parametrize("oldest", [False, True])
+    def test_an_older_run_keeps_rows_and_statistics_in_json_objects(self, store, tmp_path, oldest):
+        # as written before shards carried them: the array's attribute for them is all that differs
+        run_key, layout = key("older-json"), pooled_layout("float16")
+        if oldest:
+            self.older_run(store, tmp_path, run_key, layout)
+        else:
+            self.create(store, run_key, layout)
+            acts = zarr.open_array(str(tmp_path / "store" / "runs" / run_key / "acts"), mode="r+")
+            del acts.attrs["shard_details"]
+        stored, numbers = make_values(layout)
+        fresh = self.make_store(tmp_path)
+        for shard in range(layout.num_shards):
+            start, stop = layout.shard_range(shard)
+            fresh.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard), None,
+                              *kept_with(run_key, layout, shard))
+        root = tmp_path / "store" / "runs" / run_key
+        assert sorted(p.name for p in (root / "chunk_rows").iterdir()) == ["0.json", "1.json", "2.json"]
+        assert sorted(p.name for p in (root / "layer_stats").iterdir()) == ["0.json", "1.json", "2.json"]
+        reader = self.make_store(tmp_path)
+        rows = reader.chunk_rows(run_key)
+        expected = [kept_with(run_key, layout, shard) for shard in range(layout.num_shards)]
+        assert all(same_cells(cells, [c for r, _ in expected for c in r[column]]) for column, cells in rows.items())
+        assert reader.write_layer_stats(run_key) is not None
+        np.testing.assert_array_equal(reader.read_layers(run_key, [0, 3], 0, N), self.expected(numbers, [0, 3], 0, N))
+        (root / "layer_stats" / "2.json").write_bytes(b'{"count": [1')
+        with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: shard 2 of array 'layer_stats' does not decode"):
+            self.make_store(tmp_path).write_layer_stats(run_key)
+        assert [f.array for f in check_shard(reader, run_key, 2, {})] == ["layer_stats"]
+        reader.drop_shards(run_key, [2])
+        assert not (root / "layer_stats" / "2.json").exists() and not (root / "chunk_rows" / "2.json").exists()
+        assert reader.shard_details(run_key, 2) == (None, None)
 
     def test_a_truncated_group_metadata_file_is_data_loss(self, store, tmp_path):
         run_key, _, _ = self.filled_run(store)
