@@ -171,20 +171,22 @@ class FeatureMoments:
         self.norm_weighted_sum += other.norm_weighted_sum
         self.norm_products += other.norm_products
 
-    def centred(self) -> FeatureMoments:
-        """A copy moved to the exact mean: its G blocks are `Xc_b^T Xc_b'`, its A holds `s_b` and its
-        AA holds `r_b^T r_b'` (the state itself is unchanged)."""
-        centred = copy.deepcopy(self)
+    def centred(self, in_place: bool = False) -> FeatureMoments:
+        """Moved to the exact mean: its G blocks are `Xc_b^T Xc_b'`, its A holds `s_b` and its AA
+        holds `r_b^T r_b'`. A copy (the state itself is unchanged), or with `in_place` this state
+        itself, moved where it lies (no D x D copy; the moments are the same to rounding)."""
+        centred = self if in_place else copy.deepcopy(self)
         centred.move_shift(self.shift + self.row_sum / self.n)
         return centred
 
-    def pairwise_statistics(self, with_hsic: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def pairwise_statistics(self, with_hsic: bool, in_place: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """`(||Xc_b^T Xc_b'||_F^2, HSIC_u(K_b, K_b') or None)` for all block pairs (B x B each).
 
-        Works on a copy moved to the exact mean, so the blocks of G are `Xc_b^T Xc_b'`, `A` holds
-        `s_b` and `AA` holds `r_b^T r_b'` (METRICS.md feature-space form).
+        Works on the state moved to the exact mean (`centred`: a copy, or with `in_place` the
+        state itself), so the blocks of G are `Xc_b^T Xc_b'`, `A` holds `s_b` and `AA` holds
+        `r_b^T r_b'` (METRICS.md feature-space form).
         """
-        centred = self.centred()
+        centred = self.centred(in_place)
         cross_sq = centred.cross_products.block_square_sums(self.widths)
         if not with_hsic:
             return cross_sq, None
