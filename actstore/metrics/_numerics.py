@@ -252,8 +252,10 @@ class SymmetricSum:
         sums = np.empty((len(widths), len(widths)))
         for a in range(len(widths)):
             diagonal = host[edges[a]:edges[a + 1], edges[a]:edges[a + 1]]
-            upper = np.triu(diagonal, 1)
-            sums[a, a] = 2 * np.vdot(upper, upper) + np.vdot(np.diag(diagonal), np.diag(diagonal))
+            upper, on_diagonal = np.triu(diagonal, 1), np.diag(diagonal)
+            # einsum, not np.vdot: vdot is a (multithreaded) BLAS ddot, which took ~8 ms a block
+            # in the server process of a CKA query (D = 2688), against ~0.5 ms for einsum
+            sums[a, a] = 2 * np.einsum("ij,ij->", upper, upper) + np.einsum("i,i->", on_diagonal, on_diagonal)
             for b in range(a + 1, len(widths)):
                 block = host[edges[a]:edges[a + 1], edges[b]:edges[b + 1]]
                 sums[a, b] = sums[b, a] = np.einsum("ij,ij->", block, block)

@@ -4,6 +4,8 @@ Each reference is written from METRICS.md's formula directly (explicit centring 
 zero-diagonal Grams), never by calling the module under test.
 """
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -271,6 +273,40 @@ def test_finalize_leaves_the_state_usable_and_unchanged():
         accumulator.finalize().debiased, one_pass_matrices(blocks)[1], rtol=0, atol=1e-9
     )
 
+
+
+def test_finalize_in_place_agrees_and_leaves_the_state_usable():
+    # in place, the merged moments move to the mean where they lie (no copy): the same matrices
+    # to rounding, and the state still takes rows and merges
+    rng = np.random.default_rng(12)
+    blocks = blocks_of_widths(rng, 60, [4, 6, 5])
+    blocks = [b + 30.0 for b in blocks]  # far from zero: the move to the mean is a large one
+    copied, moved = (SimilarityAccumulator([4, 6, 5]) for _ in range(2))
+    for accumulator in (copied, moved):
+        accumulator.update([b[:20] for b in blocks])
+        accumulator.update([b[20:41] for b in blocks])  # another chunk size: the buffers are made again
+    expected = copied.finalize()
+    result = moved.finalize(in_place=True)
+    np.testing.assert_allclose(result.biased, expected.biased, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.debiased, expected.debiased, rtol=0, atol=1e-12)
+    rest = SimilarityAccumulator([4, 6, 5])
+    rest.update([b[41:] for b in blocks])
+    whole = moved.merge(rest).finalize(in_place=True)
+    biased, debiased = one_pass_matrices(blocks)
+    np.testing.assert_allclose(whole.biased, biased, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(whole.debiased, debiased, rtol=0, atol=1e-9)
+
+
+def test_the_chunk_buffers_are_not_pickled():
+    widths = [64] * 4
+    accumulator = SimilarityAccumulator(widths)
+    rng = np.random.default_rng(13)
+    accumulator.update([rng.normal(size=(512, w)) for w in widths])
+    # the state is ~0.5 MB (256 x 256 float64); the chunk's buffers would add another 1 MB
+    assert len(pickle.dumps(accumulator)) < 1.2 * accumulator.nbytes
+    copied = pickle.loads(pickle.dumps(accumulator))
+    copied.update([rng.normal(size=(7, w)) for w in widths])
+    assert copied.n == 519
 
 def test_float16_chunks_are_upcast_before_any_product():
     rng = np.random.default_rng(12)

@@ -192,12 +192,16 @@ class SimilarityAccumulator:
         self._state.absorb(other._state)
         return self
 
-    def finalize(self, strip_map=None) -> CKAMatrices:
+    def finalize(self, strip_map=None, in_place: bool = False) -> CKAMatrices:
         """Biased and debiased CKA matrices over all rows seen; the state is left unchanged.
 
         Gram mode only: `strip_map(rows, means, widths, strips)` may compute the Gram strips
         elsewhere (e.g. in parallel tasks), returning a list of `gram_strip_products` results
-        over groups of the strips that together cover each strip once."""
+        over groups of the strips that together cover each strip once.
+        Feature mode only: `in_place` moves the moments to the exact mean where they lie instead
+        of on a copy (no D x D copy, ~40 ms at D = 2688; for a caller's own merged state): the
+        state stays usable and the same to rounding, though a second finalize may then differ
+        from the first in the last bits."""
         n = self._state.n
         if n == 0:
             raise ValueError("no rows were added; CKA needs at least one sample")
@@ -205,7 +209,7 @@ class SimilarityAccumulator:
         if self.mode == "gram":
             cross_sq, hsic = self._state.pairwise_statistics(with_hsic, strip_map)
         else:
-            cross_sq, hsic = self._state.pairwise_statistics(with_hsic)
+            cross_sq, hsic = self._state.pairwise_statistics(with_hsic, in_place)
         blocks = len(self.block_widths)
         debiased = np.full((blocks, blocks), np.nan) if hsic is None else cka_matrix(hsic)
         return CKAMatrices(biased=cka_matrix(cross_sq), debiased=debiased, n=n)

@@ -151,7 +151,8 @@ class SimilarityPlanner(Planner):
         for tile_a, tile_b in tiles:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
             total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
-            matrices = total.finalize(strip_map=self.executor.gram_strip_map)
+            # the merged total is this query's own: its moments move to the mean in place
+            matrices = total.finalize(strip_map=self.executor.gram_strip_map, in_place=True)
             rows = [pos_a[x] for x in tile_a]
             cols = [pos_b[x] for x in tile_b]
             biased[np.ix_(rows, cols)] = matrices.biased[np.ix_(ia, ib)]
