@@ -292,9 +292,9 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
 
     def collect(shards: tuple[int, ...], ref) -> None:
         nonlocal done
-        lost = f"shard {shards[0]}" if len(shards) == 1 else f"shards {shards[0]}-{shards[-1]}"
+        which = f"shard {shards[0]}" if len(shards) == 1 else f"shards {shards[0]}-{shards[-1]}"
         tables = get_or_raise(ref, lambda cause: Unavailable(
-            f"{failure} ({lost} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
+            f"{failure} ({which} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
             f"submit the {what} again to resume"))
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
             catalog.record_shard(pa.table({column: [cell for rows in tables for cell in rows[column]]

@@ -29,6 +29,16 @@ from actstore.workers import cluster
 log = logging.getLogger(__name__)
 
 PLACEMENT_TRIES = 3  # rounds of restarting replicas that Ray placed off their node
+GPU_RELEASE_SECONDS = 10.0  # how long `release_idle_gpus` waits for Ray to count the released GPUs free
+
+
+def gpus_free_within(wanted: float, seconds: float) -> float:
+    """The GPUs Ray counts free, once `wanted` are or `seconds` have passed (it frees a killed
+    actor's or a finished task's resources a moment after)."""
+    deadline = time.monotonic() + seconds
+    while (free := ray.available_resources().get("GPU", 0.0)) < wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return free
 
 
 @dataclass
@@ -68,11 +78,12 @@ class CapturePool:
                 gpus = cluster.cluster_gpus()
                 if gpus:
                     self._release_idle(keep=digest, older_than=0.0)
+                    self._await_free_gpus(digest, gpus)
                 placements = [({"num_gpus": 1}, None)] * gpus if gpus else self._cpu_placements()
                 actors = [self._start(digest, i, model_path, resources, threads)
                           for i, (resources, threads) in enumerate(placements)]
                 if gpus:
-                    self._await_gpu_replicas(digest, actors, gpus)
+                    self._await_gpu_replicas(digest, actors)
                 else:
                     self._correct_placement(digest, model_path, actors, placements)
                 entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors])
@@ -111,26 +122,34 @@ class CapturePool:
             max_concurrency=self.concurrent_shards, **resources,
         ).remote(model_path, self.store, threads, forwards)
 
-    def _await_gpu_replicas(self, digest: str, actors: list, gpus: int) -> None:
-        """Wait, at most `start_seconds`, until every GPU replica has its GPU and its model; else
-        kill them and fail saying why. A replica waits in Ray's queue while other work holds every
-        GPU (a training job, another server's replicas on the same cluster), which would otherwise
-        leave the capture waiting without a word."""
+    def _await_free_gpus(self, digest: str, gpus: int) -> None:
+        """Wait, at most `start_seconds`, until Ray counts a GPU free for each replica to start; else
+        fail saying so. Other work may hold them (a training job, another server's replicas on the
+        same cluster), and a replica started then would wait in Ray's queue without a word."""
+        free = gpus_free_within(gpus, self.start_seconds)
+        if free < gpus:
+            raise Unavailable(
+                f"capture replicas of model {digest[:12]} did not start within {self.start_seconds:g} s: no GPU "
+                f"came free ({free:g} of the cluster's {gpus} free now): other work holds them (a training job, "
+                "another actstore server on the same Ray cluster); let it finish or stop it, then submit the "
+                "capture again")
+
+    def _await_gpu_replicas(self, digest: str, actors: list) -> None:
+        """Wait, at most `start_seconds`, until every GPU replica has loaded its model; else kill
+        them and fail saying so."""
         try:
             ray.get([actor.node_id.remote() for actor in actors], timeout=self.start_seconds)
             return
         except ray.exceptions.GetTimeoutError:
-            free = ray.available_resources().get("GPU", 0.0)
+            pass
         except ray.exceptions.RayError as exc:  # died while loading: the job reports it as a lost worker
             log.warning("a GPU capture replica of model %s failed to start: %s", digest[:12], exc)
             return
         for actor in actors:
             ray.kill(actor)
-        why = (f"no GPU came free ({free:g} of the cluster's {gpus} free now): other work holds them (a "
-               "training job, another actstore server on the same Ray cluster); let it finish or stop it"
-               if free < 1 else "the model is still loading: a larger ACTSTORE_REPLICA_START_SECONDS gives it time")
-        raise Unavailable(f"capture replicas of model {digest[:12]} did not start within {self.start_seconds:g} s: "
-                          f"{why}, then submit the capture again")
+        raise Unavailable(f"capture replicas of model {digest[:12]} did not load it within {self.start_seconds:g} s "
+                          "(or other work took their GPUs meanwhile): a larger ACTSTORE_REPLICA_START_SECONDS gives "
+                          "them time; submit the capture again")
 
     def _correct_placement(self, digest: str, model_path: str, actors: list, placements: list) -> None:
         """Start again, on its node, each replica that Ray placed elsewhere while that node is alive.
@@ -207,13 +226,17 @@ class CapturePool:
             self._kill(digest)
         return released
 
-    def release_idle_gpus(self) -> int:
+    def release_idle_gpus(self) -> None:
         """Release every idle replica now, on a GPU cluster (where each holds a whole GPU), for
-        other work that asks for a GPU; busy ones keep theirs. Returns how many were released."""
+        other work that asks for a GPU, and wait (at most `GPU_RELEASE_SECONDS`) until Ray counts
+        their GPUs free: it frees a killed actor's resources a moment after the kill. Busy
+        replicas keep theirs."""
         if not cluster.cluster_gpus():
-            return 0
+            return
         with self._lock:
-            return self._release_idle(keep=None, older_than=0.0)
+            released = self._release_idle(keep=None, older_than=0.0)
+        if released:
+            gpus_free_within(released, GPU_RELEASE_SECONDS)
 
     def _reap_forever(self) -> None:
         while not self._stop.wait(min(5.0, self.idle_seconds)):

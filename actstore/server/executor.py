@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -54,12 +53,10 @@ def merged_and_finalized(*partials):
     one as it came: `map_finalize` is for accumulators whose finalize only reads their state)."""
     return (partials[0] if len(partials) == 1 else merged(list(partials))).finalize()
 
-GPU_RELEASE_SECONDS = 10.0  # how long a metric job waits for the GPUs of idle capture replicas it released
-
 
 class Executor:
     def __init__(self, store: StoreHandle, settings: Settings,
-                 release_idle_gpus: Callable[[], int] = lambda: 0) -> None:
+                 release_idle_gpus: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self.settings = settings
         # warm capture replicas hold whole GPUs while idle: a metric job asking for a GPU share
@@ -85,13 +82,10 @@ class Executor:
                                      "with GPUs, or set ACTSTORE_METRIC_DEVICE=auto (GPUs when there are any)")
         share = {}
         if policy in ("auto", "cuda") and gpus:
-            wanted = self.settings.metric_gpus_per_task
-            if self.release_idle_gpus():  # Ray frees a killed actor's GPU a moment later
-                deadline = time.monotonic() + GPU_RELEASE_SECONDS
-                while ray.available_resources().get("GPU", 0.0) < wanted and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            self.release_idle_gpus()
             # auto: the host's BLAS when every GPU is busy now (a capture, a training job), rather
             # than a queue behind that job; cuda: the tasks wait for their share
+            wanted = self.settings.metric_gpus_per_task
             if policy == "cuda" or ray.available_resources().get("GPU", 0.0) >= wanted:
                 share = {"num_gpus": wanted}
         return partial(remote(function, num_cpus=1, **share).remote, device_policy=policy)

@@ -26,7 +26,7 @@ from actstore.store.handle import StoreHandle
 
 class QueryEngine:
     def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings,
-                 release_idle_gpus: Callable[[], int] = lambda: 0) -> None:
+                 release_idle_gpus: Callable[[], None] = lambda: None) -> None:
         arrays = store.open()
         executor = Executor(store, settings, release_idle_gpus)
         self.parts = QueryParts(
