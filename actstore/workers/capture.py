@@ -23,15 +23,17 @@ import crc32c
 import numpy as np
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.errors import InvalidArgument
 from actstore.metrics.layer_stats import LayerStats
-from actstore.modeling.adapter import ModelAdapter
+from actstore.modeling.adapter import Batch, ModelAdapter
 from actstore.modeling.loading import LOAD_HINT
 from actstore.modeling.tokens import load_tokenizer, token_layout
-from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
+from actstore.workers.cluster import unwrap
 
 _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -68,20 +70,25 @@ class PreparedShard:
     """A shard in its storage dtype with the reductions torch makes of it (`prepare_shard`)."""
 
     stored: np.ndarray
-    numbers: np.ndarray  # the stored numbers as float32 (torch widens float16 several times faster than numpy)
     sums: np.ndarray  # (L+1, d) float64 sums of the stored numbers, exactly
     extremes: tuple[list, list]  # per layer min and max of the stored numbers (NaN propagates)
 
 
 def prepare_shard(values: torch.Tensor, dtype: str) -> PreparedShard:
-    """The torch part of storing a shard: the cast, the layer sums and the layer extremes. A capture
-    runs it where its forward pass runs, so torch's thread team there does it; the rest of a
-    shard's write (`write_prepared`) is numpy and I/O, and a writer thread starts no second team
-    of spinning OpenMP threads on cores the forward pass needs."""
-    cast = values.to(_TORCH_STORAGE[dtype])  # where the forward pass ran: on a GPU, the reductions too
+    """The part of storing a shard that runs where its forward pass ran: the cast, the layer sums
+    and the layer extremes (on a GPU, there too: only the storage dtype's bytes, half of
+    float32's, come to the host). The rest of a shard's write is `write_prepared`."""
+    cast = values.to(_TORCH_STORAGE[dtype])
     sums, extremes = cast.sum(dim=0, dtype=torch.float64), layer_extremes(cast)
-    on_host = cast.cpu()  # a GPU sends the storage dtype's bytes (half of float32's); no copy on the CPU
-    return PreparedShard(storage_array(on_host), on_host.float().numpy(), sums.cpu().numpy(), extremes)
+    return PreparedShard(storage_array(cast.cpu()), sums.cpu().numpy(), extremes)
+
+
+def widened(stored: np.ndarray) -> np.ndarray:
+    """The stored numbers as float32: float16 through torch (several times faster than numpy's
+    conversion), bfloat16 (stored as its uint16 bits) by a shift."""
+    if stored.dtype == np.float16:
+        return torch.from_numpy(stored).float().numpy()
+    return decode_stored(stored, "bfloat16" if stored.dtype == np.uint16 else "float32")
 
 
 def layer_extremes(numbers: torch.Tensor) -> tuple[list, list]:
@@ -126,26 +133,32 @@ class ShardCapturer:
     """One model replica. It outlives a job (the service keeps a pool), so it loads its model once
     and each dataset and run layout the first time a shard of it arrives.
 
-    Run as an actor with several calls at once (Settings.capture_concurrent_shards), at most
-    ``forwards`` tasks compute at once (`_compute`, which also covers the torch reductions of their
-    shards, `prepare_shard`), and a task whose shards are computed checksums, compresses and writes
-    them (numpy and I/O only) while the others compute, so the model does not wait on the store.
+    Run as an actor with several calls at once (Settings.capture_concurrent_shards). A task first
+    tokenises its batches, then computes them (at most ``forwards`` tasks at once: `_compute`,
+    which also covers the cast and reductions of their shards, `prepare_shard`), then writes its
+    shards (`write_prepared`: widening, checksums, statistics, compression and I/O) while the
+    others tokenise and compute, so the model does not wait on the store.
 
     A CPU replica (the pool's choice) runs as many forwards at once as it runs tasks, each on its
     share of the replica's ``num_threads`` cores: a write that takes a core from a two-thread
     forward stalls both its threads at the next barrier, one that takes it from a one-thread
     forward delays only that one. On 2 cores a token-level capture went from 0.70 to 0.76-0.87 of
     a bare forward (bench/README.md, capture_throughput). The stored bytes did not change (a
-    row's numbers did not depend on the thread count here; compared byte for byte). A GPU replica
-    computes one task at a time (``forwards`` = 1)."""
+    row's numbers did not depend on the thread count here; compared byte for byte).
+
+    A GPU replica computes one task at a time (``forwards`` = 1) and, with ``remote_writes``, has
+    each shard written by a one-CPU Ray task on its own node: a shard's write costs milliseconds
+    of CPU, mostly under the GIL, so a forward pass on a GPU outruns one process's writes; the
+    node's other cores write in parallel instead."""
 
     def __init__(self, model_path: str, store: StoreHandle, num_threads: int | None = None,
-                 forwards: int = 1) -> None:
+                 forwards: int = 1, remote_writes: bool = False) -> None:
         if num_threads:
             torch.set_num_threads(max(1, num_threads // forwards))
         self.adapter = ModelAdapter.load(store.local(model_path))
         self.store = store
         self.arrays = store.open()
+        self.remote_writes = remote_writes
         self._datasets: dict[str, DatasetData] = {}
         self._offsets: dict[str, np.ndarray] = {}
         self._compute = threading.BoundedSemaphore(forwards)
@@ -162,47 +175,52 @@ class ShardCapturer:
             self._datasets[plan.dataset_path] = load_dataset(self.store.local(plan.dataset_path))
         return self._datasets[plan.dataset_path]
 
-    def _encode(self, inputs, max_len: int):
+    def _batches(self, plan: CapturePlan, start: int, stop: int) -> tuple[list[Batch], int]:
+        """The tokenised batches that cover rows [start, stop), and where row `start` lies in the
+        rows of the first batch (token-level runs; 0 for pooled runs)."""
+        data = self._data(plan)
+        if plan.layout.pooling == "tokens":
+            if plan.run_key not in self._offsets:
+                self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
+            offsets = self._offsets[plan.run_key]
+            first = int(np.searchsorted(offsets, start, side="right")) - 1
+            last = int(np.searchsorted(offsets, stop, side="left"))
+            # batches of equal size, at most batch_size: a task's ~137 prompts ran as 4 x 32 and one
+            # of ~9, and a batch that small runs at about half the rate per token on a multi-threaded
+            # forward
+            count = -(-(last - first) // plan.batch_size)
+            edges = [first + (last - first) * i // count for i in range(count + 1)]
+            begin = start - int(offsets[first])
+        else:
+            edges, begin = [*range(start, stop, plan.batch_size), stop], 0
+        return [self._encode(model_inputs(data, lo, hi), plan.max_len) for lo, hi in zip(edges[:-1], edges[1:])], begin
+
+    def _encode(self, inputs, max_len: int) -> Batch:
         with self._tokenizing:
             return self.adapter.encode(inputs, max_len)
 
-    def _pooled(self, plan: CapturePlan, sites: list[str], start: int, stop: int) -> dict[str, torch.Tensor]:
-        """{site: (rows, L+1, d) float32} for samples [start, stop)."""
-        data = self._data(plan)
+    def _pooled(self, batches: list[Batch], sites: list[str], pooling: str) -> dict[str, torch.Tensor]:
+        """{site: (rows, L+1, d) float32} of the batches' samples."""
         parts: dict[str, list] = {site: [] for site in sites}
-        for lo in range(start, stop, plan.batch_size):
-            hi = min(lo + plan.batch_size, stop)
-            batch = self._encode(model_inputs(data, lo, hi), plan.max_len)
+        for batch in batches:
             for site, hidden in self.adapter.site_states(batch, sites).items():
-                parts[site].append(self.adapter.pool(hidden, batch.mask, plan.pooling).transpose(0, 1))
+                parts[site].append(self.adapter.pool(hidden, batch.mask, pooling).transpose(0, 1))
         return {site: torch.cat(p) for site, p in parts.items()}
 
-    def _tokens(self, plan: CapturePlan, sites: list[str], start: int, stop: int
+    def _tokens(self, batches: list[Batch], sites: list[str], dtype: str, begin: int, rows: int
                 ) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
-        """{site: (rows, L+1, d) in the storage dtype} for token rows [start, stop), and their token
-        ids (text models)."""
-        if plan.run_key not in self._offsets:
-            self._offsets[plan.run_key] = self.arrays.offsets(plan.run_key)
-        offsets = self._offsets[plan.run_key]
-        data = self._data(plan)
-        first = int(np.searchsorted(offsets, start, side="right")) - 1
-        last = int(np.searchsorted(offsets, stop, side="left"))
+        """{site: (rows, L+1, d) in the storage dtype} for token rows [begin, begin + rows) of the
+        batches' tokens, and their token ids (text models)."""
         parts: dict[str, list] = {site: [] for site in sites}
         ids = []
-        storage = _TORCH_STORAGE[plan.layout.dtype]  # each batch's rows cast at once: half the bytes to keep
-        # batches of equal size, at most batch_size: a task's ~137 prompts ran as 4 x 32 and one of ~9,
-        # and a batch that small runs at about half the rate per token on a multi-threaded forward
-        batches = -(-(last - first) // plan.batch_size)
-        edges = [first + (last - first) * i // batches for i in range(batches + 1)]
-        for lo, hi in zip(edges[:-1], edges[1:]):
-            batch = self._encode(model_inputs(data, lo, hi), plan.max_len)
+        storage = _TORCH_STORAGE[dtype]  # each batch's rows cast at once: half the bytes to keep
+        for batch in batches:
             for site, hidden in self.adapter.site_states(batch, sites).items():
                 parts[site].append(self.adapter.pool_tokens(hidden, batch.mask)[0].transpose(0, 1).to(storage))
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
-        begin = start - int(offsets[first])
-        token_ids = np.concatenate(ids)[begin: begin + (stop - start)] if ids else None
-        return {site: torch.cat(p)[begin: begin + (stop - start)] for site, p in parts.items()}, token_ids
+        token_ids = np.concatenate(ids)[begin: begin + rows] if ids else None
+        return {site: torch.cat(p)[begin: begin + rows] for site, p in parts.items()}, token_ids
 
     def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
                 ) -> list[dict[str, list]]:
@@ -215,20 +233,34 @@ class ShardCapturer:
         token_ids = None
         sites = [site for site, _ in wanted]
         bounds = [tuple(bound - start for bound in layout.shard_range(shard)) for shard in shards]
+        batches, begin = self._batches(plan, start, stop)  # before the compute slot: beside another's forward
         with self._compute:
             if layout.pooling == "tokens":
-                values, token_ids = self._tokens(plan, sites, start, stop)
+                values, token_ids = self._tokens(batches, sites, layout.dtype, begin, stop - start)
             else:
-                values = self._pooled(plan, sites, start, stop)
+                values = self._pooled(batches, sites, layout.pooling)
             prepared = {site: [prepare_shard(values[site][lo:hi], layout.dtype) for lo, hi in bounds]
                         for site in sites}
-        del values
-        tables = []
-        for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)):
-            ids = token_ids[lo:hi] if token_ids is not None else None
-            tables += [write_prepared(self.arrays, key, shard, prepared[site][i], ids)
-                       for site, key in wanted]
-        return tables
+        del values, batches
+        writes = [(key, shard, prepared[site][i], None if token_ids is None else token_ids[lo:hi])
+                  for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)) for site, key in wanted]
+        if not self.remote_writes:
+            return [write_prepared(self.arrays, *write) for write in writes]
+        here = NodeAffinitySchedulingStrategy(self.node_id(), soft=True)
+        refs = [_write_remotely.options(scheduling_strategy=here).remote(self.store, *write) for write in writes]
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:  # the writer's own error, as an inline write raises it
+            raise unwrap(exc) from None
+
+
+def _write_on_worker(store: StoreHandle, run_key: str, shard: int, prepared: PreparedShard,
+                     token_ids: np.ndarray | None) -> dict[str, list]:
+    return write_prepared(store.open(), run_key, shard, prepared, token_ids)
+
+
+# a whole shard, so a retry (its worker lost) writes the same object again
+_write_remotely = ray.remote(num_cpus=1, max_retries=2)(_write_on_worker)
 
 
 def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
@@ -241,8 +273,11 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
 
 def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: PreparedShard,
                    token_ids: np.ndarray | None = None) -> dict[str, list]:
-    """`store_shard` after `prepare_shard`: numpy and the store only (no torch)."""
-    stored, numbers = prepared.stored, prepared.numbers
+    """`store_shard` after `prepare_shard`, on the host: the float32 widening (in the calling
+    thread's torch team, which is the forward's own in a capture task), checksums, statistics,
+    compression and the store's write."""
+    stored = prepared.stored
+    numbers = widened(stored)
     rows = chunk_metadata(run_key, shard, stored, numbers, prepared.extremes)
     stats = LayerStats.empty(stored.shape[1]).update(numbers).to_dict()
     arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # in the shard object

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one run: the CUDA tests, then the GPU benchmarks (metric device,
+# token-level and pooled capture throughput). CI has no GPU, and these tests skip there; run this
+# on a machine with one (`make gpu-check`, or `bash scripts/gpu_check.sh OUT_DIR` where the
+# project is already installed) and put the numbers in the closing note.
+#
+# Every step writes its own log under OUT_DIR (default bench/out/gpu-check) and runs under a time
+# limit, so a hang costs one step, not the session. Output goes to files, never through a pipe:
+# Ray's processes inherit a pipe and keep it open after pytest ends. The summary
+# (OUT_DIR/summary.txt) has each step's exit status and its result lines.
+#
+# Environment: STEP_SECONDS (default 600) bounds each step; CAPTURE_N (default 7500: ~200k tokens)
+# sizes the token-level capture.
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-bench/out/gpu-check}
+STEP_SECONDS=${STEP_SECONDS:-600}
+CAPTURE_N=${CAPTURE_N:-7500}
+PYTHON=${PYTHON:-python}
+mkdir -p "$OUT_DIR"
+summary="$OUT_DIR/summary.txt"
+: > "$summary"
+
+if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" </dev/null; then
+    echo "no CUDA device here (torch.cuda.is_available() is False): run this on a GPU machine" >&2
+    exit 2
+fi
+"$PYTHON" -c "import torch; print('device:', torch.cuda.get_device_name(0), '| torch', torch.__version__)" \
+    </dev/null >> "$summary"
+
+# step NAME PATTERN COMMAND...: run COMMAND under the step limit, log to OUT_DIR/NAME.log, and copy
+# the log's lines that match PATTERN (its results) into the summary
+step() {
+    local name=$1 pattern=$2
+    shift 2
+    local started=$SECONDS
+    timeout -k 10 "$STEP_SECONDS" "$@" </dev/null >"$OUT_DIR/$name.log" 2>&1
+    local status=$?
+    echo "== $name: exit $status in $((SECONDS - started)) s$([ $status = 124 ] && echo ' (timed out)')" >> "$summary"
+    grep -E "$pattern" "$OUT_DIR/$name.log" | tail -20 >> "$summary"
+}
+
+# the CUDA cases of the metric accumulators and of the model adapter, then capture and queries on a
+# cluster whose Ray sees the GPU (the capture replicas take it, metric tasks a share)
+step tests "passed|failed|^(FAILED|ERROR)" "$PYTHON" -m pytest -q -p no:cacheprovider --timeout 300 \
+    tests/metrics/test_devices.py tests/workers/test_models.py tests/workers/test_capture.py \
+    tests/server/test_capture.py tests/server/test_metric_devices.py
+step metric_device "ratio|device|roofline" "$PYTHON" bench/metric_device.py
+step capture_tokens "ratio|stored:|baseline|bare forward" \
+    "$PYTHON" bench/capture_throughput.py --pooling tokens --n "$CAPTURE_N"
+step capture_pooled "ratio|baseline" "$PYTHON" bench/capture_throughput.py
+
+cat "$summary"

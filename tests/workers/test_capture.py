@@ -1,0 +1,55 @@
+"""A capture replica on its own (a Ray actor on the session's local Ray), beside a real server's
+store: the two ways it writes its shards store the same thing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+from actstore.workers.capture import CapturePlan, ShardCapturer
+from tests.factories import sentences
+
+
+@pytest.mark.parametrize("pooling", ["tokens", "mean"])
+def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny_models, pooling):
+    """A GPU replica hands its shards' writes to one-CPU Ray tasks (`remote_writes`); nothing about
+    that needs a GPU, so here a CPU replica does it, beside one that writes itself: the values,
+    layer sums, token ids, chunk rows and statistics of every shard are the same."""
+    client.register_model(tiny_models["bert"], name="bert")
+    client.register_dataset(texts=sentences(30), name="toy")
+    run = client.capture("bert", "toy", pooling=pooling)  # the server's CPU replica: written in the replica
+    service = server.service
+    arrays, record = service.arrays, service.catalog.find_run(run.run_key)
+    model, dataset = service.catalog.model(record.model_digest), service.catalog.dataset(record.dataset_digest)
+    layout = arrays.layout(run.run_key)
+    copy = "f" * 64
+    arrays.create_run(copy, layout, arrays.sample_ids(run.run_key), arrays.labels(run.run_key),
+                      arrays.offsets(run.run_key), arrays.spec(run.run_key))
+    plan = CapturePlan(run_key=copy, dataset_path=dataset.path, pooling=layout.pooling, max_len=record.max_len,
+                       batch_size=8, layout=layout)
+    replica = ray.remote(ShardCapturer).options(max_concurrency=2).remote(
+        model.path, service.store, None, 1, True)
+    try:
+        shards = tuple(range(layout.num_shards))
+        tables = ray.get([replica.capture.remote(plan, shards[i:i + 3]) for i in range(0, len(shards), 3)])
+    finally:
+        ray.kill(replica)
+
+    rows = [row for task in tables for row in task]
+    assert [r["shard"][0] for r in rows] == list(shards)
+    kept = arrays.chunk_rows(run.run_key)
+    for table in rows:
+        assert set(table["run_key"]) == {copy}
+        for column in ("layer", "rows", "checksum", "min", "max", "nan_count", "inf_count"):
+            expected = [v for s, v in zip(kept["shard"], kept[column]) if s == table["shard"][0]]
+            assert table[column] == expected, column
+    layers = list(range(layout.num_states))
+    np.testing.assert_array_equal(arrays.read_layers(copy, layers, 0, layout.rows),
+                                  arrays.read_layers(run.run_key, layers, 0, layout.rows))
+    for shard in shards:
+        np.testing.assert_array_equal(arrays.layer_sums(copy, shard), arrays.layer_sums(run.run_key, shard))
+        assert arrays.shard_details(copy, shard)[1] == arrays.shard_details(run.run_key, shard)[1]
+    if pooling == "tokens":
+        np.testing.assert_array_equal(arrays.token_ids(copy, 0, layout.rows),
+                                      arrays.token_ids(run.run_key, 0, layout.rows))
