@@ -21,7 +21,7 @@ import pyarrow as pa
 import ray
 
 from actstore.config import Settings
-from actstore.errors import ActStoreError, Cancelled, InvalidArgument, NotFound, Unavailable
+from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
 from actstore.modeling.sites import RESID_POST, ResolvedSite, resolve_in_folder, split_sites
 from actstore.options import CAPTURE, from_wire
 from actstore.server.capture_pool import CapturePool
@@ -305,7 +305,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
     try:
         return run_windowed(tasks, lambda shards: submit(shards, needs[shards[0]]), width, collect,
                             job.cancel_requested, retries=retries)
-    except ActStoreError as exc:
+    except Exception as exc:
         # the runs say so (not `running` forever)
         if not isinstance(exc, Cancelled):
             for record in records:

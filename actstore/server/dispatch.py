@@ -65,16 +65,34 @@ def gather(refs):
         raise
 
 
+# what our own code raises when it is wrong (a call with the wrong types, a missing attribute, a
+# broken invariant), never what the data, the store, the network or a lost worker cause
+BUG_ERRORS = (TypeError, AttributeError, NameError, AssertionError, NotImplementedError)
+
+
+class WorkerBug(RuntimeError):
+    """A task failed on a bug (ours, or a library's): the job or call fails INTERNAL, not UNAVAILABLE,
+    which would tell the user to retry."""
+
+
 def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError]):
-    """ray.get, re-raising our errors from inside the task as themselves and anything else as
-    `otherwise(cause)` (a task that died, a library error), with the message the user needs."""
+    """ray.get, re-raising our errors from inside the task as themselves, a bug of ours inside it
+    (`BUG_ERRORS`) as `WorkerBug` (INTERNAL), and anything else as `otherwise(cause)` (a task that
+    died, a store or library error), with the message the user needs."""
     try:
         return gather([ref])[0]
     except Cancelled:
         raise
     except Exception as exc:
         cause = cluster.unwrap(exc)
-        raise (cause if isinstance(cause, ActStoreError) else otherwise(brief(cause))) from None
+        if isinstance(cause, ActStoreError):
+            raise cause from None
+        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BUG_ERRORS):
+            log.error("a task failed on a bug: %s", exc)  # with the task's traceback, for the report
+            raise WorkerBug(f"a worker task failed on an unexpected error ({type(cause).__name__}: {brief(cause)}): "
+                            "a bug in actstore or a library it calls, not worth retrying; the server log has "
+                            "the traceback: please report it") from None
+        raise otherwise(brief(cause)) from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -9,8 +9,8 @@ import time
 import pytest
 import ray
 
-from actstore.errors import InvalidArgument
-from actstore.server.dispatch import gather, run_windowed
+from actstore.errors import InvalidArgument, Unavailable
+from actstore.server.dispatch import WorkerBug, gather, get_or_raise, run_windowed
 
 
 @ray.remote(num_cpus=0)
@@ -78,3 +78,22 @@ def test_an_error_the_task_raised_itself_is_not_retried(ray_cluster):
         run_windowed([3], lambda item: worker.run.remote(item, fail=True), 1, lambda item, ref: gather(ref),
                      threading.Event(), retries=3)
     assert ray.get(worker.count.remote()) == 1
+
+
+@ray.remote(num_cpus=0)
+def _raises(kind: str) -> None:
+    if kind == "bug":
+        len(None)  # TypeError: a mistake in our code
+    raise ValueError("the store answered 503 three times")
+
+
+def test_a_bug_inside_a_task_is_internal_and_anything_else_is_what_the_caller_says(ray_cluster):
+    """A bug (TypeError, AttributeError, ...) must not travel as UNAVAILABLE ("retry"): it is a
+    `WorkerBug`, which the service reports as INTERNAL; other failures take the caller's error."""
+    with pytest.raises(WorkerBug) as bug:
+        get_or_raise(_raises.remote("bug"), lambda cause: Unavailable(f"the task failed: {cause}"))
+    message = str(bug.value)
+    assert "TypeError: object of type 'NoneType' has no len()" in message and "report it" in message
+    assert "Traceback" not in message and "\n" not in message
+    with pytest.raises(Unavailable, match="the task failed: .*503 three times"):
+        get_or_raise(_raises.remote("store"), lambda cause: Unavailable(f"the task failed: {cause}"))
