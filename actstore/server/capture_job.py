@@ -223,7 +223,7 @@ class CaptureJobs:
             complete = fill_shards(
                 self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
                 ReplicaRouter(actors, plan), in_flight * len(actors), "a capture worker failed", "capture",
-                shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors))
+                shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors), bugs_internal=True)
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
@@ -268,7 +268,7 @@ def shards_per_task(layout: RunLayout, batch_size: int) -> int:
 
 def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
                 recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1,
-                retries: int = 0) -> bool:
+                retries: int = 0, bugs_internal: bool = False) -> bool:
     """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
     the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each task's
     shards as it finishes, at most ``width`` tasks in flight. ``submit(shards, keys)`` is the ref
@@ -276,7 +276,8 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
     (those that lack them) and returns their chunk rows, one table per shard and run. False when
     the job was cancelled; a failure marks the runs failed (their stored shards stay: submitting
     the same request again resumes them). A task whose worker was lost is submitted again, up to
-    ``retries`` times (``run_windowed``); its shards are recorded once, when one attempt returns."""
+    ``retries`` times (``run_windowed``); its shards are recorded once, when one attempt returns.
+    ``bugs_internal``: see `get_or_raise` (a capture's tasks: yes; an import's read a user's file)."""
     missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
     needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
     tasks: list[tuple[int, ...]] = []
@@ -295,7 +296,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         which = f"shard {shards[0]}" if len(shards) == 1 else f"shards {shards[0]}-{shards[-1]}"
         tables = get_or_raise(ref, lambda cause: Unavailable(
             f"{failure} ({which} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
-            f"submit the {what} again to resume"))
+            f"submit the {what} again to resume"), bugs_internal=bugs_internal)
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
             catalog.record_shard(pa.table({column: [cell for rows in tables for cell in rows[column]]
                                            for column in tables[0]}))

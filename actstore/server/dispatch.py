@@ -75,10 +75,14 @@ class WorkerBug(RuntimeError):
     which would tell the user to retry."""
 
 
-def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError]):
-    """ray.get, re-raising our errors from inside the task as themselves, a bug of ours inside it
-    (`BUG_ERRORS`) as `WorkerBug` (INTERNAL), and anything else as `otherwise(cause)` (a task that
-    died, a store or library error), with the message the user needs."""
+def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActStoreError], *,
+                 bugs_internal: bool = False):
+    """ray.get, re-raising our errors from inside the task as themselves and anything else as
+    `otherwise(cause)` (a task that died, a store or library error), with the message the user
+    needs. With ``bugs_internal`` (tasks over inputs already checked: a capture's shards, a verify,
+    a training run), a bug inside the task (`BUG_ERRORS`) is a `WorkerBug` (INTERNAL) instead; a
+    task that opens what a user hands in (a model folder, an activations file) leaves it off, as
+    a malformed input can raise the same errors inside a library."""
     try:
         return gather([ref])[0]
     except Cancelled:
@@ -87,7 +91,7 @@ def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActSto
         cause = cluster.unwrap(exc)
         if isinstance(cause, ActStoreError):
             raise cause from None
-        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BUG_ERRORS):
+        if bugs_internal and isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, BUG_ERRORS):
             log.error("a task failed on a bug: %s", exc)  # with the task's traceback, for the report
             raise WorkerBug(f"a worker task failed on an unexpected error ({type(cause).__name__}: {brief(cause)}): "
                             "a bug in actstore or a library it calls, not worth retrying; the server log has "

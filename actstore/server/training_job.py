@@ -82,7 +82,7 @@ class TrainingJobs:
             if ready:
                 break
         get_or_raise(task, lambda cause: Unavailable(f"training {name} failed: {cause}; the checkpoints so far "
-                                                     "are kept"))
+                                                     "are kept"), bugs_internal=True)
         self._register_new(out_dir, name, registered)
 
     def _register_new(self, out_dir: Path, name: str, registered: set[str]) -> None:

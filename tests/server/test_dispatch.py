@@ -88,12 +88,18 @@ def _raises(kind: str) -> None:
 
 
 def test_a_bug_inside_a_task_is_internal_and_anything_else_is_what_the_caller_says(ray_cluster):
-    """A bug (TypeError, AttributeError, ...) must not travel as UNAVAILABLE ("retry"): it is a
-    `WorkerBug`, which the service reports as INTERNAL; other failures take the caller's error."""
+    """A bug (TypeError, AttributeError, ...) in a task over checked inputs must not travel as
+    UNAVAILABLE ("retry"): it is a `WorkerBug`, which the service reports as INTERNAL; other
+    failures, and any failure of a task that opens a user's input, take the caller's error."""
+    def unavailable(cause):
+        return Unavailable(f"the task failed: {cause}")
+
     with pytest.raises(WorkerBug) as bug:
-        get_or_raise(_raises.remote("bug"), lambda cause: Unavailable(f"the task failed: {cause}"))
+        get_or_raise(_raises.remote("bug"), unavailable, bugs_internal=True)
     message = str(bug.value)
     assert "TypeError: object of type 'NoneType' has no len()" in message and "report it" in message
     assert "Traceback" not in message and "\n" not in message
     with pytest.raises(Unavailable, match="the task failed: .*503 three times"):
-        get_or_raise(_raises.remote("store"), lambda cause: Unavailable(f"the task failed: {cause}"))
+        get_or_raise(_raises.remote("store"), unavailable, bugs_internal=True)
+    with pytest.raises(Unavailable, match="the task failed: .*has no len"):  # a user's model or file
+        get_or_raise(_raises.remote("bug"), unavailable)
