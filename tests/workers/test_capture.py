@@ -1,13 +1,16 @@
-"""A capture replica on its own (a Ray actor on the session's local Ray), beside a real server's
-store: the two ways it writes its shards store the same thing."""
+"""The capture worker: how a task batches its samples and puts their tokens back in order, and a
+replica on its own (a Ray actor on the session's local Ray) beside a real server's store, whose
+two ways of writing its shards store the same thing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import ray
+import torch
 
-from actstore.workers.capture import CapturePlan, ShardCapturer
+from actstore.modeling.adapter import ModelAdapter
+from actstore.workers.capture import CapturePlan, ShardCapturer, length_batches, token_order
 from tests.factories import sentences
 
 
@@ -53,3 +56,42 @@ def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny
     if pooling == "tokens":
         np.testing.assert_array_equal(arrays.token_ids(copy, 0, layout.rows),
                                       arrays.token_ids(run.run_key, 0, layout.rows))
+
+
+def test_length_batches_cover_the_task_in_equal_batches_sorted_by_length():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.integers(1, 60, size=int(rng.integers(1, 300)))
+        size = int(rng.integers(1, 40))
+        groups = length_batches(lengths, size)
+        members = np.concatenate(groups)
+        assert sorted(members.tolist()) == list(range(len(lengths)))
+        assert max(len(g) for g in groups) <= size and max(map(len, groups)) - min(map(len, groups)) <= 1
+        assert len(groups) == -(-len(lengths) // size)
+        assert np.all(np.diff(lengths[members]) >= 0)
+
+
+def test_token_order_puts_every_token_back_in_sample_order():
+    """Against a plain list of (sample, position) pairs in the order the batches give them."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        lengths = rng.integers(1, 9, size=int(rng.integers(1, 40)))
+        members = np.concatenate(length_batches(lengths, int(rng.integers(1, 10))))
+        given = [(sample, position) for sample in members for position in range(lengths[sample])]
+        expected = [given.index((sample, position)) for sample in range(len(lengths))
+                    for position in range(lengths[sample])]
+        assert token_order(members, lengths[members]).tolist() == expected
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt2"])
+def test_a_selected_batch_is_what_encoding_its_texts_alone_gives(tiny_models, model):
+    adapter = ModelAdapter.load(tiny_models[model], device="cpu")
+    texts = sentences(12)
+    whole = adapter.encode(texts, 16)
+    rows = np.array([7, 2, 9])
+    alone = adapter.encode([texts[i] for i in rows], 16)
+    picked = whole.select(rows)
+    assert picked.n == 3 and picked.inputs.keys() == alone.inputs.keys()
+    for name, tensor in alone.inputs.items():
+        assert torch.equal(picked.inputs[name], tensor), name
+    assert torch.equal(picked.mask, alone.mask)
