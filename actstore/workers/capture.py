@@ -67,25 +67,36 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PreparedShard:
-    """A shard in its storage dtype with the reductions torch makes of it (`prepare_shard`)."""
+    """A shard in its storage dtype with the reductions torch makes of it (`prepare_shards`)."""
 
-    stored: np.ndarray  # (rows, L+1, d), each layer's numbers in one piece (a view of (L+1, rows, d))
+    layers: np.ndarray  # (L+1, rows, d), each layer contiguous: as the store keeps it (an inner chunk per layer)
     sums: np.ndarray  # (L+1, d) float64 sums of the stored numbers, exactly
     extremes: tuple[list, list]  # per layer min and max of the stored numbers (NaN propagates)
 
+    @property
+    def stored(self) -> np.ndarray:
+        """(rows, L+1, d), each layer's numbers in one piece."""
+        return self.layers.transpose(1, 0, 2)
 
-def prepare_shard(values: torch.Tensor, dtype: str) -> PreparedShard:
-    """The part of storing a shard that runs where its forward pass ran: the cast, the layer sums
-    and the layer extremes (on a GPU, there too: only the storage dtype's bytes, half of
-    float32's, come to the host). The rest of a shard's write is `write_prepared`.
 
-    ``values`` (rows, L+1, d) are laid out layer by layer here, as the store keeps them (an inner
-    chunk and a checksum per layer): the widening, checksums, statistics and compression after it
-    then read each layer in one piece instead of copying it out of interleaved rows."""
+def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str) -> list[PreparedShard]:
+    """The part of storing shards that runs where their forward pass ran: the cast, the layer sums
+    and the layer extremes of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each
+    of ``bounds`` (on a GPU, there too: the reductions of all the shards come back at once, and
+    only the storage dtype's bytes, half of float32's, come to the host). The rest of a shard's
+    write is `write_prepared`.
+
+    The values are laid out layer by layer here, as the store keeps them (an inner chunk and a
+    checksum per layer): the widening, checksums, statistics and compression after it then read
+    each layer in one piece instead of copying it out of interleaved rows."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
-    sums = by_layer.sum(dim=1, dtype=torch.float64)
-    extremes = torch.amin(by_layer, dim=(1, 2)).tolist(), torch.amax(by_layer, dim=(1, 2)).tolist()
-    return PreparedShard(storage_array(by_layer.cpu()).transpose(1, 0, 2), sums.cpu().numpy(), extremes)
+    parts = [by_layer[:, lo:hi] for lo, hi in bounds]
+    sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).cpu().numpy()
+    lows = torch.stack([torch.amin(part, dim=(1, 2)) for part in parts]).tolist()
+    highs = torch.stack([torch.amax(part, dim=(1, 2)) for part in parts]).tolist()
+    on_host = storage_array(by_layer.cpu())
+    return [PreparedShard(on_host[:, lo:hi], shard_sums, (low, high))
+            for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
 
 
 def widened(stored: np.ndarray) -> np.ndarray:
@@ -111,7 +122,6 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.nda
     where both are finite, the layer has no NaN or Inf and they are its finite extremes; only
     other layers are counted."""
     lows, highs = extremes or layer_extremes(torch.as_tensor(numbers))
-    by_layer = np.ascontiguousarray(stored.transpose(1, 0, 2))  # each layer's bytes in one piece
     rows: dict[str, list] = {k: [] for k in
                              ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
     for layer in range(stored.shape[1]):
@@ -126,7 +136,7 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.nda
         rows["shard"].append(shard)
         rows["layer"].append(layer)
         rows["rows"].append(stored.shape[0])
-        rows["checksum"].append(crc32c.crc32c(by_layer[layer]))
+        rows["checksum"].append(crc32c.crc32c(np.ascontiguousarray(stored[:, layer, :])))  # no copy if laid out so
         rows["min"].append(low)
         rows["max"].append(high)
         rows["nan_count"].append(nans)
@@ -173,7 +183,7 @@ class ShardCapturer:
 
     Run as an actor with several calls at once (Settings.capture_concurrent_shards). A task first
     tokenises its batches, then computes them (at most ``forwards`` tasks at once: `_compute`,
-    which also covers the cast and reductions of their shards, `prepare_shard`), then writes its
+    which also covers the cast and reductions of their shards, `prepare_shards`), then writes its
     shards (`write_prepared`: widening, checksums, statistics, compression and I/O) while the
     others tokenise and compute, so the model does not wait on the store.
 
@@ -240,7 +250,7 @@ class ShardCapturer:
     def _pooled(self, batches: list[tuple[Batch, np.ndarray]], sites: list[str], pooling: str
                 ) -> dict[str, torch.Tensor]:
         """{site: (rows, L+1, d) float32} of the batches' samples, in the task's sample order (a
-        view of (L+1, rows, d), as `prepare_shard` lays a shard out)."""
+        view of (L+1, rows, d), as `prepare_shards` lays a shard out)."""
         parts: dict[str, list] = {site: [] for site in sites}
         for batch, _ in batches:
             for site, hidden in self.adapter.site_states(batch, sites).items():
@@ -251,7 +261,7 @@ class ShardCapturer:
     def _tokens(self, batches: list[tuple[Batch, np.ndarray]], sites: list[str], dtype: str, begin: int,
                 rows: int) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
         """{site: (rows, L+1, d) in the storage dtype} for token rows [begin, begin + rows) of the
-        task's samples' tokens (in sample order; a view of (L+1, rows, d), as `prepare_shard` lays
+        task's samples' tokens (in sample order; a view of (L+1, rows, d), as `prepare_shards` lays
         a shard out), and their token ids (text models)."""
         parts: dict[str, list] = {site: [] for site in sites}
         ids, counts = [], []
@@ -285,8 +295,7 @@ class ShardCapturer:
                 values, token_ids = self._tokens(batches, sites, layout.dtype, begin, stop - start)
             else:
                 values = self._pooled(batches, sites, layout.pooling)
-            prepared = {site: [prepare_shard(values[site][lo:hi], layout.dtype) for lo, hi in bounds]
-                        for site in sites}
+            prepared = {site: prepare_shards(values[site], bounds, layout.dtype) for site in sites}
         del values, batches
         writes = [(key, shard, prepared[site][i], None if token_ids is None else token_ids[lo:hi])
                   for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)) for site, key in wanted]
@@ -314,12 +323,12 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
     catalog records (a capture's and an import's shards take this one path)."""
-    return write_prepared(arrays, run_key, shard, prepare_shard(values, dtype), token_ids)
+    return write_prepared(arrays, run_key, shard, prepare_shards(values, [(0, len(values))], dtype)[0], token_ids)
 
 
 def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: PreparedShard,
                    token_ids: np.ndarray | None = None) -> dict[str, list]:
-    """`store_shard` after `prepare_shard`, on the host: the float32 widening (in the calling
+    """`store_shard` after `prepare_shards`, on the host: the float32 widening (in the calling
     thread's torch team, which is the forward's own in a capture task), checksums, statistics,
     compression and the store's write."""
     stored = prepared.stored

@@ -10,7 +10,7 @@ import ray
 import torch
 
 from actstore.modeling.adapter import ModelAdapter
-from actstore.workers.capture import CapturePlan, ShardCapturer, length_batches, token_order
+from actstore.workers.capture import CapturePlan, ShardCapturer, length_batches, prepare_shards, token_order
 from tests.factories import sentences
 
 
@@ -95,3 +95,28 @@ def test_a_selected_batch_is_what_encoding_its_texts_alone_gives(tiny_models, mo
     for name, tensor in alone.inputs.items():
         assert torch.equal(picked.inputs[name], tensor), name
     assert torch.equal(picked.mask, alone.mask)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_prepared_shards_hold_each_shards_stored_numbers_sums_and_extremes(dtype):
+    """Against numpy on the same cast: a task's shards prepared at once, the last one short, one
+    layer with a NaN and one with an overflow to Inf (float16)."""
+    rng = np.random.default_rng(2)
+    values = torch.from_numpy(rng.standard_normal((50, 4, 6)).astype(np.float32) * 3)
+    values[7, 1, 2] = float("nan")
+    values[33, 2, 0] = 1e6  # Inf in float16, finite in bfloat16 and float32
+    bounds = [(0, 16), (16, 32), (32, 48), (48, 50)]
+    prepared = prepare_shards(values, bounds, dtype)
+    cast = values.to(getattr(torch, dtype)).float().numpy().astype(np.float64)  # exact: a wider float
+    for (lo, hi), shard in zip(bounds, prepared):
+        stored = shard.stored
+        assert stored.shape == (hi - lo, 4, 6) and all(shard.layers[layer].flags.c_contiguous for layer in range(4))
+        numbers = stored.astype(np.float64) if dtype != "bfloat16" else (
+            (stored.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
+        np.testing.assert_array_equal(numbers, cast[lo:hi])
+        np.testing.assert_array_equal(shard.sums, cast[lo:hi].sum(axis=0))
+        lows, highs = shard.extremes
+        for layer in range(4):
+            part = cast[lo:hi, layer]
+            expected = (np.nan, np.nan) if np.isnan(part).any() else (part.min(), part.max())
+            np.testing.assert_array_equal([lows[layer], highs[layer]], expected)
