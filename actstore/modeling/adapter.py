@@ -64,7 +64,7 @@ class Batch:
         if self.mask is None:
             return Batch({name: tensor[index] for name, tensor in self.inputs.items()}, None, len(rows))
         mask = self.mask[index]
-        longest = int(mask.sum(dim=1).max()) if len(rows) else 0
+        longest = int(mask.sum(dim=1).max())
         per_position = self.mask.shape
         inputs = {name: tensor[index][:, :longest] if tensor.shape[:2] == per_position else tensor[index]
                   for name, tensor in self.inputs.items()}

@@ -79,8 +79,8 @@ def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActSto
                  bugs_internal: bool = False):
     """ray.get, re-raising our errors from inside the task as themselves and anything else as
     `otherwise(cause)` (a task that died, a store or library error), with the message the user
-    needs. With ``bugs_internal`` (tasks over inputs already checked: a capture's shards, a verify,
-    a training run), a bug inside the task (`BUG_ERRORS`) is a `WorkerBug` (INTERNAL) instead; a
+    needs. With ``bugs_internal`` (tasks over inputs already checked: a capture's shards, a
+    training run), a bug inside the task (`BUG_ERRORS`) is a `WorkerBug` (INTERNAL) instead; a
     task that opens what a user hands in (a model folder, an activations file) leaves it off, as
     a malformed input can raise the same errors inside a library."""
     try:

@@ -274,9 +274,10 @@ class ShardCapturer:
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())
         wanted = token_order(np.concatenate([members for _, members in batches]), np.concatenate(counts))
-        wanted = torch.from_numpy(wanted[begin: begin + rows])
-        token_ids = np.concatenate(ids)[wanted.numpy()] if ids else None
-        return {site: torch.cat(p, dim=1)[:, wanted].transpose(0, 1) for site, p in parts.items()}, token_ids
+        wanted = wanted[begin: begin + rows]
+        token_ids = np.concatenate(ids)[wanted] if ids else None
+        index = torch.from_numpy(wanted)
+        return {site: torch.cat(p, dim=1)[:, index].transpose(0, 1) for site, p in parts.items()}, token_ids
 
     def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
                 ) -> list[dict[str, list]]:
