@@ -29,7 +29,10 @@ Typical session:
 
 def connection_options(p: argparse.ArgumentParser, default) -> argparse.ArgumentParser:
     p.add_argument("--address", default=default, help="server address HOST:PORT (env ACTSTORE_ADDRESS)")
-    p.add_argument("--store", default=default, help="store directory (embedded mode, or what serve owns)")
+    p.add_argument("--store", default=default, help="the store: a directory, or s3://bucket/prefix (an S3-compatible "
+                   "object store configured by AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                   "AWS_REGION); the embedded mode's, or what serve owns (env ACTSTORE_STORE; with s3://, the "
+                   "catalog lives in ACTSTORE_SERVER_DIR, default ./actstore-data)")
     p.add_argument("--token", default=default, help="access token if the server requires one (env ACTSTORE_TOKEN)")
     p.add_argument("--tls-ca", default=default, help="PEM CA certificate: connect over TLS, trusting the server's "
                    "certificate it signed (env ACTSTORE_TLS_CA)")
