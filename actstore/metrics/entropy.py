@@ -51,7 +51,9 @@ def entropy_from_eigenvalues(eigs: np.ndarray, alpha: float = 1.0) -> float:
 
     p = the positive eigenvalues / their sum; `S_1 = -sum p log p`,
     `S_alpha = log(sum p^alpha) / (1 - alpha)` otherwise (Skean et al. 2025, eq. 1; Giraldo et
-    al. 2015). An all-zero spectrum (every row equal to the mean) has entropy 0.
+    al. 2015), computed as `-log p_max - log(sum p (p / p_max)^(alpha-1)) / (alpha - 1)`, which
+    stays finite for any finite alpha and tends to the min-entropy `-log p_max` as alpha grows.
+    An all-zero spectrum (every row equal to the mean) has entropy 0.
     """
     if not (np.isfinite(alpha) and alpha > 0):
         raise ValueError(f"alpha must be finite and > 0, got {alpha}")
@@ -64,7 +66,14 @@ def entropy_from_eigenvalues(eigs: np.ndarray, alpha: float = 1.0) -> float:
     p = p / p.sum()
     if alpha == 1:
         return float(-np.sum(p * np.log(p)))
-    return float(np.log(np.sum(p**alpha)) / (1.0 - alpha))
+    # log sum p^alpha with p_max^(alpha-1) factored out: p^alpha underflows to 0 for a large alpha
+    # (log 0 = -inf) where sum_i p_i (p_i / p_max)^(alpha-1) >= p_max stays finite. That sum is
+    # 1 + sum_i p_i expm1(.), taken by log1p: near alpha = 1 its log is ~(alpha - 1) S_1, which
+    # log(sum) would bury under the rounding of the sum (1e-16 / |alpha - 1|).
+    order = alpha - 1.0
+    with np.errstate(over="ignore"):  # order * log(ratio) -> -inf for a huge alpha; expm1(-inf) = -1
+        powers = np.expm1(order * np.log(p / p.max()))
+    return float(-np.log(p.max()) - np.log1p(np.sum(p * powers)) / order)
 
 
 def gram_entropy(k: np.ndarray, alpha: float = 1.0) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mpmath
 import numpy as np
 import pytest
 import scipy.linalg
@@ -208,6 +209,27 @@ def test_renyi_limit_alpha_to_one_is_shannon_and_order_decreases(rng):
         assert matrix_entropy(z, alpha) == pytest.approx(shannon, abs=1e-5)
     orders = [matrix_entropy(z, a) for a in (0.5, 0.9, 1.0, 1.5, 2.0, 3.0)]
     assert all(a > b for a, b in zip(orders, orders[1:]))
+
+
+def test_renyi_entropy_of_large_and_small_orders_matches_high_precision(rng):
+    """p^alpha underflows to 0 in float64 for a large alpha, and log(sum p^alpha) / (1 - alpha)
+    loses its digits to rounding next to alpha = 1: the reference is that formula in 60 digits."""
+    mpmath.mp.dps = 60
+
+    def reference(weights, alpha):
+        total = mpmath.fsum(weights.tolist())
+        order = mpmath.mpf(alpha)
+        return float(mpmath.log(mpmath.fsum((mpmath.mpf(w) / total) ** order for w in weights)) / (1 - order))
+
+    lam = rng.random(50) ** 3
+    for alpha in (1e-300, 1e-8, 0.5, 1 - 1e-12, 1 + 1e-12, 2.0, 200.0, 700.0, 1e30):
+        assert entropy_from_eigenvalues(lam, alpha) == pytest.approx(reference(lam, alpha), rel=1e-12)
+    # the limit alpha -> inf is the min-entropy -log p_max
+    assert entropy_from_eigenvalues(lam, 1e308) == pytest.approx(-np.log(lam.max() / lam.sum()), rel=1e-14)
+    z = rng.standard_normal((30, 12))
+    sigma_squared = np.linalg.svd(ref_normalize(z), compute_uv=False) ** 2
+    for alpha in (2.0, 200.0, 700.0, 1e30):
+        assert dataset_entropy(z, alpha) == pytest.approx(reference(sigma_squared, alpha), rel=1e-10)
 
 
 def test_entropy_from_eigenvalues_basics():
