@@ -174,3 +174,43 @@ def test_errors_exit_2_with_the_status_and_no_traceback(session, tmp_path, args,
     assert len(proc.stderr.strip()) > len(f"error ({code}): ") + 10
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "x.npy").exists()
+
+
+# ---- usage errors: argparse refuses a bad flag before anything connects -----------------------------
+def usage_error(capsys, *args: str) -> str:
+    """Run the CLI in-process; it must stop with argparse's usage error (exit 2, no traceback)."""
+    from actstore.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(list(args))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
+def test_a_layer_list_takes_numbers_ranges_and_a_mix():
+    from actstore.cli import build_parser
+
+    args = build_parser().parse_args(["cka", "RUN", "--layers-a", "0,2-4, 6", "--layers-b", "3"])
+    assert args.layers_a == [0, 2, 3, 4, 6] and args.layers_b == [3]
+    assert build_parser().parse_args(["cka", "RUN"]).layers_a is None  # not given: every layer
+
+
+@pytest.mark.parametrize("text", ["1,,3", "-1", "a", "1e30", "0x1", "1-", "-", "-3--1", "", "1.5"])
+@pytest.mark.parametrize("command", [["cka", "RUN", "--layers-a"], ["knn", "RUN", "--layers-b"],
+                                     ["entropy", "dataset-entropy", "RUN", "--layers"],
+                                     ["outliers", "RUN", "--layers"]])
+def test_a_bad_layer_list_is_a_usage_error_naming_the_flag(capsys, command, text):
+    err = usage_error(capsys, *command[:-1], f"{command[-1]}={text}")
+    assert f"argument {command[-1]}: " in err and "0,3,5" in err and "2-6" in err, err
+
+
+@pytest.mark.parametrize("text", ["0-100000000000", "9223372036854775808", "3,100001"])
+def test_a_layer_beyond_any_model_is_refused_without_building_the_range(capsys, text):
+    err = usage_error(capsys, "cka", "RUN", "--layers-a", text)
+    assert "argument --layers-a: " in err and "beyond any model (at most 100000)" in err, err
+
+
+def test_a_reversed_range_is_refused_not_read_as_every_layer(capsys):
+    err = usage_error(capsys, "cos", "RUN", "--layers-b", "0,5-2")
+    assert "argument --layers-b: 5-2 is reversed: write 2-5" in err, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from actstore.options import Option, Table
@@ -72,18 +73,31 @@ def size_text(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes} B"
 
 
-def parse_layers(text: str | None) -> list[int]:
-    """'0,3,5' or '2-6' (or a mix) -> layer numbers; nothing -> [] (all layers)."""
-    if not text:
-        return []
+MAX_LAYER = 100_000  # deeper than any model: a larger layer number is a typo, and a range to it is refused unbuilt
+LAYERS_SYNTAX = "layer numbers (0 or more) as a list 0,3,5, a range 2-6, or a mix (0,2-4)"
+
+
+def parse_layers(text: str) -> list[int]:
+    """The argparse type of the --layers flags: '0,3,5' or '2-6' (or a mix) -> layer numbers. A
+    wrong spelling, a reversed range or a layer beyond MAX_LAYER is a usage error naming the flag."""
     layers: list[int] = []
     for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            layers.extend(range(int(lo), int(hi) + 1))
-        else:
-            layers.append(int(part))
+        found = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
+        if found is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a layer list: write {LAYERS_SYNTAX}")
+        low, high = int(found[1]), int(found[2] or found[1])
+        if high > MAX_LAYER:
+            raise argparse.ArgumentTypeError(f"layer {high} in {text!r} is beyond any model (at most {MAX_LAYER})")
+        if low > high:
+            raise argparse.ArgumentTypeError(f"{part.strip()} is reversed: write {high}-{low}")
+        layers.extend(range(low, high + 1))
     return layers
+
+
+def layers_option(p: argparse.ArgumentParser, flag: str = "--layers", help: str = "") -> None:
+    """A --layers flag: a list of layer numbers, or None (every layer) when it is not given."""
+    p.add_argument(flag, type=parse_layers, metavar="LAYERS",
+                   help=help or "e.g. 0,3,5 or 2-6 or a mix (default: all)")
 
 
 def _server_answers(address: str) -> bool:

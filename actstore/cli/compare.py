@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from actstore.cli import diagnostics, dryrun
-from actstore.cli.common import add_option, connect, output_options, parse_layers
+from actstore.cli.common import add_option, connect, layers_option, output_options
 from actstore.errors import InvalidArgument
 from actstore.options import SIMILARITY, STITCH, STREAMED_MEASURES
 
@@ -48,8 +48,8 @@ def cmd_cka(args) -> int:
         refuse_aligned_stats(args)
         return diagnostics.cmd_cka_stats(args)
     with connect(args) as client:
-        result = client.cka(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                            layers_b=parse_layers(args.layers_b), align=args.align, word_pool=args.word_pool,
+        result = client.cka(args.run_a, args.run_b, layers_a=args.layers_a,
+                            layers_b=args.layers_b, align=args.align, word_pool=args.word_pool,
                             refresh=args.refresh)
     matrix = result.debiased if args.debiased else result.biased
     name = f"linear CKA ({'debiased' if args.debiased else 'biased'})"
@@ -63,8 +63,8 @@ def cmd_cos(args) -> int:
         refuse_aligned_stats(args)
         return diagnostics.cmd_cos_stats(args)
     with connect(args) as client:
-        result = client.cos(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                            layers_b=parse_layers(args.layers_b), center=args.center, align=args.align,
+        result = client.cos(args.run_a, args.run_b, layers_a=args.layers_a,
+                            layers_b=args.layers_b, center=args.center, align=args.align,
                             word_pool=args.word_pool, refresh=args.refresh)
     show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
                 result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
@@ -74,7 +74,7 @@ def cmd_cos(args) -> int:
 def cmd_minibatch(args) -> int:
     with connect(args) as client:
         result = client.minibatch_cka(args.run_a, args.run_b, batch_size=args.batch_size,
-                                      layers_a=parse_layers(args.layers_a), layers_b=parse_layers(args.layers_b),
+                                      layers_a=args.layers_a, layers_b=args.layers_b,
                                       remainder=args.remainder, refresh=args.refresh)
     show_matrix(f"minibatch CKA (batch {args.batch_size})", result.values, result.layers_a, result.layers_b,
                 result.provenance, result.notes, args, f"minibatch CKA, batch {args.batch_size}")
@@ -83,8 +83,8 @@ def cmd_minibatch(args) -> int:
 
 def cmd_knn(args) -> int:
     with connect(args) as client:
-        result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=parse_layers(args.layers_a),
-                                   layers_b=parse_layers(args.layers_b), refresh=args.refresh)
+        result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=args.layers_a,
+                                   layers_b=args.layers_b, refresh=args.refresh)
     show_matrix(f"mutual kNN (k={args.k})", result.values, result.layers_a, result.layers_b, result.provenance,
                 result.notes, args, f"mutual kNN alignment, k={args.k}")
     return 0
@@ -144,8 +144,8 @@ def cmd_stitch(args) -> int:
 def _pair_args(p) -> None:
     p.add_argument("run_a", help="run key or prefix (rows of the matrix)")
     p.add_argument("run_b", nargs="?", help="second run (columns); default: run_a")
-    p.add_argument("--layers-a", help="e.g. 0,3,5 or 2-6 (default: all)")
-    p.add_argument("--layers-b", help="as --layers-a")
+    layers_option(p, "--layers-a")
+    layers_option(p, "--layers-b", "as --layers-a")
     output_options(p, "write a heatmap PNG here")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actstore.cli.common import add_option, connect, output_options, parse_layers
+from actstore.cli.common import add_option, connect, layers_option, output_options
 from actstore.options import UNCERTAINTY
 
 FEATURE_FLAGS = ("standardize", "exclude_dims", "exclude_outliers", "outlier_sigmas")
@@ -65,8 +65,8 @@ def _plot(args, name: str, values, interval, layers_a, layers_b, null_band=None)
 
 def cmd_cka_stats(args) -> int:
     with connect(args) as client:
-        r = client.cka_stats(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                             layers_b=parse_layers(args.layers_b), null=args.null, refresh=args.refresh,
+        r = client.cka_stats(args.run_a, args.run_b, layers_a=args.layers_a,
+                             layers_b=args.layers_b, null=args.null, refresh=args.refresh,
                              bootstrap_method=args.bootstrap_method, bootstrap_groups=args.bootstrap_groups,
                              **_features(args))
     variant = "debiased" if args.debiased else "biased"
@@ -101,8 +101,8 @@ def cmd_cka_stats(args) -> int:
 
 def cmd_cos_stats(args) -> int:
     with connect(args) as client:
-        r = client.cos_stats(args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                             layers_b=parse_layers(args.layers_b), center=args.center, refresh=args.refresh,
+        r = client.cos_stats(args.run_a, args.run_b, layers_a=args.layers_a,
+                             layers_b=args.layers_b, center=args.center, refresh=args.refresh,
                              **_features(args))
     if args.json:
         print(json.dumps({"metric": "sample-wise cosine (mean)", "matrix": r.mean.tolist(),
@@ -120,7 +120,7 @@ def cmd_cos_stats(args) -> int:
 
 def cmd_outliers(args) -> int:
     with connect(args) as client:
-        r = client.outliers(args.run, layers=parse_layers(args.layers), top_k=args.top_k,
+        r = client.outliers(args.run, layers=args.layers, top_k=args.top_k,
                             outlier_sigmas=args.outlier_sigmas, refresh=args.refresh)
     if args.json:
         print(json.dumps({"layers": r.layers, "severity": r.severity.tolist(), "top_dims": r.top_dims.tolist(),
@@ -153,7 +153,7 @@ def add_commands(command) -> None:
                 "over dimensions) and the outlier dimensions that --exclude-outliers would leave out of cka/cos.\n"
                 "Definitions: docs/metrics.md, 'Outlier diagnostics'.")
     p.add_argument("run", help="run key or prefix")
-    p.add_argument("--layers", help="e.g. 0,3,5 or 2-6 (default: all)")
+    layers_option(p)
     add_option(p, UNCERTAINTY, "top_k", "--top-k")
     add_option(p, UNCERTAINTY, "outlier_sigmas")
     output_options(p, "write the severity and top-dimension plot here")

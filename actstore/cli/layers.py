@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actstore.cli.common import add_option, connect, output_options, parse_layers
+from actstore.cli.common import add_option, connect, layers_option, output_options
 from actstore.options import ENTROPY, LENS
 
 
@@ -31,7 +31,7 @@ def show_curve(name: str, layers, values, provenance, notes, args, bands=None) -
 
 def cmd_entropy(args) -> int:
     with connect(args) as client:
-        result = client.entropy(args.metric.replace("-", "_"), args.run, layers=parse_layers(args.layers),
+        result = client.entropy(args.metric.replace("-", "_"), args.run, layers=args.layers,
                                 alpha=args.alpha, normalization=args.normalization, clamp=args.clamp,
                                 convention=args.convention, abs_cos=args.abs_cos, permutations=args.permutations,
                                 seed=args.seed, exp=args.exp, temperature=args.temperature, preset=args.preset,
@@ -42,7 +42,7 @@ def cmd_entropy(args) -> int:
 
 def cmd_residual(args) -> int:
     with connect(args) as client:
-        result = client.residual_norm(args.run, layers=parse_layers(args.layers), refresh=args.refresh)
+        result = client.residual_norm(args.run, layers=args.layers, refresh=args.refresh)
     levels = list(result.quantile_levels)
     band = (result.quantiles[:, levels.index(0.25)], result.quantiles[:, levels.index(0.75)])
     show_curve("residual norm ratio", result.layers, result.mean, result.provenance, result.notes, args,
@@ -83,13 +83,13 @@ def cmd_lens(args) -> int:
 
 def cmd_nc1(args) -> int:
     with connect(args) as client:
-        result = client.neural_collapse(args.run, layers=parse_layers(args.layers), refresh=args.refresh)
+        result = client.neural_collapse(args.run, layers=args.layers, refresh=args.refresh)
     show_curve("NC1", result.layers, result.values, result.provenance, result.notes, args)
     return 0
 
 
 def _curve_args(p) -> None:
-    p.add_argument("--layers", help="e.g. 0-6 (default: all)")
+    layers_option(p)
     output_options(p, "write a layer curve PNG here")
 
 

@@ -4,7 +4,7 @@ their similarity-repository identifiers (definitions with sources: docs/metrics.
 
 from __future__ import annotations
 
-from actstore.cli.common import add_option, connect, parse_layers
+from actstore.cli.common import add_option, connect
 from actstore.cli.compare import _pair_args, show_matrix
 from actstore.options import SIMILARITY
 
@@ -41,8 +41,8 @@ Examples:
 
 def cmd_similarity(args) -> int:
     with connect(args) as client:
-        result = client.measure(args.measure, args.run_a, args.run_b, layers_a=parse_layers(args.layers_a),
-                                layers_b=parse_layers(args.layers_b), alpha=args.alpha,
+        result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
+                                layers_b=args.layers_b, alpha=args.alpha,
                                 sigma_fraction=args.sigma_fraction, k=args.k, refresh=args.refresh)
     name = result.provenance.metric
     if "-distance=" in name:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from actstore.cli.common import add_option, connect, output_options, parse_layers, print_table
+from actstore.cli.common import add_option, connect, layers_option, output_options, print_table
 from actstore.options import CAPTURE, PROGRESSION
 
 
@@ -13,7 +13,7 @@ def cmd_progression(args) -> int:
     from actstore.report import curves
 
     with connect(args) as client:
-        result = client.progression(args.model, args.dataset, metric=args.metric, layers=parse_layers(args.layers),
+        result = client.progression(args.model, args.dataset, metric=args.metric, layers=args.layers,
                                     pooling=args.pooling, max_len=args.max_len, progress=not args.json)
     if args.json:
         print(json.dumps({"metric": result.metric, "model": result.base, "steps": result.steps.tolist(),
@@ -43,5 +43,5 @@ def add_commands(command) -> None:
     add_option(p, PROGRESSION, "metric")
     add_option(p, CAPTURE, "pooling")
     add_option(p, CAPTURE, "max_len")
-    p.add_argument("--layers", help="e.g. 0-6 (default: all)")
+    layers_option(p)
     output_options(p, "write the curves (one per layer, over the steps) as a PNG here")
