@@ -110,6 +110,8 @@ class CaptureJobs:
                 if (found := self.catalog.find_run(key)) is None or found.status != "committed"]
         if not todo:
             return self.jobs.record_finished("capture", keys[0], job_request, principal=principal)
+        for key, _ in todo:  # outside `submissions`: other requests go on meanwhile
+            self.jobs.await_cancelled(key)
         with self.submissions:  # identical concurrent requests: the first opens the runs, the rest join
             live = [self.jobs.live_for(key) for key, _ in todo]
             if all(job is not None for job in live):  # every run this needs is being captured already

@@ -19,13 +19,15 @@ from dataclasses import dataclass, replace
 
 from cachetools import LRUCache
 
-from actstore.errors import ActStoreError, Cancelled, ResourceExhausted
+from actstore.errors import ActStoreError, Cancelled, ResourceExhausted, Unavailable
 from actstore.store.catalog import Catalog, JobRecord
 
 log = logging.getLogger(__name__)
 
 # "interrupted": the server stopped under the job; the next start resumes it.
 TERMINAL = ("done", "failed", "cancelled", "interrupted")
+# how long a request waits for a cancelled job of its target to stop (its tasks in flight settle)
+CANCEL_SETTLE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,11 @@ class JobState:
         if self._record is not None:
             self._record(done, total)
         self.publish(status="running", done=done, total=total, unit=unit, message=message)
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Wait until the job has finished, at most ``timeout`` seconds; whether it has."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._snapshot.finished, timeout)
 
     def follow(self, poll_seconds: float = 1.0) -> Iterator[JobSnapshot]:
         """The current snapshot, then each change, until a terminal one (intermediate changes
@@ -140,10 +147,26 @@ class JobManager:
             job_id = self._by_target.get(target)
             return self._live.get(job_id) if job_id else None
 
+    def await_cancelled(self, target: str, timeout: float = CANCEL_SETTLE_SECONDS) -> None:
+        """Wait for the live job of `target` to stop if it is being cancelled: a request submitted
+        just after a cancel starts a job of its own (resuming what the cancelled one stored)
+        instead of joining one about to end CANCELLED. UNAVAILABLE if it is still stopping after
+        ``timeout`` seconds."""
+        state = self.live_for(target)
+        if state is None or not state.cancel_requested.is_set():
+            return
+        if not state.wait_finished(timeout):
+            raise Unavailable(f"job {state.snapshot.job_id} for the same target is still stopping after its cancel "
+                              f"({timeout:.0f} s): submit again in a minute (`actstore watch "
+                              f"{state.snapshot.job_id}` shows when it has stopped)")
+
     def start(self, kind: str, target: str, request: dict, work: Work, *, principal: str | None = None,
               job_id: str | None = None, also: tuple[str, ...] = ()) -> tuple[JobState, bool]:
         """Start `work` for `target` (and the targets `also`, which requests for them join), or join
-        the live job for it. Returns (state, joined)."""
+        the live job for it (one being cancelled is waited for, `await_cancelled`, and not joined).
+        Returns (state, joined)."""
+        for each in (target, *also):
+            self.await_cancelled(each)
         with self._lock:
             existing = self._by_target.get(target)
             if existing:
