@@ -60,6 +60,7 @@ class Option:
     help: str = ""
     default_text: str | None = None  # how to describe a default of None (or a clearer wording)
     limit: str | None = None  # the Settings field that caps the value on the server (ACTSTORE_<LIMIT>)
+    hint: str = ""  # what to ask for instead, appended to the message refusing a value out of bounds
 
     @property
     def described_default(self) -> str | None:
@@ -109,7 +110,8 @@ class Option:
             high = self.maximum is not None and (value >= self.maximum if self.exclusive else value > self.maximum)
             if low or high:
                 what = f"{self.name} value" if self.many else self.name
-                raise InvalidArgument(f"{what} {value!r} must be {self.bounds_text()}")
+                raise InvalidArgument(f"{what} {value!r} must be {self.bounds_text()}"
+                                      + (f": {self.hint}" if self.hint else ""))
         return value
 
     def bounds_text(self) -> str:
@@ -262,7 +264,8 @@ ENTROPY = Table(
     "entropy",
     Option("metric", str, None, choices=("dataset_entropy", "prompt_entropy", "effective_rank", "curvature",
                                          "infonce", "dime", "lidar")),
-    Option("alpha", float, 1.0, minimum=0, exclusive=True, help="Renyi order, 1 = Shannon"),
+    Option("alpha", float, 1.0, minimum=0, exclusive=True, help="Renyi order, 1 = Shannon",
+           hint="for the log-rank limit (alpha -> 0) ask for a small alpha such as 1e-6"),
     Option("normalization", str, "raw", choices=("raw", "maxEntropy", "logN", "logD"),
            help="divide the entropy by nothing, its maximum, log N or log D"),
     Option("clamp", bool, False, help="clamp the Gram at 0 (as the reference code does)"),

@@ -214,3 +214,29 @@ def test_a_layer_beyond_any_model_is_refused_without_building_the_range(capsys, 
 def test_a_reversed_range_is_refused_not_read_as_every_layer(capsys):
     err = usage_error(capsys, "cos", "RUN", "--layers-b", "0,5-2")
     assert "argument --layers-b: 5-2 is reversed: write 2-5" in err, err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["knn", "RUN", "-k", "0"], "argument -k: k 0 must be >= 1"),
+    (["minibatch-cka", "RUN", "--batch-size", "0"], "argument --batch-size: batch_size 0 must be >= 4"),
+    (["cka", "RUN", "--ci", "0"], "argument --ci: ci 0.0 must be in (0, 1)"),
+    (["cka", "RUN", "--bootstrap-groups", "0"], "argument --bootstrap-groups: bootstrap_groups 0 must be in [2, 512]"),
+    (["cka", "RUN", "--outlier-sigmas", "0"], "argument --outlier-sigmas: outlier_sigmas 0.0 must be > 0"),
+    (["outliers", "RUN", "--top-k", "0"], "argument --top-k: top_k 0 must be >= 1"),
+    (["entropy", "infonce", "RUN", "--temperature", "0"], "argument --temperature: temperature 0.0 must be > 0"),
+    (["entropy", "dime", "RUN", "--permutations", "0"], "argument --permutations: permutations 0 must be >= 1"),
+    (["similarity", "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score", "RUN", "--sigma-fraction", "0"],
+     "argument --sigma-fraction: sigma_fraction 0.0 must be > 0"),
+    (["stitch", "A", "1", "B", "2", "--test-fraction", "0"], "argument --test-fraction: test_fraction 0.0 must be in"),
+    (["capture", "--model", "m", "--dataset", "d", "--max-len", "0"], "argument --max-len: max_len 0 must be >= 2"),
+    (["register-dataset", "--builtin", "rotten-tomatoes", "--limit", "0"], "argument --limit: limit 0 must be >= 1"),
+    (["demo", "--n", "0"], "argument --n: limit 0 must be >= 1"),
+])
+def test_a_zero_the_server_would_read_as_not_given_is_a_usage_error(capsys, args, message):
+    assert message in usage_error(capsys, *args)
+
+
+def test_alpha_zero_points_to_a_small_alpha_for_the_log_rank_limit(capsys):
+    err = usage_error(capsys, "entropy", "dataset-entropy", "RUN", "--alpha", "0")
+    assert "argument --alpha: alpha 0.0 must be > 0: for the log-rank limit (alpha -> 0) ask for a small alpha " \
+           "such as 1e-6" in err, err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import re
 from typing import get_args
 
 import pytest
@@ -233,12 +234,43 @@ def test_cli_flags_match_the_tables(command):
             assert action.type(sample) == [option.type(v) for v in sample.split(",")]
         else:
             assert action.default == CLI_OWN_DEFAULTS.get((command, option.name), option.default), action
-            assert action.type in (option.type, None if option.type is str else option.type), action
+            if option.choices is not None:  # argparse checks the choices
+                assert action.type in (option.type, None if option.type is str else option.type), action
+            elif option.default is not None:
+                assert action.type(str(option.default)) == option.default, action
         assert tuple(action.choices or ()) == tuple(option.choices or ()), action
         shown = option.described_default
         if shown is not None and (command, option.name) not in CLI_OWN_DEFAULTS:
             assert f"default {shown}" in action.help or f"default: {shown}" in action.help, action.help
     assert seen == expected, (command, seen ^ expected)
+
+
+def _out_of_bounds(option):
+    """A value just outside the option's bounds (None: it has none), as the command line spells it."""
+    if option.minimum is not None:
+        low = option.minimum if option.exclusive else option.minimum - (1 if option.type is int else 1e-3)
+        return str(option.type(low))
+    if option.maximum is not None:
+        return str(option.type(option.maximum if option.exclusive else option.maximum + 1))
+    return None
+
+
+@pytest.mark.parametrize("command", list(CLI))
+def test_cli_flags_refuse_what_the_tables_refuse(command):
+    """Every flag from a table checks its value there: a 0 that the request would carry as "not
+    given" (and the server would answer with the default) is a usage error, not the default."""
+    tables, _ = CLI[command]
+    for action in _commands()[command]._actions:
+        table = next((t for t in tables if action.dest in t), None)
+        if table is None or table[action.dest].type is bool or table[action.dest].choices is not None:
+            continue
+        option, bad = table[action.dest], _out_of_bounds(table[action.dest])
+        if bad is not None:
+            with pytest.raises(argparse.ArgumentTypeError, match=f"must be {re.escape(option.bounds_text())}"):
+                action.type(bad)
+        if option.type is float:
+            with pytest.raises(argparse.ArgumentTypeError, match="must be a finite number"):
+                action.type("nan")
 
 
 def test_cli_help_shows_defaults_end_to_end(capsys):

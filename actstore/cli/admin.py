@@ -6,8 +6,8 @@ import signal
 import threading
 from pathlib import Path
 
-from actstore.cli.common import add_option, connect, int_list, print_table, server_address
-from actstore.options import LENS, SERVE, TRAIN
+from actstore.cli.common import add_option, connect, int_list, option_type, print_table, server_address
+from actstore.options import DATASETS, LENS, SERVE, TRAIN
 
 ROLES = ("reader", "writer", "admin")  # actstore.server.auth.ROLES, without importing the server
 
@@ -109,7 +109,7 @@ def add_commands(command) -> None:
                 "within-model CKA and COS matrices and the cross-model CKA matrix, and writes heatmaps and a\n"
                 "Markdown report to --out.")
     p.add_argument("--out", default="actstore-demo", help="output folder (default ./actstore-demo)")
-    p.add_argument("--n", type=int, default=300, help="number of reviews (default 300)")
+    p.add_argument("--n", type=option_type(DATASETS.limit), default=300, help="number of reviews (default 300)")
 
     p = command("experiment", cmd_experiment, "aligned vs standard training: train, capture, lens, report",
                 "Trains standard, aligned, multi-exit and ce-reg models with one recipe and budget for every\n"

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 
+from actstore.errors import InvalidArgument
 from actstore.options import Option, Table
 
 DEFAULT_ADDRESS = "127.0.0.1:50151"
@@ -55,18 +56,36 @@ int_list = _list_of(int)  # e.g. --seeds 0,1,2
 def add_option(p: argparse.ArgumentParser, table: Table, name: str, *flags: str, extra_help: str = "",
                **kwargs) -> argparse.Action:
     """A flag for `table[name]`: its default, choices, type and help (with the default) come from
-    the table. Flags default to --NAME-WITH-DASHES. A list option takes comma-separated values and
-    defaults to None: the server's default, which the help shows."""
+    the table, and its value is checked by the table (`option_type`). Flags default to
+    --NAME-WITH-DASHES. A list option takes comma-separated values and defaults to None: the
+    server's default, which the help shows."""
     option: Option = table[name]
     flags = flags or (f"--{name.replace('_', '-')}",)
     kwargs.setdefault("help", option.help_text(extra_help))
     if option.type is bool:
         return p.add_argument(*flags, action="store_true", default=option.default, **kwargs)
     if option.many:
-        return p.add_argument(*flags, type=_list_of(option.type), default=None, **kwargs)
-    if option.choices is not None:
-        kwargs["choices"] = list(option.choices)
-    return p.add_argument(*flags, type=option.type, default=option.default, **kwargs)
+        return p.add_argument(*flags, type=option_type(option), default=None, **kwargs)
+    if option.choices is not None:  # argparse checks them, and its message lists them
+        kwargs.setdefault("choices", list(option.choices))
+        return p.add_argument(*flags, type=option.type, default=option.default, **kwargs)
+    return p.add_argument(*flags, type=option_type(option), default=option.default, **kwargs)
+
+
+def option_type(option: Option):
+    """The argparse type of a flag for `option`: the text converted, then checked by the table. So a
+    value the table refuses is a usage error with the table's message, among them a 0 that a request
+    would carry as "not given" (the server would answer with the default: k=0 would give k=10)."""
+    convert = _list_of(option.type) if option.many else option.type
+
+    def parse(text: str):
+        try:
+            return option.check(convert(text))
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = getattr(convert, "__name__", option.type.__name__)  # argparse names it in its usage errors
+    return parse
 
 
 def size_text(nbytes: int) -> str:

@@ -76,8 +76,9 @@ def cmd_minibatch(args) -> int:
         result = client.minibatch_cka(args.run_a, args.run_b, batch_size=args.batch_size,
                                       layers_a=args.layers_a, layers_b=args.layers_b,
                                       remainder=args.remainder, refresh=args.refresh)
-    show_matrix(f"minibatch CKA (batch {args.batch_size})", result.values, result.layers_a, result.layers_b,
-                result.provenance, result.notes, args, f"minibatch CKA, batch {args.batch_size}")
+    batch = result.provenance.options["batch_size"]  # what the server used
+    show_matrix(f"minibatch CKA (batch {batch})", result.values, result.layers_a, result.layers_b,
+                result.provenance, result.notes, args, f"minibatch CKA, batch {batch}")
     return 0
 
 
@@ -85,8 +86,9 @@ def cmd_knn(args) -> int:
     with connect(args) as client:
         result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=args.layers_a,
                                    layers_b=args.layers_b, refresh=args.refresh)
-    show_matrix(f"mutual kNN (k={args.k})", result.values, result.layers_a, result.layers_b, result.provenance,
-                result.notes, args, f"mutual kNN alignment, k={args.k}")
+    k = result.provenance.options["k"]  # what the server used
+    show_matrix(f"mutual kNN (k={k})", result.values, result.layers_a, result.layers_b, result.provenance,
+                result.notes, args, f"mutual kNN alignment, k={k}")
     return 0
 
 
