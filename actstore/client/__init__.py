@@ -57,7 +57,7 @@ from actstore.client.results import (
     RunVerdict,
     VerifyReport,
 )
-from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
+from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition, InvalidArgument
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
 from actstore.wire import from_ndarray
 
@@ -194,6 +194,8 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
     # ---- catalog ------------------------------------------------------------------------------
     def register_model(self, path: str | Path | None = None, *, builtin: str | None = None,
                        name: str | None = None) -> ModelInfo:
+        if path and builtin:  # the request carries one of them (a oneof): say so, not drop one
+            raise InvalidArgument("give exactly one of a model folder path or a builtin name")
         request = pb.RegisterModelRequest(name=name or "")
         if builtin:
             request.builtin = builtin
@@ -214,6 +216,8 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             name=name or "", limit=limit or 0, seed=seed, split=split or "", text_column=text_column or "",
             label_column=label_column or "", id_column=id_column or "", group_column=group_column or "",
             augment_views=augment_views, augment_method=augment_method or "")
+        if sum(source is not None and source != "" for source in (path, builtin, texts)) > 1:  # a oneof
+            raise InvalidArgument("give exactly one dataset source: a file path, a builtin name or a list of texts")
         if builtin:
             request.builtin = builtin
         elif path:

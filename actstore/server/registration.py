@@ -169,6 +169,8 @@ class Registrar:
             data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
                                     seed=source.seed)
         digest = ds.dataset_digest(data)
+        alias = name or (source.builtin or (Path(source.path).stem if source.path else f"texts-{digest[:8]}"))
+        self._check_dataset_alias(alias, digest, data.n)
         ref = self.store.files.write_folder(f"datasets/{digest}", lambda target: ds.save_dataset(data, target))
         record = DatasetRecord(
             digest=digest, kind=data.kind, n=data.n,
@@ -177,6 +179,18 @@ class Registrar:
             has_groups=data.groups is not None, path=ref, source=data.source,
         )
         self.catalog.add_dataset(record)
-        default_name = source.builtin or (Path(source.path).stem if source.path else f"texts-{digest[:8]}")
-        self.catalog.set_dataset_alias(name or default_name, digest)
+        self.catalog.set_dataset_alias(alias, digest)
         return self.catalog.dataset(digest)
+
+    def _check_dataset_alias(self, alias: str, digest: str, n: int) -> None:
+        """A name that already names another dataset is not moved: in a shared store, everyone's
+        `--dataset NAME` would silently mean other samples (as a model's alias, `register_model`).
+        Registering the same dataset again under its name is a no-op."""
+        try:
+            held = self.catalog.dataset(alias)
+        except NotFound:
+            return
+        if held.digest != digest:
+            raise AlreadyExists(f"the name {alias!r} already names dataset {held.digest[:12]} ({held.n} samples); "
+                                f"this one is {digest[:12]} ({n} samples): register it under another --name "
+                                f"(e.g. {alias}-{n}), or use the dataset {alias!r} names")
