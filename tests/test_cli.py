@@ -240,3 +240,17 @@ def test_alpha_zero_points_to_a_small_alpha_for_the_log_rank_limit(capsys):
     err = usage_error(capsys, "entropy", "dataset-entropy", "RUN", "--alpha", "0")
     assert "argument --alpha: alpha 0.0 must be > 0: for the log-rank limit (alpha -> 0) ask for a small alpha " \
            "such as 1e-6" in err, err
+
+
+@pytest.mark.parametrize("args", [
+    ["minibatch-cka", "RUN", "--batch-size", "9223372036854775808"],
+    ["knn", "RUN", "-k", "9223372036854775808"],
+    ["capture", "--model", "m", "--dataset", "d", "--max-len", "9223372036854775808"],
+    ["register-dataset", "--builtin", "rotten-tomatoes", "--limit", "9223372036854775808"],
+])
+def test_an_int_too_large_for_the_request_is_invalid_argument_not_a_traceback(capsys, args):
+    from actstore.cli import main
+
+    assert main(["--address", "127.0.0.1:1", *args]) == 2  # refused before anything is sent
+    err = capsys.readouterr().err
+    assert err.startswith("error (INVALID_ARGUMENT): ") and "9223372036854775808 is out of range" in err, err

@@ -29,6 +29,7 @@ from actstore._proto.actstore.v1 import (
     tokens_pb2,
     tokens_pb2_grpc,
 )
+from actstore.client.arguments import options, refusing_out_of_range
 from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
 from actstore.client.entropy import EntropyMixin
 from actstore.client.frames import Listing
@@ -137,6 +138,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
+@refusing_out_of_range
 class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin,
              EntropyMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
@@ -203,6 +205,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             request.path = str(path)
         return ModelInfo.from_proto(self._catalog.RegisterModel(request))
 
+    @options(DATASETS)
     def register_dataset(self, path: str | Path | None = None, *, builtin: str | None = None,
                          texts: Sequence[str] | None = None, labels: Sequence[int] | None = None,
                          sample_ids: Sequence[str] | None = None, label_names: Sequence[str] | None = None,
@@ -266,6 +269,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         r = self._housekeeping.BackupCatalog(pb.BackupCatalogRequest())
         return BackupInfo(r.path, r.bytes, list(r.kept))
 
+    @options(GC)
     def collect_garbage(self, *, older_than: str = GC.older_than.default, max_bytes: int | None = None,
                         apply: bool = GC.apply.default) -> GarbageReport:
         """Cached results, matrix-job partials and run folders nothing needs: listed, or with
@@ -274,6 +278,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return GarbageReport.from_proto(self._housekeeping.CollectGarbage(request))
 
     # ---- capture ------------------------------------------------------------------------------
+    @options(CAPTURE)
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
                        max_len: int | None = CAPTURE.max_len.default,
@@ -308,6 +313,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             raise error
         return job
 
+    @options(CAPTURE)
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
                 site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
@@ -318,6 +324,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
         return self._run_of(job, progress, f"capture {model}")
 
+    @options(TRAIN)
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
@@ -377,6 +384,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return MatrixResult(answer.arrays["values"], options["layers_a"], options["layers_b"], answer.scalars,
                             answer.provenance, answer.notes)
 
+    @options(SIMILARITY)
     def minibatch_cka(self, run_a: str, run_b: str | None = None, *, batch_size: int,
                       layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
                       remainder: str = SIMILARITY.remainder.default, refresh: bool = False) -> MatrixResult:
@@ -384,6 +392,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return self._matrix(self._similarity(pb.SimilarityRequest.MINIBATCH_CKA, run_a, run_b, layers_a, layers_b,
                                              refresh=refresh, batch_size=batch_size, remainder=remainder))
 
+    @options(SIMILARITY)
     def mutual_knn(self, run_a: str, run_b: str | None = None, *, k: int = SIMILARITY.k.default,
                    layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
                    refresh: bool = False) -> MatrixResult:
@@ -416,6 +425,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return CKAMatrixResult(answer.arrays["biased"], answer.arrays["debiased"], answer.arrays["block_run"],
                                answer.arrays["block_layer"], provenance.run_keys, provenance, answer.notes)
 
+    @options(STITCH)
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
                test_fraction: float = STITCH.test_fraction.default, seed: int = STITCH.seed.default,
                tune_steps: int = STITCH.tune_steps.default, tune_lr: float = STITCH.tune_lr.default,
@@ -428,6 +438,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             run_a=run_a, layer_a=layer_a, run_b=run_b, layer_b=layer_b, test_fraction=test_fraction, seed=seed,
             tune_steps=tune_steps, tune_lr=tune_lr, refresh=refresh)))
 
+    @options(SIMILARITY)
     def cka(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, align: str = SIMILARITY.align.default,
             word_pool: str = SIMILARITY.word_pool.default, refresh: bool = False) -> CKAResult:
@@ -442,6 +453,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return CKAResult(answer.arrays["biased"], answer.arrays["debiased"], options["layers_a"],
                          options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)
 
+    @options(SIMILARITY)
     def cos(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
             align: str = SIMILARITY.align.default, word_pool: str = SIMILARITY.word_pool.default,
@@ -454,6 +466,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,
                          answer.notes)
 
+    @options(LENS)
     def lens(self, run: str, *, epsilon: float = LENS.epsilon.default, taus: Sequence[float] | None = None,
              heads: str = LENS.heads.default, refresh: bool = False) -> LensResult:
         """Logit lens with the model's stored head on every layer: per-layer accuracy, saturation
@@ -467,6 +480,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                           int(s["effective_depth"]), int(s["effective_depth_relative"]), a["taus"], a["exits"],
                           a["exit_accuracy"], a["speedup"], int(s["n"]), answer.provenance, answer.notes)
 
+    @options(LENS)
     def neural_collapse(self, run: str, *, layers: Sequence[int] | None = None,
                         rcond: float = LENS.rcond.default, refresh: bool = False) -> LayerValues:
         """NC1 = (1/C) tr(Sigma_W Sigma_B^+) per layer of a labelled pooled run."""

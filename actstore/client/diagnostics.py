@@ -17,6 +17,7 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import diagnostics_pb2, diagnostics_pb2_grpc
+from actstore.client.arguments import options
 from actstore.client.results import Provenance, QueryAnswer
 from actstore.options import SIMILARITY, UNCERTAINTY
 
@@ -139,6 +140,7 @@ class DiagnosticsMixin:
                                                          bootstrap_groups=bootstrap_groups)
         return QueryAnswer.from_proto(self._diagnostics.SimilarityStats(request))
 
+    @options(UNCERTAINTY)
     def cka_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
                   layers_b: Sequence[int] | None = None, bootstrap: int = U.bootstrap.default,
                   ci: float = U.ci.default, seed: int = U.seed.default, null: int = U.null.default,
@@ -158,6 +160,7 @@ class DiagnosticsMixin:
             pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh, bootstrap, ci, seed, null,
             standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method, bootstrap_groups))
 
+    @options(UNCERTAINTY, SIMILARITY)
     def cos_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
                   layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
                   bootstrap: int = U.bootstrap.default, ci: float = U.ci.default, seed: int = U.seed.default,
@@ -173,6 +176,7 @@ class DiagnosticsMixin:
                               options["layers_b"], int(answer.scalars["n"]), a.get("mean_ci"), a.get("mean_se"),
                               a["excluded_a"], a["excluded_b"], answer.provenance, answer.notes)
 
+    @options(UNCERTAINTY)
     def outliers(self, run: str, *, layers: Sequence[int] | None = None, top_k: int = U.top_k.default,
                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> OutlierReport:
         """Outlier and massive-activation diagnosis per layer (docs/metrics.md, "Outlier diagnostics")."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client.arguments import options
 from actstore.client.results import LayerValues, QueryAnswer
 from actstore.options import ENTROPY
 
@@ -16,6 +17,7 @@ from actstore.options import ENTROPY
 class EntropyMixin:
     """`Client`'s entropy query (needs its `_query` stub)."""
 
+    @options(ENTROPY)
     def entropy(self, metric: str, run: str, *, layers: Sequence[int] | None = None,
                 alpha: float = ENTROPY.alpha.default, normalization: str = ENTROPY.normalization.default,
                 clamp: bool = ENTROPY.clamp.default, convention: str = ENTROPY.convention.default,
@@ -32,7 +34,6 @@ class EntropyMixin:
         mean or last token of each word): dataset_entropy and effective_rank over all word vectors,
         prompt_entropy and curvature over each text's words, so models with different tokenizers
         give curves over the same units (docs/metrics.md, Cross-tokenizer alignment)."""
-        metric = ENTROPY.metric.check(metric)  # InvalidArgument, as the server would say
         request = pb.EntropyRequest(
             metric=pb.EntropyRequest.Metric.Value(metric.upper()), run=run, layers=list(layers or []), alpha=alpha,
             normalization=normalization, clamp=clamp, convention=convention, abs_cos=abs_cos,

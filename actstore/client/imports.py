@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from actstore._proto.actstore.v1 import imports_pb2
+from actstore.client.arguments import options
 from actstore.client.results import CaptureResult, JobInfo
 from actstore.options import IMPORTS
 
@@ -13,6 +14,7 @@ class ImportsMixin:
     """Needs `self._imports` (the Imports stub) and `self.wait` from `Client`; `_run_of` serves
     `Client.capture` too."""
 
+    @options(IMPORTS)
     def submit_import(self, path: str | Path, *, model: str, dataset: str,
                       format: str | None = IMPORTS.format.default, pooling: str | None = IMPORTS.pooling.default,
                       dtype: str | None = IMPORTS.dtype.default) -> JobInfo:
@@ -22,6 +24,7 @@ class ImportsMixin:
                                             pooling=pooling or "", dtype=dtype or "")
         return JobInfo.from_proto(self._imports.SubmitImport(request))
 
+    @options(IMPORTS)
     def import_activations(self, path: str | Path, *, model: str, dataset: str,
                            format: str | None = IMPORTS.format.default, pooling: str | None = IMPORTS.pooling.default,
                            dtype: str | None = IMPORTS.dtype.default, progress: bool = False) -> CaptureResult:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client.arguments import options
 from actstore.client.results import JobInfo, MatrixResult, Provenance, QueryAnswer
 from actstore.options import SIMILARITY
 
@@ -44,6 +45,7 @@ class MeasureMatrixResult:
 class MeasuresMixin:
     """`Client`'s measure queries (needs its `_query` stub, `_matrix`, `wait` and `result`)."""
 
+    @options(SIMILARITY)
     def measure(self, measure: str, run_a: str, run_b: str | None = None, *,
                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
                 alpha: float = SIMILARITY.alpha.default, sigma_fraction: float = SIMILARITY.sigma_fraction.default,
@@ -52,19 +54,19 @@ class MeasuresMixin:
         cca-squared_score, svcca-var=0.99-score, pwcca-score) between layers of run A (rows) and
         run B (columns; default A). alpha: the shape metric's whitening; sigma_fraction: RBF CKA's
         bandwidth; k: the kNN measures' neighbours."""
-        measure = SIMILARITY.measure.check(measure)  # InvalidArgument, as the server would say
         request = pb.SimilarityRequest(
             metric=pb.SimilarityRequest.MEASURE, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
-            layers_b=list(layers_b or []), refresh=refresh, measure=measure, alpha=SIMILARITY.alpha.check(alpha),
+            layers_b=list(layers_b or []), refresh=refresh, measure=measure, alpha=alpha,
             sigma_fraction=sigma_fraction, k=k)
         return self._matrix(QueryAnswer.from_proto(self._query.Similarity(request)))
 
+    @options(SIMILARITY)
     def submit_measure_matrix(self, runs: Sequence[str], measure: str, *, alpha: float = SIMILARITY.alpha.default,
                               refresh: bool = False) -> JobInfo:
-        request = pb.CKAMatrixRequest(runs=list(runs), refresh=refresh, measure=SIMILARITY.measure.check(measure),
-                                      alpha=SIMILARITY.alpha.check(alpha))
+        request = pb.CKAMatrixRequest(runs=list(runs), refresh=refresh, measure=measure, alpha=alpha)
         return JobInfo.from_proto(self._query.SubmitCKAMatrix(request))
 
+    @options(SIMILARITY)
     def measure_matrix(self, runs: Sequence[str], measure: str, *, alpha: float = SIMILARITY.alpha.default,
                        refresh: bool = False, progress: bool = False) -> MeasureMatrixResult:
         """A streamed measure over every layer of every run (same samples) as one job that reads

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import planning_pb2
+from actstore.client.arguments import options
 from actstore.options import CAPTURE
 
 
@@ -75,6 +76,7 @@ class PlanningMixin:
 
     _planning: object
 
+    @options(CAPTURE)
     def plan_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                      dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
                      site: Sequence[str] | str | None = None) -> CapturePlanInfo:

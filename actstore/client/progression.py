@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actstore.client.arguments import options
 from actstore.errors import InvalidArgument, NotFound
 from actstore.options import CAPTURE, PROGRESSION
 
@@ -58,12 +59,12 @@ class ProgressionMixin:
                  if m and m.group("base") == base}
         return base, sorted(steps.items())
 
+    @options(PROGRESSION, CAPTURE)
     def progression(self, model: str, dataset: str, *, metric: str = PROGRESSION.metric.default,
                     layers: Sequence[int] | None = None, pooling: str | None = CAPTURE.pooling.default,
                     max_len: int | None = CAPTURE.max_len.default, progress: bool = False) -> ProgressionResult:
         """`metric` (cka-to-final | dataset-entropy | lens-accuracy) per layer at every registered
         training step of `model`, capturing each checkpoint on `dataset` (pooling: the capture's)."""
-        metric = PROGRESSION.metric.check(metric)
         base, steps = self.training_steps(model)
         runs = [self.capture(digest, dataset, pooling=pooling, max_len=max_len, progress=progress).run_key
                 for _, digest in steps]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from actstore._proto.actstore.v1 import readers_pb2 as pb
+from actstore.client.arguments import options
 from actstore.client.frames import pandas
 from actstore.options import BATCHES, SQL
 from actstore.wire import from_ndarray
@@ -82,6 +83,7 @@ class ReadersMixin:
     address: str
     _connection: tuple[str | None, bytes | None]
 
+    @options(BATCHES)
     def batches(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,
                 seed: int = BATCHES.seed.default, epoch: int = BATCHES.epoch.default, rank: int = BATCHES.rank.default,
                 world_size: int = BATCHES.world_size.default, buffer_shards: int = BATCHES.buffer_shards.default,
@@ -96,11 +98,9 @@ class ReadersMixin:
         give the same batches. Without, rows come in store order. Each batch holds `batch_size`
         rows but a rank's last; `drop_last` drops that one (then not every row is read).
         Token-level runs: a row is a token, with its sample's id and label."""
-        options = dict(batch_size=batch_size, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                       buffer_shards=buffer_shards, drop_last=drop_last)
-        for name, value in options.items():  # here too: a proto3 zero would read as "not given"
-            BATCHES[name].check(value)
-        request = pb.BatchesRequest(run=run, layers=list(layers or []), shuffle=shuffle, **options)
+        request = pb.BatchesRequest(run=run, layers=list(layers or []), shuffle=shuffle, batch_size=batch_size,
+                                    seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                    buffer_shards=buffer_shards, drop_last=drop_last)
         parts: list[pb.BatchPart] = []
         for part in self._readers.ReadBatches(request):
             parts.append(part)
@@ -108,6 +108,7 @@ class ReadersMixin:
                 yield _batch(parts, layers)
                 parts = []
 
+    @options(BATCHES)
     def torch_dataset(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,
                       seed: int = BATCHES.seed.default, rank: int = BATCHES.rank.default,
                       world_size: int = BATCHES.world_size.default,
@@ -140,12 +141,11 @@ class ReadersMixin:
 
         return open_run(self.locate_run(run))
 
+    @options(SQL)
     def sql(self, query: str, *, limit: int | None = SQL.limit.default) -> SqlResult:
         """One read-only SELECT over the catalog tables (docs/sql.md), at most `limit` rows (default:
         the server's ACTSTORE_SQL_MAX_ROWS); `truncated` says whether more matched. Writes, ATTACH,
         COPY, file reads and table functions are refused (PermissionDenied)."""
-        if limit is not None:
-            SQL.limit.check(limit)
         answer = self._readers.Sql(pb.SqlRequest(query=query, limit=limit or 0))
         return SqlResult(list(answer.columns), list(answer.types),
                          [tuple(_cell(v) for v in row.values) for row in answer.rows], answer.truncated)
