@@ -17,6 +17,7 @@ import ray
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client import Client
+from actstore.options import STREAMED_MEASURES
 from actstore.server.app import start_server
 from tests.conftest import make_settings
 from tests.factories import sentences
@@ -158,6 +159,61 @@ def test_dime_permutations_are_capped_by_the_setting(v):
     expect(v, EXHAUSTED, lambda v: v.query.Entropy(E(metric=E.DIME, run=v.aug, layers=[1],
                                                      permutations=10**9), timeout=30),
            "permutations 1000000000", "ACTSTORE_MAX_DIME_PERMUTATIONS")
+
+
+# ---- too few samples ---------------------------------------------------------------------------------
+FAILED = grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.fixture(scope="module")
+def few(v):
+    """Runs too small for some metrics: bert mean runs of 1, 2 and 3 texts, 3 texts of one label,
+    1 text in 2 augmented views, and a gpt2 token run whose prompts are one token each."""
+    texts = sentences(3, seed=4)
+    datasets = {f"n{n}": {"texts": texts[:n]} for n in (1, 2, 3)}
+    datasets["one_class"] = {"texts": texts, "labels": [1, 1, 1]}
+    datasets["one_group"] = {"texts": texts[:1], "augment_views": 2}
+    for name, fields in datasets.items():
+        v.client.register_dataset(name=f"few-{name}", **fields)
+    v.client.register_dataset(texts=["dog", "red"], name="few-short")
+    jobs = {name: v.client.submit_capture("bert", f"few-{name}", pooling="mean") for name in datasets}
+    jobs["short"] = v.client.submit_capture("gpt2", "few-short", pooling="tokens")
+    return SimpleNamespace(**{name: v.client.wait(job.job_id).target for name, job in jobs.items()})
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("measure", [*STREAMED_MEASURES, "mutual_knn-topk={topk}"])
+def test_a_measure_of_fewer_than_4_samples_is_invalid_not_internal(v, few, n, measure):
+    expect(v, INVALID, lambda v: v.query.Similarity(S(metric=S.MEASURE, run_a=getattr(few, f"n{n}"), measure=measure,
+                                                      layers_a=[1]), timeout=30),
+           f"needs n >= 4 samples, the runs hold {n}")
+
+
+@pytest.mark.parametrize("normalization", ["logN", "maxEntropy"])
+def test_an_entropy_normalization_by_log_1_is_a_failed_precondition(v, few, normalization):
+    expect(v, FAILED, lambda v: v.query.Entropy(E(metric=E.DATASET_ENTROPY, run=few.n1, layers=[1],
+                                                  normalization=normalization), timeout=30),
+           f"normalization {normalization} divides by log", "n=1", "--normalization raw")
+    assert v.client.entropy("dataset_entropy", few.n2, layers=[1], normalization=normalization).values[0] >= 0
+
+
+@pytest.mark.parametrize(("metric", "preset", "needs"), [
+    (E.PROMPT_ENTROPY, "", "1 prompt(s) of 2 or more tokens"),
+    (E.CURVATURE, "", "1 prompt(s) of 3 or more tokens"),
+    (E.DATASET_ENTROPY, "skean2025", "2 prompt(s) of 2 or more tokens"),
+    (E.PROMPT_ENTROPY, "skean2025", "1 prompt(s) of 2 or more tokens"),
+    (E.CURVATURE, "skean2025", "1 prompt(s) of 2 or more tokens"),
+])
+def test_a_prompt_metric_without_long_enough_prompts_is_a_failed_precondition(v, few, metric, preset, needs):
+    expect(v, FAILED, lambda v: v.query.Entropy(E(metric=metric, run=few.short, layers=[1], preset=preset),
+                                                timeout=30), f"needs at least {needs}", "has 0 of its 2")
+
+
+def test_lidar_of_one_group_and_nc1_of_one_class_are_failed_preconditions(v, few):
+    expect(v, FAILED, lambda v: v.query.Entropy(E(metric=E.LIDAR, run=few.one_group, layers=[1]), timeout=30),
+           "lidar needs at least 2 groups", "has 1")
+    expect(v, FAILED, lambda v: v.query.NeuralCollapse(pb.NeuralCollapseRequest(run=few.one_class, layers=[1]),
+                                                       timeout=30), "NC1 needs at least 2 classes", "hold 1")
 
 
 # ---- work a request implies ---------------------------------------------------------------------------

@@ -100,6 +100,11 @@ class DepthPlanner(Planner):
         chosen = self.checks.check_layers(record, layers, "layer")
         self.checks.check_finite(record, chosen)
         labels = self.checks.labels(record)
+        classes = np.unique(labels)
+        if classes.size < 2:
+            raise FailedPrecondition(f"NC1 needs at least 2 classes (Sigma_B is over the class means); run "
+                                     f"{record.run_key[:12]}'s {record.rows} labels hold {classes.size}: capture a "
+                                     "dataset with samples of two or more labels")
         rcond = from_wire(LENS, "rcond", rcond)
         options = {"layers": chosen, "rcond": rcond}
 
@@ -107,7 +112,7 @@ class DepthPlanner(Planner):
             empty = PerLayer([lens.NC1Accumulator() for _ in chosen])
             total = self.executor.map_reduce(record.rows, [(record.run_key, chosen)], empty, labels=labels)
             values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
-            return {"values": values}, {"n": float(record.rows), "classes": float(len(np.unique(labels)))}, []
+            return {"values": values}, {"n": float(record.rows), "classes": float(classes.size)}, []
 
         return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
                                               compute)

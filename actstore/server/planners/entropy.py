@@ -64,6 +64,11 @@ class EntropyPlanner(Planner):
                 f"{metric} needs a {'token-level' if token_level else 'pooled'} run; run {record.run_key[:12]} is "
                 f"pooled '{record.pooling}': capture with "
                 f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last) or give --align words'}")
+        if metric == "dataset_entropy":
+            self._check_normalization(record, options["normalization"])
+        if token_level:
+            accumulator = ent.PromptEntropyAccumulator if metric == "prompt_entropy" else ent.CurvatureAccumulator
+            self._check_prompts(metric, record, accumulator.min_tokens, 1)
         compute = {
             "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
             "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,
@@ -89,9 +94,32 @@ class EntropyPlanner(Planner):
         if differ:
             raise InvalidArgument(f"preset {preset} fixes {', '.join(f'{k}={v}' for k, v in fixed.items())}; "
                                   f"drop {', '.join(differ)}")
+        # all three skip prompts of one token; dataset entropy needs two pooled prompts to compare
+        self._check_prompts(f"preset {preset} {metric}", record, 2, 2 if metric == "dataset_entropy" else 1)
         options = {"layers": layers, "preset": preset}
         return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
                                               lambda: self._preset_values(metric, record, layers, fixed))
+
+    def _check_prompts(self, what: str, run: RunRecord, least_tokens: int, least_prompts: int) -> None:
+        """Refuse a per-prompt metric of a run with fewer than `least_prompts` prompts of at least
+        `least_tokens` tokens (shorter ones are skipped), before any task runs."""
+        lengths = np.diff(self.arrays.offsets(run.run_key))
+        enough = int(np.sum(lengths >= least_tokens))
+        if enough < least_prompts:
+            raise FailedPrecondition(f"{what} needs at least {least_prompts} prompt(s) of {least_tokens} or more "
+                                     f"tokens; run {run.run_key[:12]} has {enough} of its {lengths.size}: capture "
+                                     "a dataset with more (or longer) texts")
+
+    @staticmethod
+    def _check_normalization(run: RunRecord, normalization: str) -> None:
+        """Refuse a normalization that divides by log 1 = 0 for this run's n samples and width d."""
+        divides_by = {"maxEntropy": ("min(n, d)", min(run.rows, run.width)), "logN": ("n", run.rows),
+                      "logD": ("d", run.width)}
+        if normalization in divides_by and divides_by[normalization][1] < 2:
+            name, value = divides_by[normalization]
+            raise FailedPrecondition(f"normalization {normalization} divides by log {name} = log {value} = 0: run "
+                                     f"{run.run_key[:12]} holds n={run.rows} samples of width d={run.width}; use "
+                                     "--normalization raw, or capture at least 2 samples")
 
     def _preset_values(self, metric: str, run: RunRecord, layers: list[int], fixed: dict):
         if metric == "dataset_entropy":  # a d x d sum and at most d pooled rows per layer
@@ -150,6 +178,10 @@ class EntropyPlanner(Planner):
                 "--group-column), then capture it")
         self.checks.check_in_memory(run, 1, square=metric != "lidar")
         groups = np.asarray(data.groups)
+        if metric == "lidar" and np.unique(groups).size < 2:
+            raise FailedPrecondition(f"lidar needs at least 2 groups of views (Sigma_b is over the group means); "
+                                     f"run {run.run_key[:12]}'s dataset has {np.unique(groups).size}: register more "
+                                     "texts with --augment-views 2 or more")
         if metric == "lidar":
             fn = partial(_lidar_value, groups=groups, alpha=options["alpha"], exp=options["exp"])
             notes = []

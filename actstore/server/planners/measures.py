@@ -53,6 +53,8 @@ class MeasurePlanner(SimilarityPlanner):
                 measure: str, alpha: float = 1.0, **_unused) -> MetricResult:
         """The len(la) x len(lb) matrix of `measure` between layers of run A and run B (default A)."""
         a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
+        if a.rows < sim.MIN_HSIC_SAMPLES:
+            raise InvalidArgument(f"{measure} needs n >= {sim.MIN_HSIC_SAMPLES} samples, the runs hold {a.rows}")
         if measure in in_memory.IN_MEMORY_MEASURES:
             return self._in_memory(a, b, la, lb, refresh, measure, **_unused)
         if measure not in STREAMED_MEASURES:
@@ -95,8 +97,6 @@ class MeasurePlanner(SimilarityPlanner):
             options["k"] = k
             if not SIMILARITY.k.minimum <= k < a.rows:
                 raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
-        if a.rows < 4:
-            raise InvalidArgument(f"{measure} needs n >= 4 samples, the runs hold {a.rows}")
         width = max(a.width, b.width)
         per_layer = in_memory.nbytes_per_layer(pairwise, a.rows, width)
         working = in_memory.nbytes_working(pairwise, a.rows, width)
