@@ -254,3 +254,36 @@ def test_an_int_too_large_for_the_request_is_invalid_argument_not_a_traceback(ca
     assert main(["--address", "127.0.0.1:1", *args]) == 2  # refused before anything is sent
     err = capsys.readouterr().err
     assert err.startswith("error (INVALID_ARGUMENT): ") and "9223372036854775808 is out of range" in err, err
+
+
+def test_read_into_a_folder_writes_a_named_file_and_prints_the_path_written(session, tmp_path, module_client):
+    out = ok(actstore("read", session["run"][:12], "--layer", "2", "--out", str(tmp_path), server=session["server"]))
+    target = tmp_path / f"{session['run'][:12]}-layer2.npy"
+    assert f"to {target} " in out and list(tmp_path.iterdir()) == [target], out
+    np.testing.assert_array_equal(np.load(target), module_client.read_activations(session["run"], 2)[0])
+    out = ok(actstore("read", session["run"], "--layer", "2", "--out", str(tmp_path / "plain"),
+                      server=session["server"]))
+    assert f"to {tmp_path / 'plain.npy'} " in out and (tmp_path / "plain.npy").is_file()  # numpy adds .npy
+
+
+def test_read_into_a_missing_folder_is_refused_before_reading(capsys, tmp_path):
+    from actstore.cli import main
+
+    target = tmp_path / "missing" / "x.npy"
+    assert main(["--address", "127.0.0.1:1", "read", "RUN", "--layer", "1", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error (INVALID_ARGUMENT): --out {target}: the folder {target.parent} does not exist"), err
+
+
+def test_cka_matrix_offers_only_the_measures_its_job_computes(capsys):
+    from actstore.cli import build_parser
+    from actstore.options import MEASURES, STREAMED_MEASURES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["cka-matrix", "--help"])
+    out = capsys.readouterr().out
+    assert "{" + ",".join(STREAMED_MEASURES) + "}" in out, out
+    for refused in set(MEASURES) - set(STREAMED_MEASURES):
+        assert refused not in out, refused
+    err = usage_error(capsys, "cka-matrix", "RUN", "--measure", "mutual_knn-topk={topk}")
+    assert "argument --measure: invalid choice: 'mutual_knn-topk={topk}'" in err, err

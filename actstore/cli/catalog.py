@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from actstore.cli.common import add_option, connect, print_table
+from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.options import DATASETS
 
 
@@ -84,11 +87,28 @@ def cmd_delete(args) -> int:
     return 0
 
 
+def npy_target(out: str, run: str, layer: int) -> Path:
+    """Where `read --out` writes: OUT itself (with .npy added, as numpy would), or RUN-layerK.npy
+    inside OUT when it is a folder. A missing folder is refused before anything is read."""
+    target = Path(out).expanduser()
+    if target.is_dir():
+        target = target / f"{run}-layer{layer}.npy"
+    elif target.suffix != ".npy":
+        target = target.with_name(target.name + ".npy")
+    if not target.parent.is_dir():
+        raise InvalidArgument(f"--out {out}: the folder {target.parent} does not exist: create it or write elsewhere")
+    return target
+
+
 def cmd_read(args) -> int:
+    target = npy_target(args.out, args.run, args.layer)
     with connect(args) as client:
         values, ids = client.read_activations(args.run, args.layer, args.start, args.stop)
-    np.save(args.out, values)
-    print(f"wrote {values.shape} {values.dtype} to {args.out}" + (f" ({len(ids)} sample ids)" if ids else ""))
+    try:
+        np.save(target, values)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot write {target} ({exc.strerror}): choose another --out") from None
+    print(f"wrote {values.shape} {values.dtype} to {target}" + (f" ({len(ids)} sample ids)" if ids else ""))
     return 0
 
 
@@ -135,4 +155,4 @@ def add_commands(command) -> None:
     p.add_argument("--layer", type=int, required=True)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--stop", type=int)
-    p.add_argument("--out", required=True, help="output .npy path")
+    p.add_argument("--out", required=True, help="output .npy path, or a folder to write RUN-layerK.npy in")
