@@ -155,6 +155,13 @@ def test_a_negative_stitch_seed_is_invalid_not_unavailable(v):
                                                                  layer_b=1, seed=-1), timeout=60), "seed -1")
 
 
+def test_stitching_into_a_model_without_a_head_is_a_failed_precondition_before_any_task(v):
+    tokens = v.client.wait(v.client.submit_capture("bert", "toy", pooling="tokens").job_id).target
+    expect(v, grpc.StatusCode.FAILED_PRECONDITION,
+           lambda v: v.query.Stitch(pb.StitchRequest(run_a=tokens, layer_a=1, run_b=tokens, layer_b=2), timeout=60),
+           "(BertModel) has no head", "task loss")
+
+
 def test_dime_permutations_are_capped_by_the_setting(v):
     expect(v, EXHAUSTED, lambda v: v.query.Entropy(E(metric=E.DIME, run=v.aug, layers=[1],
                                                      permutations=10**9), timeout=30),

@@ -3,7 +3,7 @@ model B on token-level runs, run the rest of B, and report the loss penalty on h
 
 from __future__ import annotations
 
-from actstore.errors import InvalidArgument, Unavailable
+from actstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from actstore.options import STITCH, from_wire
 from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import Planner
@@ -23,6 +23,11 @@ class StitchPlanner(Planner):
         checks.check_layers(b, [layer_b], "layer_b")
         if a.pooling != "tokens" or b.pooling != "tokens":
             raise InvalidArgument("stitching feeds every token of A into B: capture both runs with --pooling tokens")
+        model_b = self.catalog.model(b.model_digest)
+        if not model_b.has_head:
+            raise FailedPrecondition(f"run B's model {model_b.digest[:12]} ({model_b.arch}) has no head: the "
+                                     "stitching penalty is B's task loss, which needs a final norm + classifier or "
+                                     "unembedding (a *ForCausalLM or *ForSequence/ImageClassification model)")
         checks.check_same_samples(a, b)
         checks.check_finite(a, [layer_a])
         checks.check_finite(b, [layer_b])
@@ -31,7 +36,6 @@ class StitchPlanner(Planner):
         tune_steps = from_wire(STITCH, "tune_steps", tune_steps, limits=self.checks.settings)
         tune_lr = from_wire(STITCH, "tune_lr", tune_lr)
         checks.check_memory(8 * a.rows * (a.width + 2 * b.width + 1), "the stitch fit")
-        model_b = self.catalog.model(b.model_digest)
         options = {"layer_a": layer_a, "layer_b": layer_b, "test_fraction": test_fraction, "seed": seed}
         if tune_steps:  # only then, so untuned results keep their keys
             options.update(tune_steps=tune_steps, tune_lr=tune_lr)
