@@ -287,3 +287,16 @@ def test_cka_matrix_offers_only_the_measures_its_job_computes(capsys):
         assert refused not in out, refused
     err = usage_error(capsys, "cka-matrix", "RUN", "--measure", "mutual_knn-topk={topk}")
     assert "argument --measure: invalid choice: 'mutual_knn-topk={topk}'" in err, err
+
+
+def test_run_keys_upper_case_and_short_prefixes(session):
+    server, run = session["server"], session["run"]
+    assert f"run      {run}" in ok(actstore("describe", run[:10].upper(), server=server))
+    proc = actstore("describe", run[:7], server=server)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error (NOT_FOUND): run prefix '{run[:7]}' is too short: give at least 8 hex "
+                                  "characters of the run key (it is the start of 1 run key(s))"), proc.stderr
+    proc = actstore("runs", "--status", "bogus", server=server)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("error (INVALID_ARGUMENT): run status 'bogus' is not one of running, committed, "
+                                  "failed"), proc.stderr

@@ -38,6 +38,9 @@ from actstore.store.catalog_schema import (
     RunRecord,
 )
 
+RUN_STATUSES = ("running", "committed", "failed")
+MIN_RUN_PREFIX = 8  # hex characters of a run key that name it
+
 
 def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
     """Why the catalog file cannot be opened, and what to do (no DuckDB traceback)."""
@@ -210,9 +213,14 @@ class Catalog:
         return self._run_from_row(rows[0]) if rows else None
 
     def run(self, key_or_prefix: str) -> RunRecord:
-        rows = self._rows(
-            f"SELECT {self._RUN_COLUMNS} FROM runs WHERE starts_with(run_key, ?)", [key_or_prefix]
-        ) if len(key_or_prefix) >= 8 else []
+        """The run a key or its first MIN_RUN_PREFIX+ hex characters name (any case)."""
+        prefix = key_or_prefix.strip().lower()  # keys are lower-case hex
+        if len(prefix) < MIN_RUN_PREFIX:
+            (count,) = self._rows("SELECT count(*) FROM runs WHERE starts_with(run_key, ?)", [prefix])[0]
+            matched = f"it is the start of {count} run key(s)" if count else "no run key starts with it"
+            raise NotFound(f"run prefix {key_or_prefix!r} is too short: give at least {MIN_RUN_PREFIX} hex characters "
+                           f"of the run key ({matched}); list runs with `actstore runs`")
+        rows = self._rows(f"SELECT {self._RUN_COLUMNS} FROM runs WHERE starts_with(run_key, ?)", [prefix])
         if len(rows) > 1:
             raise InvalidArgument(f"run prefix {key_or_prefix!r} is ambiguous: give more characters")
         if not rows:
@@ -230,6 +238,8 @@ class Catalog:
 
     def runs(self, model_digest: str | None = None, dataset_digest: str | None = None,
              status: str | None = None) -> list[RunRecord]:
+        if status is not None and status not in RUN_STATUSES:
+            raise InvalidArgument(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
         rows = self._rows(
             f"SELECT {self._RUN_COLUMNS} FROM runs WHERE (? IS NULL OR model_digest = ?) "
             "AND (? IS NULL OR dataset_digest = ?) AND (? IS NULL OR status = ?) ORDER BY created_at",

@@ -298,6 +298,29 @@ def test_run_add_find_and_prefix(catalog):
         catalog.run(digest("unknown"))
 
 
+def test_a_short_run_prefix_says_how_long_it_must_be_and_whether_it_matches(catalog):
+    record = run_record("r")
+    catalog.add_run(record)
+    with pytest.raises(NotFound, match=r"too short: give at least 8 hex characters of the run key \(it is the start "
+                                       r"of 1 run key\(s\)\)"):
+        catalog.run(record.run_key[:7])
+    other = next(c for c in "0123456789abcdef" if c != record.run_key[0])
+    with pytest.raises(NotFound, match=r"too short: .* \(no run key starts with it\)"):
+        catalog.run(other * 7)
+
+
+def test_a_run_key_or_prefix_in_upper_case_names_the_run(catalog):
+    record = run_record("r")
+    catalog.add_run(record)
+    assert catalog.run(record.run_key.upper()) == record
+    assert catalog.run(record.run_key[:10].upper()) == record
+
+
+def test_runs_refuses_an_unknown_status(catalog):
+    with pytest.raises(InvalidArgument, match="run status 'bogus' is not one of running, committed, failed"):
+        catalog.runs(status="bogus")
+
+
 def test_add_run_twice_keeps_the_first(catalog):
     catalog.add_run(run_record("r"))
     catalog.add_run(run_record("r", status="committed", width=99))
