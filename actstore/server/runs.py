@@ -85,11 +85,15 @@ class RunChecks:
         except ValueError as exc:
             raise InvalidArgument(f"runs {a.run_key[:12]} and {b.run_key[:12]} do not hold the same samples "
                                   f"in the same order: {exc}. Capture both models on the same dataset") from None
-        if a.pooling == "tokens" or b.pooling == "tokens":
-            if a.pooling != b.pooling or not np.array_equal(self.arrays.offsets(a.run_key),
-                                                            self.arrays.offsets(b.run_key)):
-                raise InvalidArgument("token-level comparison needs both runs tokenised identically "
-                                      "(same offsets): compare pooled runs instead")
+        if (a.pooling == "tokens") != (b.pooling == "tokens"):
+            pooled, tokens = (b, a) if a.pooling == "tokens" else (a, b)
+            raise InvalidArgument(f"run {pooled.run_key[:12]} is pooled '{pooled.pooling}' (one row per sample) "
+                                  f"and run {tokens.run_key[:12]} is per token (one row per token): compare runs of "
+                                  f"the same pooling, e.g. capture run {tokens.run_key[:12]}'s model with --pooling "
+                                  f"{pooled.pooling}, or run {pooled.run_key[:12]}'s with --pooling tokens")
+        if a.pooling == "tokens" and not np.array_equal(self.arrays.offsets(a.run_key), self.arrays.offsets(b.run_key)):
+            raise InvalidArgument("token-level comparison needs both runs tokenised identically "
+                                  "(same offsets): compare pooled runs instead")
         with self._lock:
             self._same_samples[a.run_key, b.run_key] = self._same_samples[b.run_key, a.run_key] = True
 

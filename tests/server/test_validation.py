@@ -162,6 +162,17 @@ def test_stitching_into_a_model_without_a_head_is_a_failed_precondition_before_a
            "(BertModel) has no head", "task loss")
 
 
+@pytest.mark.parametrize("metric", [S.CKA, S.COS, S.MUTUAL_KNN, "matrix"])
+def test_a_pooled_run_against_a_token_run_says_which_is_which(v, metric):
+    tokens = v.client.wait(v.client.submit_capture("bert", "toy", pooling="tokens").job_id).target
+    call = ((lambda v: v.query.SubmitCKAMatrix(pb.CKAMatrixRequest(runs=[v.pooled, tokens]), timeout=30))
+            if metric == "matrix" else
+            (lambda v: v.query.Similarity(S(metric=metric, run_a=tokens, run_b=v.pooled, layers_a=[1]), timeout=30)))
+    details = expect(v, INVALID, call, f"run {v.pooled[:12]} is pooled 'mean'", f"run {tokens[:12]} is per token",
+                     "--pooling mean", "--pooling tokens")
+    assert "tokenised identically" not in details
+
+
 def test_dime_permutations_are_capped_by_the_setting(v):
     expect(v, EXHAUSTED, lambda v: v.query.Entropy(E(metric=E.DIME, run=v.aug, layers=[1],
                                                      permutations=10**9), timeout=30),
