@@ -300,3 +300,27 @@ def test_run_keys_upper_case_and_short_prefixes(session):
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("error (INVALID_ARGUMENT): run status 'bogus' is not one of running, committed, "
                                   "failed"), proc.stderr
+
+
+def test_a_reader_that_has_gone_ends_the_command_quietly(session):
+    """`actstore cka RUN | head -3`: the pipe closes before the table is written."""
+    address = ["--address", f"127.0.0.1:{session['server'].port}"]
+    proc = subprocess.Popen([sys.executable, "-m", "actstore.cli", *address, "cka", session["run"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=REPO)
+    proc.stdout.close()  # the reader is gone before anything is written
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and err.decode() == "", err.decode()
+
+
+def test_no_server_at_the_address_says_how_to_start_one(capsys):
+    import socket
+
+    from actstore.cli import main
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert main(["--address", f"127.0.0.1:{port}", "runs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error (UNAVAILABLE): no actstore server answers (") and f"127.0.0.1:{port}" in err, err
+    assert "start one with `actstore serve`, or check the address" in err and "--address or ACTSTORE_ADDRESS" in err

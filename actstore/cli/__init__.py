@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from actstore.cli import (
@@ -63,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        status = _command(argv)
+        sys.stdout.flush()  # a reader that has gone shows here rather than at exit
+        return status
+    except BrokenPipeError:  # `actstore cka RUN | head -3`: stop quietly, as commands in a pipe do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 1
+
+
+def _command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

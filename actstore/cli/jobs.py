@@ -54,7 +54,7 @@ def cmd_verify(args) -> int:
         print(json.dumps(asdict(report), indent=2))
         return 1 if report.damaged else 0
     print_table([{"run": r.run_key[:16], "status": r.status, "shards": r.shards,
-                  "damaged shards": ",".join(map(str, r.damaged_shards)) or "-",
+                  "damaged shards": _shards_text(r.damaged_shards),
                   "recapture": "yes" if r.recapture else "no", "catalog": r.run_status} for r in report.runs],
                 ["run", "status", "shards", "damaged shards", "recapture", "catalog"])
     damage = [{"run": r.run_key[:12], "array": d.array, "shard": "all" if d.shard < 0 else d.shard,
@@ -71,6 +71,13 @@ def cmd_verify(args) -> int:
         for key in report.recapture:
             print(f"  {key}")
     return 1 if report.damaged else 0
+
+
+def _shards_text(shards: list[int]) -> str:
+    """'-' for none, else the count and the indices: '1 (shard 0)', '2 (shards 0,3)'."""
+    if not shards:
+        return "-"
+    return f"{len(shards)} ({'shard' if len(shards) == 1 else 'shards'} {','.join(map(str, shards))})"
 
 
 def cmd_jobs(args) -> int:

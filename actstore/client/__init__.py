@@ -74,9 +74,15 @@ SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's 
 MAX_MESSAGE_BYTES = 64 << 20
 
 
+_NO_SERVER = ("failed to connect to all addresses", "DNS resolution failed")  # gRPC's own, before any server
+
+
 def _raise_as_ours(exc: grpc.RpcError) -> None:
-    code = exc.code()
-    error = ERRORS_BY_CODE.get(code.name, ActStoreError)(exc.details())
+    code, details = exc.code(), exc.details()
+    if code is grpc.StatusCode.UNAVAILABLE and details.startswith(_NO_SERVER):
+        details = (f"no actstore server answers ({details}): start one with `actstore serve`, or check the "
+                   "address (Client(address); the CLI's --address or ACTSTORE_ADDRESS)")
+    error = ERRORS_BY_CODE.get(code.name, ActStoreError)(details)
     if type(error) is ActStoreError:
         error.code = code.name
     raise error from None

@@ -167,6 +167,7 @@ def test_verify_finds_each_damaged_chunk_and_names_the_runs_to_recapture(module_
     assert proc.returncode == 1, proc.stderr
     assert "damaged" in proc.stdout and damaged["pooled"] in proc.stdout and "Traceback" not in proc.stderr
     assert re.search(r"acts\s+1\s+2\s+", proc.stdout), proc.stdout
+    assert re.search(r"\s5\s+1 \(shard 1\)\s+yes\s", proc.stdout), proc.stdout  # shards read, then damaged ones
 
 
 def test_verify_checks_the_catalogs_chunk_rows_against_the_shards_present(module_client, module_server):
