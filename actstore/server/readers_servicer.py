@@ -8,8 +8,10 @@ from typing import Any
 
 from actstore._proto.actstore.v1 import readers_pb2 as pb
 from actstore._proto.actstore.v1 import readers_pb2_grpc as rpc
+from actstore.errors import ResourceExhausted
 from actstore.options import BATCHES, SQL, from_wire
 from actstore.server.interceptors import current_role
+from actstore.server.runs import byte_size
 from actstore.server.service import ActStoreService
 from actstore.wire import to_ndarray
 
@@ -60,11 +62,16 @@ class ReadersServicer(rpc.ReadersServicer):
         answer = self.service.sql(request.query, from_wire(SQL, "limit", request.limit), current_role.get())
         result = pb.SqlResult(columns=answer.columns, types=answer.types, truncated=answer.truncated)
         budget = self.service.settings.max_message_bytes // 2  # the rest of the message is small
-        for row in answer.rows:
-            message = pb.SqlRow(values=[sql_value(v) for v in row])
-            budget -= message.ByteSize()
-            if budget < 0:
-                result.truncated = True
-                break
+        left = budget
+        for kept, row in enumerate(answer.rows):
+            # text and blobs are measured before they are copied into a message: one cell may be a GB
+            text = sum(len(v) for v in row if isinstance(v, (str, bytes)))
+            message = pb.SqlRow(values=[sql_value(v) for v in row]) if text <= left else None
+            left -= message.ByteSize() if message else text
+            if left < 0:
+                fit = f"only the first {kept} rows fit: add LIMIT {kept}, or" if kept else "not even one row fits:"
+                raise ResourceExhausted(f"the rows exceed the reply's size budget of {byte_size(budget)} (half of "
+                                        f"ACTSTORE_MAX_MESSAGE_BYTES); {fit} select fewer or narrower columns "
+                                        "(left(text, 100), length(text))")
             result.rows.append(message)
         return result

@@ -11,8 +11,10 @@ database), so a query runs on a cursor of the server's connection, inside four w
    the readable catalog tables (or a CTE of the query); table functions (`read_csv`, `read_text`,
    `glob`, `query`, `duckdb_*` ...), SHOW/DESCRIBE/SUMMARIZE and replacement scans of a path
    (`FROM '/etc/passwd'`, which names a table) are refused; every function called must be one
-   DuckDB has loaded (no extension is installed or loaded on a query's behalf). `principals`
-   (token hashes) is never readable; `audit` only by admins.
+   DuckDB has loaded (no extension is installed or loaded on a query's behalf), and none that
+   reads server state rather than rows (`current_setting`, `getenv`, `version`, `nextval`,
+   `pg_*` ...: `_reads_server_state`). `principals` (token hashes) is never readable; `audit`
+   only by admins.
 3. A READ ONLY transaction on the cursor, with the cursor's Python replacement scans off:
    a write that got past 1 and 2 would still fail.
 4. A timer interrupts the query after `timeout` seconds, and at most `limit` rows are fetched.
@@ -36,6 +38,22 @@ from actstore.errors import DeadlineExceeded, InvalidArgument, PermissionDenied,
 READABLE_TABLES = ("models", "model_aliases", "datasets", "dataset_aliases", "runs", "chunks", "results", "jobs")
 ADMIN_TABLES = READABLE_TABLES + ("audit",)
 _FUNCTION_TYPES = ("scalar", "aggregate", "macro", "window")
+# scalar functions that answer from the server's settings, environment, session, sequences or
+# system catalog instead of the query's rows (temp_directory, secret_directory, ... are paths)
+_SERVER_STATE_FUNCTIONS = frozenset({
+    "current_setting", "getvariable", "getenv", "version", "current_query", "current_query_id",
+    "current_connection_id", "current_transaction_id", "txid_current", "current_user", "session_user", "user",
+    "current_role", "current_catalog", "current_database", "current_schema", "current_schemas", "in_search_path",
+    "get_block_size", "nextval", "currval", "stats",
+})
+# the PostgreSQL-compatibility functions read the system catalog, all but these two
+_HARMLESS_PG_FUNCTIONS = frozenset({"pg_typeof", "pg_size_pretty"})
+
+
+def _reads_server_state(name: str) -> bool:
+    return (name in _SERVER_STATE_FUNCTIONS or name.startswith("duckdb_")
+            or (name.startswith("pg_") and name not in _HARMLESS_PG_FUNCTIONS)
+            or (name.startswith("has_") and name.endswith("_privilege")))
 
 
 @dataclass(frozen=True)
@@ -102,9 +120,15 @@ class CatalogSql:
                                        "and column")
             if kind == "BASE_TABLE":
                 self._check_table(node, tables, ctes, readable)
-            if node.get("class") in ("FUNCTION", "WINDOW") and node.get("function_name") not in self._functions:
-                raise PermissionDenied(f"function {node.get('function_name')}() is not available here (DuckDB's "
-                                       "built-in functions only; no extension is loaded for a query)")
+            if node.get("class") not in ("FUNCTION", "WINDOW"):
+                continue
+            function = node.get("function_name", "?")
+            if function not in self._functions:
+                raise PermissionDenied(f"function {function}() is not available here (DuckDB's built-in functions "
+                                       "only; no extension is loaded for a query)")
+            if _reads_server_state(function.lower()):
+                raise PermissionDenied(f"function {function}() is refused (it reads server settings or state, not "
+                                       f"rows): query the catalog tables ({readable})")
         return statement.query
 
     def _check_table(self, node: dict, tables: tuple[str, ...], ctes: set[str], readable: str) -> None:

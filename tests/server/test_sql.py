@@ -15,6 +15,8 @@ from actstore.server.app import start_server
 from actstore.server.auth import create_token
 from tests.conftest import make_settings
 
+MiB = 2**20
+
 WRITES = [
     "INSERT INTO runs (run_key) VALUES ('x')",
     "UPDATE datasets SET n = 0",
@@ -46,12 +48,22 @@ FILE_READS = [
     "SELECT * FROM duckdb_settings()",
     "DESCRIBE runs",
 ]
+SERVER_STATE = [
+    "SELECT current_setting('temp_directory'), current_setting('secret_directory')",
+    "SELECT n FROM datasets WHERE CURRENT_SETTING('enable_external_access')",
+    "SELECT getvariable('x')",
+    "SELECT version()",
+    "SELECT current_database()",
+    "SELECT nextval('s')",
+    "SELECT pg_get_viewdef(1)",
+    "SELECT has_table_privilege('runs', 'select')",
+]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, ray_cluster):
     running = start_server(make_settings(tmp_path_factory.mktemp("store"), auth=True, sql_max_rows=5,
-                                         sql_timeout_seconds=1.0))
+                                         sql_timeout_seconds=1.0, max_message_bytes=2 * MiB))
     yield running
     running.stop()
 
@@ -107,6 +119,27 @@ def test_files_table_functions_and_server_state_are_refused(reader, admin, query
     for client in (reader, admin):
         with pytest.raises(PermissionDenied, match="refused|not readable"):
             client.sql(query)
+
+
+@pytest.mark.parametrize("query", SERVER_STATE)
+def test_functions_that_read_server_settings_or_state_are_refused(reader, admin, query):
+    for client in (reader, admin):
+        with pytest.raises(PermissionDenied, match=r"\(\) is refused \(it reads server settings or state"):
+            client.sql(query)
+    assert reader.sql("SELECT pg_typeof(1) AS t, lower('A') AS a").rows == [("integer", "a")]
+
+
+def test_rows_over_the_reply_size_budget_say_so(reader):
+    """The server's replies are at most 2 MiB, half of it for rows: a cell larger than that, or
+    rows that add up past it, are refused with what to narrow, not cut as if by the row limit."""
+    with pytest.raises(ResourceExhausted, match=r"size budget of 1\.00 MiB .*not even one row fits: select fewer "
+                                                r"or narrower columns"):
+        reader.sql("SELECT repeat('a', 2000000) AS x")
+    rows = ("WITH RECURSIVE t(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM t WHERE i < 3) "
+            "SELECT repeat('a', 400000) FROM t")
+    with pytest.raises(ResourceExhausted, match="only the first 2 rows fit: add LIMIT 2"):
+        reader.sql(rows)
+    assert len(reader.sql(rows + " LIMIT 2").rows) == 2
 
 
 def test_several_statements_or_bad_sql_are_invalid(reader):
