@@ -325,7 +325,7 @@ TRAIN = Table(
     Option("recipe", str, None, choices=("vit-fmnist", "minilm-rt", "gpt2-austen")),
     Option("method", str, None, choices=("standard", "aligned", "multi-exit", "ce-reg")),
     Option("seed", int, 0, minimum=0, help="training seed"),
-    Option("steps", int, None, minimum=0, help="optimizer steps", default_text="the recipe's"),
+    Option("steps", int, None, minimum=1, help="optimizer steps", default_text="the recipe's"),
     Option("smoke", bool, False, help="the recipe's tiny size (seconds)"),
     Option("alternating", bool, False, help="aligned: last-layer CE on odd steps"),
     Option("weights", str, "linear", choices=("linear", "uniform"), help="aligned layer weights"),
@@ -364,7 +364,7 @@ GC = Table(
     "gc",
     Option("older_than", str, "7d", help="cached results, partials of finished matrix jobs and failed runs older "
            "than this age go (e.g. 30m, 12h, 7d)"),
-    Option("max_bytes", int, None, minimum=0, help="size budget of the cached results: beyond it the oldest go",
+    Option("max_bytes", int, None, minimum=1, help="size budget of the cached results: beyond it the oldest go",
            default_text="none"),
     Option("apply", bool, False, help="delete; without it gc only lists what it would delete"),
 )

@@ -79,7 +79,7 @@ def test_resolve_applies_the_default_and_validates():
         (STITCH, "test_fraction", 0.0, r"test_fraction 0.0 must be in \(0, 1\)"),
         (CAPTURE, "dtype", "int8", r"dtype 'int8' is not one of float16, float32, bfloat16"),
         (CAPTURE, "max_len", 1, r"max_len 1 must be >= 2"),
-        (TRAIN, "steps", -1, r"steps -1 must be >= 0"),
+        (TRAIN, "steps", 0, r"steps 0 must be >= 1"),
         (DATASETS, "augment_method", "shuffle", r"augment_method 'shuffle' is not one of"),
     ]
     for table, name, value, message in cases:
