@@ -156,8 +156,8 @@ class ActStoreService:
         record = self.catalog.run(run)
         live = self.jobs.live_for(record.run_key)
         if live is not None:
-            raise InvalidArgument(f"run {record.run_key[:12]} has a running capture job {live.snapshot.job_id}: "
-                                  "cancel it first")
+            raise FailedPrecondition(f"run {record.run_key[:12]} has a running capture job {live.snapshot.job_id}: "
+                                     "cancel it first")
         self.catalog.delete_run(record.run_key)
         self.arrays.delete_run(record.run_key)
         self.queries.forget()

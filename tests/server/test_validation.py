@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from types import SimpleNamespace
 
@@ -171,6 +172,20 @@ def test_a_pooled_run_against_a_token_run_says_which_is_which(v, metric):
     details = expect(v, INVALID, call, f"run {v.pooled[:12]} is pooled 'mean'", f"run {tokens[:12]} is per token",
                      "--pooling mean", "--pooling tokens")
     assert "tokenised identically" not in details
+
+
+def test_deleting_a_run_whose_capture_runs_is_a_failed_precondition(v):
+    release = threading.Event()
+    job, _ = v.server.service.jobs.start("capture", v.pooled, {}, lambda state: release.wait(60))
+    try:
+        expect(v, grpc.StatusCode.FAILED_PRECONDITION,
+               lambda v: v.catalog.DeleteRun(pb.DeleteRunRequest(run=v.pooled), timeout=30),
+               f"has a running capture job {job.snapshot.job_id}: cancel it first")
+    finally:
+        release.set()
+    while v.server.service.jobs.live_for(v.pooled) is not None:
+        time.sleep(0.05)
+    assert v.client.describe(v.pooled).status == "committed"
 
 
 def test_dime_permutations_are_capped_by_the_setting(v):
