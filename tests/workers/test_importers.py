@@ -67,6 +67,12 @@ def test_arrays_checks(tmp_path):
     np.save(pickled / "layer_0.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     with pytest.raises(InvalidArgument, match="object array, which is not loaded"):
         open_source(pickled, None, IDS)
+    for name, content in {"random": np.random.default_rng(0).bytes(4096), "short": b"\x93NUM"}.items():
+        garbage = _arrays(tmp_path / name)
+        (garbage / "layer_2.npy").write_bytes(content)
+        with pytest.raises(InvalidArgument, match=r"layer_2.npy is not a .npy file \(it does not start with the "
+                                                   r"\\x93NUMPY header"):
+            open_source(garbage, None, IDS)
 
 
 def test_vllm_checks(tmp_path):

@@ -86,6 +86,14 @@ class ArraysSource(ImportSource):
 
     def _npy(self, p: Path) -> np.ndarray:
         try:
+            with open(p, "rb") as f:
+                magic = f.read(len(np.lib.format.MAGIC_PREFIX))
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {p} as .npy: {exc}") from None
+        if magic != np.lib.format.MAGIC_PREFIX:  # np.load takes anything else for a pickle
+            raise InvalidArgument(f"{p} is not a .npy file (it does not start with the \\x93NUMPY header that "
+                                  "numpy.save writes)")
+        try:
             return np.load(p, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
             if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
