@@ -37,6 +37,7 @@ from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
 from actstore.server.planners.measures import streamed_options
+from actstore.server.planners.similarity import constant_layers_note
 from actstore.server.results import MetricResult, Provenance
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.atomic import atomic_write_bytes
@@ -148,9 +149,13 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
         "block_layer": np.array([layer for _, layer in blocks]),
     }
     run_keys = [r.run_key for r in records]
+    notes = [note]
+    if "biased" in matrices and np.isnan(np.diag(matrices["biased"])).any():
+        notes.append(constant_layers_note([(blocks[k][0].run_key, blocks[k][1])
+                                           for k in np.flatnonzero(np.isnan(np.diag(matrices["biased"])))], rows))
     result = MetricResult(arrays, {"n": float(rows)},
                           Provenance(_metric(options), sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
-                          [note])
+                          notes)
     # the job runs only when no result is stored or the user asked to recompute (refresh)
     parts.results.store(result, replace=True)
     shutil.rmtree(partials, ignore_errors=True)

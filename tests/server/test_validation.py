@@ -292,6 +292,20 @@ class _Context:
         raise grpc.RpcError(details)
 
 
+def test_a_constant_layer_is_named_as_the_cause_of_cka_nan(v):
+    """cls pooling's layer 0 is the [CLS] embedding at position 0, the same vector for every sample:
+    its CKA is 0/0 in both matrices, and the note says so for the biased one too."""
+    cls = v.client.wait(v.client.submit_capture("bert", "toy", pooling="cls").job_id).target
+    both = v.client.cka(cls, v.pooled, layers_a=[0, 1], layers_b=[0, 2])
+    nan = np.isnan(both.biased)
+    assert nan[0].all() and not nan[1].any() and np.isnan(both.debiased[0]).all()
+    named = f"run {cls[:12]} layer 0 is constant over the {N} samples (zero variance), so CKA with it is undefined"
+    assert any(named in note for note in both.notes), both.notes
+    assert not any("HSIC_u(K,K)" in note for note in both.notes), both.notes
+    matrix = v.client.cka_matrix([cls])
+    assert np.isnan(matrix.biased[0]).all() and any(named in note for note in matrix.notes), matrix.notes
+
+
 def test_an_internal_error_names_a_correlation_id_and_the_log_keeps_the_traceback(caplog):
     from actstore.server.interceptors import _abort
 

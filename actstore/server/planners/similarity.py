@@ -18,6 +18,19 @@ from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 
+def constant_layers_note(constant: list[tuple[str, int]], n: int) -> str:
+    """The note for CKA's NaN at layers constant over the samples: `constant` (run key, layer)."""
+    layers: dict[str, list[int]] = {}
+    for run, layer in sorted(set(constant)):
+        layers.setdefault(run, []).append(layer)
+    named = "; ".join(f"run {run[:12]} layer{'s' if len(found) > 1 else ''} {', '.join(map(str, found))}"
+                      for run, found in layers.items())
+    one = len(set(constant)) == 1
+    return (f"NaN: {named} {'is' if one else 'are'} constant over the {n} samples (zero variance), so CKA with "
+            f"{'it' if one else 'them'} is undefined (0/0), biased and debiased alike: leave "
+            f"{'it' if one else 'them'} out of the layers")
+
+
 class SimilarityPlanner(Planner):
 
     def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
@@ -148,18 +161,26 @@ class SimilarityPlanner(Planner):
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
         tiles = self._tiles(a, b, la, lb, mode, itemsize)
+        constant: set[tuple[str, int]] = set()
         for tile_a, tile_b in tiles:
             sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
             total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
             # the merged total is this query's own: its moments move to the mean in place
             matrices = total.finalize(strip_map=self.executor.gram_strip_map, in_place=True)
+            # a block's CKA with itself is 0/0 exactly when its centred rows are all zero
+            constant.update(blocks_of(sources)[k] for k in np.flatnonzero(np.isnan(np.diag(matrices.biased))))
             rows = [pos_a[x] for x in tile_a]
             cols = [pos_b[x] for x in tile_b]
             biased[np.ix_(rows, cols)] = matrices.biased[np.ix_(ia, ib)]
             debiased[np.ix_(rows, cols)] = matrices.debiased[np.ix_(ia, ib)]
         notes = [f"computed in {mode} space over {a.rows} rows in {len(tiles)} tile(s)"]
-        if np.isnan(debiased).any():
-            notes.append("debiased CKA is NaN where HSIC_u(K,K) or HSIC_u(L,L) is not positive")
+        if constant:
+            notes.append(constant_layers_note(list(constant), a.rows))
+        explained = np.array([[(a.run_key, x) in constant or (b.run_key, y) in constant for y in lb] for x in la])
+        if np.any(np.isnan(debiased) & ~explained):
+            notes.append("debiased CKA is NaN where HSIC_u(K,K) or HSIC_u(L,L) is not positive"
+                         + (f" (everywhere for n={a.rows}: the unbiased HSIC needs n >= {sim.MIN_HSIC_SAMPLES})"
+                            if a.rows < sim.MIN_HSIC_SAMPLES else ""))
         return {"biased": biased, "debiased": debiased}, {"n": float(a.rows)}, notes
 
     def _cos(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], center: str):
