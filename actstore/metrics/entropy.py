@@ -18,7 +18,8 @@ from scipy.special import logsumexp
 from ._numerics import SymmetricSum, as_float64_matrix
 from .lens import NC1Accumulator
 
-DEFINITION_VERSION = 1
+# 2: Renyi entropy finite for a large alpha (results cached under 1 gave Infinity there)
+DEFINITION_VERSION = 2
 
 Normalization = Literal["raw", "maxEntropy", "logN", "logD"]
 

@@ -96,7 +96,9 @@ def get_or_raise(ref: ray.ObjectRef, otherwise: Callable[[BaseException], ActSto
             raise WorkerBug(f"a worker task failed on an unexpected error ({type(cause).__name__}: {brief(cause)}): "
                             "a bug in actstore or a library it calls, not worth retrying; the server log has "
                             "the traceback: please report it") from None
-        raise otherwise(brief(cause)) from None
+        error = otherwise(brief(cause))
+        log.warning("%s (%s)", error, exc)  # the message keeps the last line; the log, Ray's whole report
+        raise error from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

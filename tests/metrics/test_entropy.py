@@ -88,7 +88,7 @@ def rng():
 
 
 def test_definition_version():
-    assert DEFINITION_VERSION == 1
+    assert DEFINITION_VERSION == 2
 
 
 # ---------------------------------------------------------------- preprocessing and core entropy
