@@ -222,6 +222,12 @@ def test_a_measure_of_fewer_than_4_samples_is_invalid_not_internal(v, few, n, me
            f"needs n >= 4 samples, the runs hold {n}")
 
 
+def test_minibatch_cka_of_fewer_samples_than_a_batch_says_so(v, few):
+    expect(v, INVALID, lambda v: v.query.Similarity(S(metric=S.MINIBATCH_CKA, run_a=few.n3, batch_size=4,
+                                                      layers_a=[1]), timeout=30),
+           "minibatch CKA needs batches of at least 4 samples and the runs hold 3", "use cka")
+
+
 @pytest.mark.parametrize("normalization", ["logN", "maxEntropy"])
 def test_an_entropy_normalization_by_log_1_is_a_failed_precondition(v, few, normalization):
     expect(v, FAILED, lambda v: v.query.Entropy(E(metric=E.DATASET_ENTROPY, run=few.n1, layers=[1],

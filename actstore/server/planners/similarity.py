@@ -67,6 +67,9 @@ class SimilarityPlanner(Planner):
                 in_range = batch_size <= a.rows
             except InvalidArgument:
                 in_range = False
+            if a.rows < SIMILARITY.batch_size.minimum:
+                raise InvalidArgument(f"minibatch CKA needs batches of at least {SIMILARITY.batch_size.minimum} "
+                                      f"samples and the runs hold {a.rows}: use cka, or a run with more samples")
             if not in_range:
                 raise InvalidArgument(f"batch_size {batch_size!r} must be an int between "
                                       f"{SIMILARITY.batch_size.minimum} and n={a.rows}")
