@@ -39,6 +39,7 @@ from actstore.store.catalog_schema import (
 )
 
 RUN_STATUSES = ("running", "committed", "failed")
+JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 MIN_RUN_PREFIX = 8  # hex characters of a run key that name it
 
 
@@ -416,6 +417,8 @@ class Catalog:
         return self.job(rows[0][0]) if rows else None
 
     def jobs(self, status: str | None = None) -> list[JobRecord]:
+        if status is not None and status not in JOB_STATUSES:
+            raise InvalidArgument(f"job status {status!r} is not one of {', '.join(JOB_STATUSES)}")
         ids = self._rows(
             "SELECT job_id FROM jobs WHERE (? IS NULL OR status = ?) ORDER BY created_at", [status, status]
         )

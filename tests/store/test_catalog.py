@@ -321,6 +321,13 @@ def test_runs_refuses_an_unknown_status(catalog):
         catalog.runs(status="bogus")
 
 
+def test_jobs_refuses_an_unknown_status(catalog):
+    with pytest.raises(InvalidArgument, match="job status 'bogus' is not one of queued, running, done, failed, "
+                                              "cancelled, interrupted"):
+        catalog.jobs(status="bogus")
+    assert catalog.jobs(status="done") == []
+
+
 def test_add_run_twice_keeps_the_first(catalog):
     catalog.add_run(run_record("r"))
     catalog.add_run(run_record("r", status="committed", width=99))
