@@ -95,7 +95,7 @@ def test_augmentation_uses_the_seed_as_for_csv(client, tmp_path):
     opts = {"text_column": "review", "augment_views": 2, "seed": 3}
     expected = client.register_dataset(_csv(tmp_path / "r.csv", rows), **opts)
     assert client.register_dataset(tmp_path / "r.parquet", **opts).digest == expected.digest
-    other = client.register_dataset(tmp_path / "r.parquet", **{**opts, "seed": 4})
+    other = client.register_dataset(tmp_path / "r.parquet", **{**opts, "seed": 4}, name="r-seed4")
     assert other.digest != expected.digest
 
 
