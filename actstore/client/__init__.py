@@ -330,7 +330,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
         return self._run_of(job, progress, f"capture {model}")
 
-    @options(TRAIN)
+    @options(TRAIN, leave=("recipe",))
     def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
               steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,

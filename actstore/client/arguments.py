@@ -25,15 +25,16 @@ from actstore.options import Table
 __all__ = ["options", "refusing_out_of_range"]
 
 
-def options(*tables: Table):
+def options(*tables: Table, leave: tuple[str, ...] = ()):
     """Check the arguments named like an option of `tables` (the first table that has the name)
-    before the method runs; None means "the default" and is passed on unchecked. A list option
+    before the method runs; None means "the default" and is passed on unchecked. ``leave`` names
+    options the server checks itself with another code (an unknown recipe is NOT_FOUND). A list option
     also takes a comma-separated string (as `site` does)."""
 
     def decorate(method):
         signature = inspect.signature(method)
         checked = {name: next(t[name] for t in tables if name in t)
-                   for name in signature.parameters if any(name in t for t in tables)}
+                   for name in signature.parameters if name not in leave and any(name in t for t in tables)}
 
         @functools.wraps(method)
         def call(*args, **kwargs):
