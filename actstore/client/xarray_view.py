@@ -4,7 +4,8 @@ The server says where the run is (`LocateRun`: its store root and group); this m
 group with zarr 3 (a local directory, or an s3:// bucket through obstore with the AWS_* variables)
 and wraps the activation array as an xarray lazy backend array: nothing is read until values are
 asked for, and a selection reads only the chunks it touches. Zarr decodes the stored chunks (Blosc
-+ crc32c: a damaged chunk raises, never returns numbers); bfloat16, kept as the upper 16 bits in
++ crc32c: a damaged chunk raises, never returns numbers; so does a missing shard, which zarr itself
+would read as zeros); bfloat16, kept as the upper 16 bits in
 uint16, is widened to float32 here. xarray's own `open_zarr` is not used: Zarr v3 arrays need
 `dimension_names` metadata for it, which the store does not write.
 
@@ -14,6 +15,7 @@ bytes with `sample_id_offsets`; `labels` (n,) where known; `offsets` (n+1,) for 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from urllib.parse import urlparse
@@ -23,6 +25,7 @@ import xarray as xr
 import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
+from zarr.core.sync import sync
 
 from actstore.errors import DataLoss, FailedPrecondition
 
@@ -45,10 +48,31 @@ class _StoredActivations(BackendArray):
         try:
             values = self.array.oindex[key]
         except _DECODE_ERRORS as exc:
-            raise DataLoss(f"run {self.run_key[:12]}: a chunk of {self.array.path} is damaged "
-                           f"({str(exc).splitlines()[0][:200]}); `actstore verify {self.run_key[:12]} --repair` "
-                           "drops the damaged shards, then submit the same capture again") from None
+            raise self._damaged(f"a chunk of {self.array.path} is damaged ({str(exc).splitlines()[0][:200]})") from None
+        missing = self._missing_shards(key[0])
+        if missing:
+            raise self._damaged(f"shard(s) {', '.join(map(str, missing[:10]))} of {self.array.path} are missing "
+                                "from the store")
         return (values.astype(np.uint32) << 16).view(np.float32) if self.bfloat16 else values
+
+    def _missing_shards(self, rows) -> list[int]:
+        """The shards the selected rows lie in that the store does not hold. Zarr reads a missing
+        object as its fill value (zeros): every shard of a committed run exists, so one that is
+        not there was lost, and its rows must not come back as numbers."""
+        shard_rows = self.array.shards[0]
+        shards = np.unique(np.arange(self.shape[0])[rows] // shard_rows).tolist()
+        keys = [f"{self.array.path}/c/{shard}/" + "/".join("0" * (len(self.shape) - 1)) for shard in shards]
+        store = self.array.store
+
+        async def present():
+            return await asyncio.gather(*(store.exists(key) for key in keys))
+
+        # zarr's own runner: its stores' coroutines run on its event loop thread
+        return [shard for shard, found in zip(shards, sync(present())) if not found]
+
+    def _damaged(self, what: str) -> DataLoss:
+        return DataLoss(f"run {self.run_key[:12]}: {what}; `actstore verify {self.run_key[:12]} --repair` drops the "
+                        "damaged shards, then submit the same capture again")
 
 
 def _store(root: str):

@@ -71,6 +71,18 @@ def test_a_damaged_chunk_raises_instead_of_returning_numbers(tmp_path):
         array.isel(sample=slice(0, 4)).values  # noqa: B018 - reading is the point
 
 
+@pytest.mark.parametrize("pooling", ["mean", "tokens"])
+def test_a_missing_shard_raises_instead_of_reading_as_zeros(tmp_path, pooling):
+    store, location = write_run(tmp_path, "float16", pooling)
+    first = stored(store, location)[:4]
+    Path(tmp_path, "runs", KEY, location.array, "c", "1", "0", "0").unlink()  # zarr reads it as its fill value
+    array = open_run(location)
+    np.testing.assert_array_equal(array.isel({array.dims[0]: slice(0, 4)}).values, first)  # shard 0 is whole
+    for rows in (slice(4, 6), [0, 5], 4):
+        with pytest.raises(DataLoss, match=f"run {KEY[:12]}: shard\\(s\\) 1 of .* missing from the store.*verify"):
+            array.isel({array.dims[0]: rows}).values  # noqa: B018 - reading is the point
+
+
 def test_an_s3_store_is_read_with_the_aws_variables(s3_bucket):
     store, location = write_run(s3_bucket, "float16", "mean")
     array = open_run(location)
