@@ -41,6 +41,8 @@ from actstore.store.catalog_schema import (
 RUN_STATUSES = ("running", "committed", "failed")
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 MIN_RUN_PREFIX = 8  # hex characters of a run key that name it
+# DuckDB's file starts with its main header and two alternating database headers, 4 KiB each
+DUCKDB_HEADER_BYTES = 3 * 4096
 
 
 def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
@@ -71,16 +73,19 @@ class Catalog:
             self._con.execute(SCHEMA)
             self._con.execute("SELECT count(*) FROM runs").fetchall()
             # DuckDB reads a data block only when a query needs it, so a truncated file opens and
-            # counts rows; its header says how many blocks it has, which a cut-off file cannot hold
-            block_size, blocks = self._con.execute(
-                "SELECT block_size, total_blocks FROM pragma_database_size() "
+            # counts rows; the blocks in use must all be in the file, which a cut-off file cannot
+            # hold. total_blocks is not the measure: a checkpoint trims trailing free blocks off the
+            # file after writing the header, so total_blocks (= used + free) may name blocks past its end
+            block_size, used_blocks = self._con.execute(
+                "SELECT block_size, used_blocks FROM pragma_database_size() "
                 "WHERE database_name = current_database()").fetchall()[0]
         except duckdb.Error as exc:
             raise _open_failure(path, exc) from None
-        if path.stat().st_size < block_size * blocks:
+        size = path.stat().st_size
+        if size < DUCKDB_HEADER_BYTES + block_size * used_blocks:
             self._con.close()
-            raise _open_failure(path, f"the file has {path.stat().st_size} bytes; its header names "
-                                      f"{blocks} blocks of {block_size} bytes")
+            raise _open_failure(path, f"the file has {size} bytes; {used_blocks} blocks of {block_size} bytes "
+                                      f"are in use, which need {DUCKDB_HEADER_BYTES + block_size * used_blocks}")
         self._lock = threading.RLock()
 
     def close(self) -> None:
