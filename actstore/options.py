@@ -37,7 +37,7 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 __all__ = [
     "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "PROGRESSION", "SERVE",
     "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
-    "Option", "Table", "duration_seconds", "from_wire", "resolve",
+    "Option", "Table", "duration_seconds", "from_wire", "resolve", "trained_model_name",
 ]
 
 
@@ -332,6 +332,22 @@ TRAIN = Table(
     Option("beta", float, None, minimum=0, help="ce-reg: weight of the cosine regulariser",
            default_text="the recipe's"),
 )
+
+
+
+def trained_model_name(recipe: str, method: str, seed: int, smoke: bool = False, steps: int | None = None,
+                       alternating: bool = False, weights: str | None = None, beta: float | None = None) -> str:
+    """The name a training run's models take (each checkpoint is NAME@stepK): every option that
+    changes what is trained is in it when it is not the default, so two runs never share a name
+    (a run with other steps moved the first's @stepK names onto its own checkpoints):
+    RECIPE[-smoke]-METHOD[-betaB][-alternating][-weights-W][-stepsN]-sSEED."""
+    parts = [recipe + ("-smoke" if smoke else ""), method]
+    parts += [] if beta is None else [f"beta{beta:g}"]
+    parts += ["alternating"] if alternating else []
+    parts += [] if weights in (None, "", TRAIN.weights.default) else [f"weights-{weights}"]
+    parts += [] if not steps else [f"steps{steps}"]
+    return "-".join(parts + [f"s{seed}"])
+
 
 PROGRESSION = Table(
     "progression",

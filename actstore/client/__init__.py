@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from actstore._proto.actstore.v1 import (
     tokens_pb2,
     tokens_pb2_grpc,
 )
-from actstore.client.arguments import options, refusing_out_of_range
+from actstore.client.arguments import checking_arguments, options
 from actstore.client.diagnostics import CKAStatsResult, COSStatsResult, DiagnosticsMixin, OutlierReport
 from actstore.client.entropy import EntropyMixin
 from actstore.client.frames import Listing
@@ -59,7 +60,7 @@ from actstore.client.results import (
     VerifyReport,
 )
 from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition, InvalidArgument
-from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN
+from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, trained_model_name
 from actstore.wire import from_ndarray
 
 __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
@@ -89,17 +90,22 @@ def _raise_as_ours(exc: grpc.RpcError) -> None:
 
 
 class _Translating:
-    """Wraps a stub so every call raises actstore errors instead of grpc.RpcError."""
+    """Wraps a stub so every call raises actstore errors instead of grpc.RpcError, and a call after
+    the client is closed (`closed` set) FailedPrecondition instead of gRPC's ValueError."""
 
-    def __init__(self, stub, metadata: list[tuple[str, str]]) -> None:
+    def __init__(self, stub, metadata: list[tuple[str, str]], closed: threading.Event) -> None:
         self._stub = stub
         self._metadata = metadata
+        self._closed = closed
 
     def __getattr__(self, name: str):
         method = getattr(self._stub, name)
 
         @functools.wraps(method)
         def call(request, **kwargs):
+            if self._closed.is_set():
+                raise FailedPrecondition("this Client is closed (its `with` block has ended, or close() was "
+                                         "called): make a new one")
             try:
                 response = method(request, metadata=self._metadata, **kwargs)
             except grpc.RpcError as exc:
@@ -144,7 +150,7 @@ def read_ca(path: str | Path) -> bytes:
                                  "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
 
 
-@refusing_out_of_range
+@checking_arguments
 class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin,
              EntropyMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
@@ -152,6 +158,9 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's
         certificate (default: the file ACTSTORE_TLS_CA names, else plaintext)."""
         token = token or os.environ.get("ACTSTORE_TOKEN")
+        if token and not (token.isascii() and token.isprintable()):  # gRPC refuses it as "Invalid metadata"
+            raise InvalidArgument("the token is not printable ASCII, as every actstore token is: check --token / "
+                                  "ACTSTORE_TOKEN (an admin makes one with `actstore token create`)")
         if root_certificates is None and os.environ.get("ACTSTORE_TLS_CA"):
             root_certificates = read_ca(os.environ["ACTSTORE_TLS_CA"])
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -162,16 +171,17 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             self._channel = grpc.insecure_channel(address, options)
         metadata = [("authorization", f"Bearer {token}")] if token else []
         self.address = address
-        self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata)
-        self._capture = _Translating(rpc.CaptureStub(self._channel), metadata)
-        self._query = _Translating(rpc.QueryStub(self._channel), metadata)
-        self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata)
-        self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata)
-        self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata)
-        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata)
-        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata)
+        self._closed = threading.Event()
+        self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata, self._closed)
+        self._capture = _Translating(rpc.CaptureStub(self._channel), metadata, self._closed)
+        self._query = _Translating(rpc.QueryStub(self._channel), metadata, self._closed)
+        self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata, self._closed)
+        self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata, self._closed)
+        self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata, self._closed)
+        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata, self._closed)
+        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata, self._closed)
         self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
-        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata)
+        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata, self._closed)
         self._server = None
 
     @classmethod
@@ -188,6 +198,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         return client
 
     def close(self) -> None:
+        self._closed.set()
         self._channel.close()
         if self._server is not None:
             self._server.stop()
@@ -336,15 +347,17 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
               alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
               beta: float | None = TRAIN.beta.default, progress: bool = False) -> ModelInfo:
         """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
-        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK (RECIPE-METHOD-betaB-sSEED
-        with an explicit `beta`; the name without @step follows the newest). Returns the final model.
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK, with each option given
+        that changes the training in the name (`options.trained_model_name`: RECIPE-METHOD-betaB-sSEED
+        with an explicit `beta`, ...-steps400-sSEED with `steps`); the name without @step follows the
+        newest. Returns the final model.
         Resubmitting resumes a stopped run."""
         job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
             recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
             weights=weights, **({} if beta is None else {"beta": beta}))))
         if not job.finished:
             self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
-        name = f"{recipe}{'-smoke' if smoke else ''}-{method}{'' if beta is None else f'-beta{beta:g}'}-s{seed}"
+        name = trained_model_name(recipe, method, seed, smoke, steps, alternating, weights, beta)
         return next(m for m in self.models() if name in m.aliases)
 
     def cancel(self, job_id: str) -> JobInfo:
@@ -497,7 +510,11 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
 
     def read_activations(self, run: str, layer: int, start: int = 0, stop: int | None = None
                          ) -> tuple[np.ndarray, list[str]]:
-        """Rows [start, stop) of one layer, streamed in bounded messages; returns (values, sample ids)."""
+        """Rows [start, stop) of one layer, streamed in bounded messages; returns (values, sample ids).
+        `stop` None reads to the end."""
+        if stop is not None and stop <= start:  # the request's stop 0 means "to the end"
+            raise InvalidArgument(f"rows {start}..{stop} are an empty range: give stop > start, or leave stop out "
+                                  "to read to the end")
         request = pb.ReadActivationsRequest(run=run, layer=layer, start=start, stop=stop or 0)
         parts, ids = [], []
         for chunk in self._query.ReadActivations(request):

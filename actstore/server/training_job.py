@@ -10,7 +10,7 @@ from pathlib import Path
 import ray
 
 from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
-from actstore.options import TRAIN, from_wire, resolve
+from actstore.options import TRAIN, from_wire, resolve, trained_model_name
 from actstore.server.dispatch import WAIT_SECONDS, get_or_raise
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.registration import Registrar
@@ -68,8 +68,8 @@ class TrainingJobs:
             spec["recipe"], spec["method"], spec["seed"], spec["steps"], spec["smoke"], spec["alternating"],
             spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus(), spec.get("beta"))
         registered: set[str] = set()
-        beta = f"-beta{spec['beta']:g}" if "beta" in spec else ""
-        name = f"{spec['recipe']}{'-smoke' if spec['smoke'] else ''}-{spec['method']}{beta}-s{spec['seed']}"
+        name = trained_model_name(spec["recipe"], spec["method"], spec["seed"], spec["smoke"], spec["steps"],
+                                  spec["alternating"], spec["weights"], spec.get("beta"))
         while True:
             ready, _ = ray.wait([task], timeout=WAIT_SECONDS)
             if job.cancel_requested.is_set():

@@ -57,3 +57,16 @@ def test_training_lineage_and_bad_requests(client):
         client.train("nope", "standard", smoke=True)
     with pytest.raises(InvalidArgument, match="method 'odd'"):
         client.train("vit-fmnist", "odd", smoke=True)
+
+
+def test_runs_with_other_steps_keep_their_own_step_names(client):
+    """Two runs differing only in --steps: each checkpoint name stays with its own run (the second
+    run's @stepK moved the first's before: a progression then mixed both runs)."""
+    short = client.train("vit-fmnist", "standard", smoke=True, steps=4)
+    longer = client.train("vit-fmnist", "standard", smoke=True, steps=6)
+    assert "vit-fmnist-smoke-standard-steps4-s0" in short.aliases
+    assert "vit-fmnist-smoke-standard-steps6-s0" in longer.aliases
+    base, short_steps = client.training_steps("vit-fmnist-smoke-standard-steps4-s0")
+    assert base == "vit-fmnist-smoke-standard-steps4-s0" and short_steps[-1] == (4, short.digest)
+    _, longer_steps = client.training_steps("vit-fmnist-smoke-standard-steps6-s0")
+    assert longer_steps[-1] == (6, longer.digest) and short.digest != longer.digest
