@@ -18,9 +18,8 @@ def _offline_settings(args):
 
 def _rebuild(args) -> int:
     from actstore.errors import AlreadyExists
-    from actstore.store.catalog import Catalog
     from actstore.store.handle import StoreHandle
-    from actstore.store.rebuild import rebuild_catalog
+    from actstore.store.rebuild import rebuild_catalog_file
 
     settings = _offline_settings(args)
     path = settings.catalog_path
@@ -29,15 +28,13 @@ def _rebuild(args) -> int:
                             "another --catalog")
     store = StoreHandle.from_settings(settings)
     store.check()
-    catalog = Catalog(path)
-    try:
-        report = rebuild_catalog(store, catalog)
-    finally:
-        catalog.close()
+    report = rebuild_catalog_file(store, path)
     print(f"rebuilt {path} from {settings.store_root}: {report.models} models, {report.datasets} datasets, "
           f"{report.runs} runs ({report.committed_runs} committed), {report.chunk_rows} chunk rows")
     for line in report.skipped:
         print(f"  not recovered: {line}")
+    for line in report.incomplete:
+        print(f"  not committed: {line}")
     print("  never kept in the store, so not recovered: " + "; ".join(report.not_recoverable))
     return 0
 

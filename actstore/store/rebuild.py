@@ -3,23 +3,32 @@
 Every registered model's folder carries its record (``record.json``), every dataset's folder its
 metadata, every run's group its spec and layout, every written shard its chunk rows, and every
 committed run a commit marker written after the catalog commit. ``rebuild_catalog`` reads them
-into a fresh catalog and reports what it could not recover.
+into a fresh catalog and reports what it could not recover: a shard that is missing or damaged
+leaves its run uncommitted (``failed``, as `actstore verify --repair` leaves it) with the other
+shards' chunk rows recorded, so submitting the same capture again rewrites only those shards.
+``rebuild_catalog_file`` builds the catalog beside its target and moves it into place only once
+complete: a rebuild that fails leaves no catalog behind.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from actstore.errors import DataLoss
+from actstore.errors import AlreadyExists, DataLoss, NotFound
+from actstore.store.array_store import ArrayStore
+from actstore.store.atomic import FILE_MODE, fsync_path
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.datasets import load_dataset
 from actstore.store.files import RECORD_FILE
 from actstore.store.handle import StoreHandle
+from actstore.store.keys import site_of
 
 NOT_RECOVERABLE = (
     "cached metric results (they are recomputed on the next query)",
@@ -37,6 +46,7 @@ class RebuildReport:
     committed_runs: int = 0
     chunk_rows: int = 0
     skipped: list[str] = field(default_factory=list)  # things found but not recovered, and why
+    incomplete: list[str] = field(default_factory=list)  # runs recorded without some shards: which, what to do
     not_recoverable: tuple[str, ...] = NOT_RECOVERABLE
 
 
@@ -59,29 +69,99 @@ def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
     known_models = {m.digest for m in catalog.models()}
     known_datasets = {d.digest for d in catalog.datasets()}
     for run_key in arrays.run_keys():
-        spec = arrays.spec(run_key)
+        try:
+            spec = arrays.spec(run_key)
+            layout = arrays.layout(run_key)
+        except (DataLoss, NotFound) as exc:
+            report.skipped.append(f"run {run_key[:12]}: its group is unreadable ({exc}); capture it again")
+            continue
         if spec is None:
             report.skipped.append(f"run {run_key[:12]}: its group carries no spec (written by an older actstore)")
             continue
         if spec["model"] not in known_models or spec["dataset"] not in known_datasets:
             report.skipped.append(f"run {run_key[:12]}: its model or dataset is not in the store")
             continue
-        layout = arrays.layout(run_key)
         record = RunRecord(run_key=run_key, model_digest=spec["model"],
                            dataset_digest=spec["dataset"], pooling=layout.pooling, dtype=layout.dtype,
                            max_len=spec["max_len"], n=layout.n, rows=layout.rows,
                            num_layers=layout.num_states - 1, width=layout.width, num_shards=layout.num_shards,
                            status="running", spec=spec)
         catalog.open_run(record)
-        rows = arrays.chunk_rows(run_key)
+        rows, damaged = _readable_chunk_rows(arrays, run_key, layout.num_shards)
         if rows:
             catalog.record_shard(pa.table(rows))
             report.chunk_rows += len(rows["shard"])
         report.runs += 1
-        if arrays.is_committed(run_key):
+        committed = arrays.is_committed(run_key)
+        if committed:  # every shard was written: one without rows is lost
+            recorded = catalog.recorded_shards(run_key, record.num_layers)
+            damaged |= {shard: f"shard {shard} is missing from the store" for shard in range(record.num_shards)
+                        if shard not in recorded and shard not in damaged}
+        if damaged:
+            catalog.set_run_status(run_key, "failed")
+            report.incomplete.append(_incomplete(record, damaged, committed))
+        elif committed:
             catalog.commit_run(record)  # checks every shard's rows came back
             report.committed_runs += 1
     return report
+
+
+def rebuild_catalog_file(store: StoreHandle, path: Path) -> RebuildReport:
+    """`rebuild_catalog` into a new file beside ``path``, moved into place only when complete
+    (AlreadyExists if a catalog is there by then; a failure leaves nothing behind)."""
+    staged = path.with_name(f".{path.name}.staging-{uuid.uuid4().hex}")
+    try:
+        catalog = Catalog(staged)
+        try:
+            report = rebuild_catalog(store, catalog)
+        finally:
+            catalog.close()  # a checkpoint: the file alone holds everything
+        fsync_path(staged)
+        os.chmod(staged, FILE_MODE)
+        try:
+            os.link(staged, path)  # unlike a rename, never replaces a catalog that appeared meanwhile
+        except FileExistsError:
+            raise AlreadyExists(f"the catalog {path} appeared while the rebuild ran (a server started?): stop "
+                                "what created it, move it aside, and rebuild again") from None
+        fsync_path(path.parent)
+    finally:
+        staged.unlink(missing_ok=True)
+        staged.with_name(staged.name + ".wal").unlink(missing_ok=True)
+    return report
+
+
+def _readable_chunk_rows(arrays: ArrayStore, run_key: str, num_shards: int) -> tuple[dict[str, list], dict[int, str]]:
+    """The chunk rows of every shard whose kept rows read back, and what is wrong with each other
+    shard (a shard not stored has no rows and is not named: it may not have been written yet)."""
+    try:
+        return arrays.chunk_rows(run_key), {}  # every shard at once, the usual case
+    except DataLoss:
+        pass
+    rows: dict[str, list] = {}
+    damaged: dict[int, str] = {}
+    for shard in range(num_shards):
+        try:
+            kept, _ = arrays.shard_details(run_key, shard)
+        except DataLoss as exc:
+            # "run R: shard S of array A failed ...; `actstore verify ...`": the middle names it
+            damaged[shard] = str(exc).removeprefix(f"run {run_key[:12]}: ").partition("; `actstore verify")[0]
+            continue
+        for column, cells in (kept or {}).items():
+            rows.setdefault(column, []).extend(cells)
+    return rows, damaged
+
+
+def _incomplete(record: RunRecord, damaged: dict[int, str], committed: bool) -> str:
+    """The report line of a run recorded without some shards: which, why, and what rewrites them."""
+    spec = record.spec
+    again = ("import the same files again" if "source" in spec else
+             f"submit the same capture again (`actstore capture --model {record.model_digest[:12]} --dataset "
+             f"{record.dataset_digest[:12]} --pooling {record.pooling} --dtype {record.dtype} --max-len "
+             f"{record.max_len} --site {site_of(spec)}`)")
+    shards = "; ".join(why for _, why in sorted(damaged.items()))
+    return (f"run {record.run_key[:12]}{' (committed in the store)' if committed else ''}: {len(damaged)} of "
+            f"{record.num_shards} shards unreadable ({shards}), so it is recorded failed, with the other shards' "
+            f"chunk rows: start the server and {again} to rewrite them")
 
 
 def _add_model(catalog: Catalog, files, key: str) -> None:

@@ -88,6 +88,43 @@ def test_restore_refuses_while_a_server_holds_the_catalog(tmp_path, ray_cluster)
         server.stop()
 
 
+def test_rebuild_records_the_readable_shards_and_names_the_lost_ones(tmp_path, ray_cluster, tiny_models):
+    store = tmp_path / "store"
+    server = start_server(make_settings(store))
+    try:
+        with Client(f"127.0.0.1:{server.port}") as client:
+            damaged, intact = _populate(client, tiny_models)  # 3 shards each
+    finally:
+        server.stop()
+    shards = store / "runs" / damaged / "acts" / "c"
+    (shards / "1" / "0" / "0").unlink()
+    (shards / "2" / "0" / "0").write_bytes(os.urandom(4096))
+    (store / "catalog.duckdb").rename(tmp_path / "lost.duckdb")
+
+    rebuilt = _cli("catalog", "rebuild", "--store", str(store))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "2 runs (1 committed)" in rebuilt.stdout
+    [line] = [line for line in rebuilt.stdout.splitlines() if damaged[:12] in line]
+    assert "2 of 3 shards" in line and "shard 1 is missing" in line and "shard 2 of array" in line, line
+    assert "crc32c" in line and "submit the same capture again" in line and "verify" not in line, line
+    assert not [p for p in store.iterdir() if "staging" in p.name]
+
+    server = start_server(make_settings(store))
+    try:
+        with Client(f"127.0.0.1:{server.port}") as client:
+            run = client.describe(damaged)
+            assert (run.status, run.recorded_shards) == ("failed", 1)
+            assert client.describe(intact).status == "committed"
+            capture = line.split("`")[1].split()  # the command the report gives
+            again = _cli("--address", f"127.0.0.1:{server.port}", *capture[1:], "-q")
+            assert again.returncode == 0, again.stderr
+            assert client.describe(damaged).status == "committed"
+            assert client.verify([damaged]).runs[0].status == "ok"
+            assert client.cka(damaged).biased.shape == (4, 4)
+    finally:
+        server.stop()
+
+
 def test_backups_on_a_schedule_and_at_shutdown_keep_the_last_k(tmp_path, ray_cluster):
     store = tmp_path / "store"
     server = start_server(make_settings(store, catalog_backup_seconds=0.2, catalog_backups_kept=2))
