@@ -24,6 +24,7 @@ import numpy as np
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import (
+    diagnostics_pb2_grpc,
     imports_pb2_grpc,
     planning_pb2_grpc,
     readers_pb2_grpc,
@@ -182,6 +183,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata, self._closed)
         self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
         self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata, self._closed)
+        self._diagnostics = _Translating(diagnostics_pb2_grpc.DiagnosticsStub(self._channel), metadata, self._closed)
         self._server = None
 
     @classmethod

@@ -9,14 +9,14 @@ calibrated score, feature options (standardise, exclude dimensions), and the out
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
-from actstore._proto.actstore.v1 import diagnostics_pb2, diagnostics_pb2_grpc
+from actstore._proto.actstore.v1 import diagnostics_pb2
 from actstore.client.arguments import options
 from actstore.client.results import Provenance, QueryAnswer
 from actstore.options import SIMILARITY, UNCERTAINTY
@@ -121,11 +121,7 @@ class OutlierReport:
 class DiagnosticsMixin:
     """Client methods over the Diagnostics service (mixed into `Client`)."""
 
-    @functools.cached_property
-    def _diagnostics(self):
-        from actstore.client import _Translating  # the client module imports this one first
-
-        return _Translating(diagnostics_pb2_grpc.DiagnosticsStub(self._channel), self._query._metadata)
+    _diagnostics: Any  # the Diagnostics stub, made by Client with the others
 
     def _stats(self, metric, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap, ci, seed, null,
                standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method="",

@@ -58,7 +58,8 @@ def authenticate(catalog: Catalog, metadata: dict[str, str]) -> tuple[str, str]:
                               "made by an admin with `actstore token create`")
     principal = catalog.principal(hash_token(header.removeprefix("Bearer ").strip()))
     if principal is None:
-        raise Unauthenticated("unknown or revoked token")
+        raise Unauthenticated("unknown or revoked token (check --token / ACTSTORE_TOKEN; an admin makes "
+                              "one with `actstore token create`)")
     return principal
 
 
