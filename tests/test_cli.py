@@ -166,6 +166,9 @@ def test_read_writes_an_npy(session, tmp_path, module_client):
     (["read", "{run}", "--layer", "1", "--start", "9", "--stop", "3", "--out", "x.npy"], "INVALID_ARGUMENT"),
     (["describe", "0123456789abcdef"], "NOT_FOUND"),
     (["capture", "--model", "no-such-model", "--dataset", "toy", "-q"], "NOT_FOUND"),
+    (["read", "{run}", "--layer", "1", "--start", "0", "--stop", "0", "--out", "x.npy"], "INVALID_ARGUMENT"),
+    (["--token", "ß€", "runs"], "INVALID_ARGUMENT"),
+    (["--token", "abc\ndef", "runs"], "INVALID_ARGUMENT"),
 ])
 def test_errors_exit_2_with_the_status_and_no_traceback(session, tmp_path, args, code):
     proc = actstore(*[a.format(run=session["run"]) for a in args], server=session["server"], cwd=tmp_path)
@@ -174,6 +177,37 @@ def test_errors_exit_2_with_the_status_and_no_traceback(session, tmp_path, args,
     assert len(proc.stderr.strip()) > len(f"error ({code}): ") + 10
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_cancel_of_a_finished_job_says_there_is_nothing_to_cancel(session):
+    listing = ok(actstore("jobs", "--status", "done", server=session["server"]))
+    job = listing.splitlines()[1].split()[0]
+    out = ok(actstore("cancel", job, server=session["server"]))
+    assert out == f"job {job} already finished (done): nothing to cancel\n"
+
+
+def test_a_relative_path_that_exists_here_is_sent_absolute(session, tmp_path, tiny_models, module_client):
+    """The server resolves a path against its own working directory (here the repository), not the
+    command's: the command sends a relative path that exists where it runs as an absolute one."""
+    server = session["server"]
+    (tmp_path / "here.csv").write_text("text\n" + "\n".join(session["texts"]) + "\n")
+    assert "n=12" in ok(actstore("register-dataset", "here.csv", "--name", "relative", server=server, cwd=tmp_path))
+    bert = tiny_models["bert"]
+    assert "tiny-bert" in ok(actstore("register-model", bert.name, server=server, cwd=bert.parent))
+    (tmp_path / "acts").mkdir()
+    for layer in range(module_client.describe(session["run"]).num_layers + 1):
+        np.save(tmp_path / "acts" / f"layer_{layer}.npy", module_client.read_activations(session["run"], layer)[0])
+    assert re.search(r"run [0-9a-f]{16,}", ok(actstore("import", "acts", "--model", "tiny-bert", "--dataset",
+                                                       "relative", "--pooling", "mean", "-q", server=server,
+                                                       cwd=tmp_path)))
+    missing = actstore("register-dataset", "not-here.csv", server=server, cwd=tmp_path)
+    assert missing.returncode == 2 and "not-here.csv" in missing.stderr  # sent as written: the server's to find
+
+
+def test_help_says_paths_are_resolved_on_the_server():
+    for command in ("import", "register-dataset", "register-model"):
+        out = " ".join(ok(actstore(command, "--help")).split())
+        assert "a relative path that exists here is sent absolute; any other path is resolved on the server" in out
 
 
 # ---- usage errors: argparse refuses a bad flag before anything connects -----------------------------

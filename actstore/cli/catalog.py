@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actstore.cli.common import add_option, connect, print_table
+from actstore.cli.common import SERVER_PATH_HELP, add_option, connect, print_table, server_path
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.options import DATASETS
 
@@ -114,7 +114,8 @@ def cmd_read(args) -> int:
 
 def add_commands(command) -> None:
     p = command("register-model", cmd_register_model, "register a local Hugging Face folder or a builtin model")
-    p.add_argument("path", nargs="?", help="a HF model folder on the server's file system")
+    p.add_argument("path", nargs="?", type=server_path,
+                   help=f"a HF model folder on the server's file system {SERVER_PATH_HELP}")
     p.add_argument("--builtin", help="minilm-l6 | smollm2-135m (packaged, offline)")
     p.add_argument("--name", help="alias (default: the builtin or folder name)")
 
@@ -124,7 +125,8 @@ def add_commands(command) -> None:
                 "label column keeps its class names; image columns are not read: images come as .npz) or .npz\n"
                 "(images/x, labels/y). --limit keeps the first N rows of a file.\n"
                 "Builtins: rotten-tomatoes, fashion-mnist, digits, mnist-5k, austen.")
-    p.add_argument("path", nargs="?", help="a dataset file or Hugging Face dataset folder on the server's file system")
+    p.add_argument("path", nargs="?", type=server_path,
+                   help=f"a dataset file or Hugging Face dataset folder on the server's file system {SERVER_PATH_HELP}")
     p.add_argument("--builtin", help="a builtin dataset name")
     p.add_argument("--text", action="append", help="an inline text (repeat)")
     p.add_argument("--name", help="alias (default: the builtin or file name)")

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+from pathlib import Path
 
 from actstore.errors import InvalidArgument
 from actstore.options import Option, Table
@@ -86,6 +87,18 @@ def option_type(option: Option):
 
     parse.__name__ = getattr(convert, "__name__", option.type.__name__)  # argparse names it in its usage errors
     return parse
+
+
+def server_path(text: str) -> str:
+    """The argparse type of a path the server reads: a relative path that exists here is sent
+    absolute (the server would resolve it against its own working directory); any other path is
+    sent as written and resolved on the server."""
+    path = Path(text)
+    return str(path.absolute()) if not path.is_absolute() and path.exists() else text
+
+
+SERVER_PATH_HELP = ("(a relative path that exists here is sent absolute; any other path is resolved on the server, "
+                    "which must be able to read it)")
 
 
 def size_text(nbytes: int) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from actstore.cli.common import add_option, connect
+from actstore.cli.common import SERVER_PATH_HELP, add_option, connect, server_path
 from actstore.options import IMPORTS
 
 DESCRIPTION = """\
 Import activations computed elsewhere as a run of a registered model on a registered dataset.
-The files are read on the server (a path on its disk; with --auth an admin's right, as for
+The files are read on the server (a path on its disk, resolved there, except that a relative
+path that exists where the command runs is sent absolute; with --auth an admin's right, as for
 register-model from a path). They are checked (float values, layers 0..L of the model, its width,
 one row per dataset sample in the dataset's order) and written through the same checksummed
 layout a capture writes, so every query works on the run. The same files imported again are a
@@ -41,7 +42,8 @@ def cmd_import(args) -> int:
 def add_commands(command) -> None:
     p = command("import", cmd_import, "import activations made elsewhere (npy/safetensors, vLLM, SAELens) as a run",
                 DESCRIPTION)
-    p.add_argument("path", help="the activations: a folder or file on the server's file system")
+    p.add_argument("path", type=server_path,
+                   help=f"the activations: a folder or file on the server's file system {SERVER_PATH_HELP}")
     p.add_argument("--model", required=True, help="the registered model they are of (alias or digest)")
     p.add_argument("--dataset", required=True, help="the registered dataset whose samples they are")
     add_option(p, IMPORTS, "format")

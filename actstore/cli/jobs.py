@@ -98,7 +98,10 @@ def cmd_watch(args) -> int:
 def cmd_cancel(args) -> int:
     with connect(args) as client:
         job = client.cancel(args.job)
-    print(f"job {job.job_id}: cancel requested ({job.status})")
+    if job.finished:
+        print(f"job {job.job_id} already finished ({job.status}): nothing to cancel")
+    else:
+        print(f"job {job.job_id}: cancel requested ({job.status})")
     return 0
 
 

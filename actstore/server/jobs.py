@@ -249,7 +249,9 @@ class JobManager:
             return self._live.get(job_id) or self._finished.get(job_id)
 
     def cancel(self, job_id: str) -> JobSnapshot:
-        state = self._state(job_id)
+        """Ask a queued or running job to stop; a finished one is left as it is (its snapshot says so)."""
+        with self._lock:
+            state = self._live.get(job_id)
         if state is None:
             return self.snapshot(job_id)
         state.cancel_requested.set()

@@ -50,3 +50,10 @@ def test_a_cancelled_job_that_does_not_stop_is_unavailable_not_joined(jobs):
         release.set()
     assert state.wait_finished(10)
     jobs.await_cancelled("run-b", timeout=0.2)  # nothing live any more: returns at once
+
+
+def test_cancelling_a_finished_job_leaves_it_as_it_is(jobs):
+    state, _ = jobs.start("capture", "run-c", {}, lambda state: None)
+    assert state.wait_finished(10)
+    assert jobs.cancel(state.snapshot.job_id).status == "done"
+    assert not state.cancel_requested.is_set()
