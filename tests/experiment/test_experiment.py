@@ -26,13 +26,13 @@ def test_experiment_over_two_seeds_reports_mean_spread_and_verdicts(server, clie
         assert re.search(r"\*\*(reproduces|does not reproduce|not testable)\*\*", line), line
     for name in ("accuracy.png", "cos_to_last.png", "saturation.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
-    # every method trained once per seed; ce-reg under its own name with the asked beta
+    # every method trained once per seed, under a name with the asked steps (and beta for ce-reg)
     aliases = {a for m in client.models() for a in m.aliases}
     for seed in (0, 1):
         for method in ("standard", "aligned", "multi-exit"):
-            assert f"vit-fmnist-smoke-{method}-s{seed}" in aliases
-        assert f"vit-fmnist-smoke-ce-reg-beta0.5-s{seed}" in aliases
-    ce_reg = next(m for m in client.models() if "vit-fmnist-smoke-ce-reg-beta0.5-s1" in m.aliases)
+            assert f"vit-fmnist-smoke-{method}-steps2-s{seed}" in aliases
+        assert f"vit-fmnist-smoke-ce-reg-beta0.5-steps2-s{seed}" in aliases
+    ce_reg = next(m for m in client.models() if "vit-fmnist-smoke-ce-reg-beta0.5-steps2-s1" in m.aliases)
     assert ce_reg.lineage["beta"] == 0.5 and ce_reg.lineage["seed"] == 1
 
 
