@@ -115,3 +115,32 @@ def test_saelens_checks(tmp_path):
                     None, IDS)
     with pytest.raises(InvalidArgument, match="residual-stream layer 0 is missing"):
         open_source(save("gap", ["blocks.1.hook_resid_pre"]), None, IDS)
+
+
+def test_arrays_damage_says_what_is_wrong_and_what_to_do(tmp_path):
+    cut = _arrays(tmp_path / "cut")
+    whole = (cut / "layer_1.npy").read_bytes()
+    (cut / "layer_1.npy").write_bytes(whole[:-8])  # numpy itself says only "mmap length is greater than file size"
+    with pytest.raises(InvalidArgument, match=r"layer_1.npy as .npy \(its header declares \(3, 4\) float32 "
+                                              rf"\({len(whole)} bytes\) but the file holds {len(whole) - 8}: cut "
+                                              r"short\?\): write it again with numpy.save"):
+        open_source(cut, None, IDS)
+    ids = _arrays(tmp_path / "ids")
+    (ids / "sample_ids.json").write_text("a, b, c")
+    with pytest.raises(InvalidArgument, match=r"sample_ids.json \(.*\): it must be a JSON list of sample id strings"):
+        open_source(ids, None, None)
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "layer_0.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(InvalidArgument, match=r"as safetensors \(.*\): write it again with safetensors' save_file"):
+        open_source(tmp_path / "st", None, IDS)
+
+
+def test_big_endian_floats_are_floats(tmp_path):
+    folder = tmp_path / "be"
+    folder.mkdir()
+    values = np.arange(36, dtype=np.float32).reshape(3, 3, 4)
+    for k in range(3):
+        np.save(folder / f"layer_{k}.npy", values[:, k].astype(">f4"))
+    source = open_source(folder, None, IDS)
+    assert source.dtype == "float32"
+    np.testing.assert_array_equal(source.pooled_rows(0, 3).numpy(), values)

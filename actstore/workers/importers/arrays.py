@@ -42,7 +42,8 @@ SAFETENSORS_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F
 
 def safetensors_failure(path: Path, exc: Exception) -> InvalidArgument:
     text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    return InvalidArgument(f"cannot read {path} as safetensors: {text}")
+    return InvalidArgument(f"cannot read {path} as safetensors ({text}): write it again with safetensors' save_file "
+                           "(docs/import.md)")
 
 
 class ArraysSource(ImportSource):
@@ -99,9 +100,9 @@ class ArraysSource(ImportSource):
             if "pickle" in str(exc).lower() or "python objects" in str(exc).lower():
                 raise InvalidArgument(f"{p} holds an object array, which is not loaded (no pickles): save floats") \
                     from None
-            raise InvalidArgument(f"cannot read {p} as .npy: {exc}") from None
+            raise InvalidArgument(f"cannot read {p} as .npy ({_npy_trouble(p, exc)}): {NPY_AGAIN}") from None
         except OSError as exc:
-            raise InvalidArgument(f"cannot read {p} as .npy: {exc}") from None
+            raise InvalidArgument(f"cannot read {p} as .npy ({exc}): {NPY_AGAIN}") from None
 
     def _open(self, p: Path):
         from safetensors import SafetensorError, safe_open
@@ -149,11 +150,34 @@ class ArraysSource(ImportSource):
                 f"{self.dtype})")
 
 
+NPY_AGAIN = "write it again with numpy.save (docs/import.md)"
+
+
+def _npy_trouble(path: Path, exc: Exception) -> str:
+    """What is wrong with a .npy file np.load refused: the size its header declares against the
+    file's (a cut-short file; numpy says only 'mmap length is greater than file size'), or numpy's
+    own words when the header itself does not parse."""
+    try:
+        with open(path, "rb") as f:
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(f)]
+            shape, _, dtype = read_header(f)
+            header = f.tell()
+        declared = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    except (ValueError, OSError, OverflowError, KeyError):
+        return f"its header is damaged: {str(exc).splitlines()[0][:120]}"
+    size = path.stat().st_size
+    if size < declared:
+        return f"its header declares {shape} {dtype} ({declared} bytes) but the file holds {size}: cut short?"
+    return str(exc).splitlines()[0][:120]
+
+
 def _read_ids(path: Path) -> list[str]:
     try:
         ids = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"cannot read {path}: {exc}") from None
+        raise InvalidArgument(f"cannot read {path} ({str(exc).splitlines()[0][:120]}): it must be a JSON list of "
+                              "sample id strings, one per sample, in the dataset's order") from None
     if not isinstance(ids, list) or not all(isinstance(s, str) for s in ids):
         raise InvalidArgument(f"{path} must be a JSON list of sample id strings")
     return ids

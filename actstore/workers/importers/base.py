@@ -87,13 +87,16 @@ def as_float32(values, where: str) -> torch.Tensor:
     """A float tensor or array as a float32 torch tensor (float64 narrowed)."""
     check_float(dtype_name(values.dtype), where)
     # a copy of a numpy slice: memory-mapped sources are read-only, which torch does not wrap
-    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(np.array(values))
+    # (in native byte order: torch takes no other)
+    tensor = values if isinstance(values, torch.Tensor) else torch.from_numpy(
+        np.array(values, dtype=values.dtype.newbyteorder("=")))
     return tensor.float()
 
 
 def dtype_name(dtype) -> str:
-    """'float16', 'bfloat16', 'int64', ... of a numpy or torch dtype."""
-    return str(dtype).removeprefix("torch.")
+    """'float16', 'bfloat16', 'int64', ... of a numpy or torch dtype (a numpy dtype's byte order
+    aside: '>f4' is float32)."""
+    return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
 
 
 def check_float(name: str, where: str) -> str:
