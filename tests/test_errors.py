@@ -95,7 +95,7 @@ def test_the_docstring_draws_the_tree_as_it_is():
 
 
 def test_the_client_raises_the_class_of_the_status():
-    from actstore.client import _raise_as_ours
+    from actstore.client.transport import _raise_as_ours
 
     class FakeRpcError(grpc.RpcError):
         def __init__(self, code):

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -60,7 +59,8 @@ from actstore.client.results import (
     RunVerdict,
     VerifyReport,
 )
-from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition, InvalidArgument
+from actstore.client.transport import MAX_MESSAGE_BYTES, Translating, read_ca, server_starter
+from actstore.errors import ERRORS_BY_CODE, ActStoreError, InvalidArgument
 from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, trained_model_name
 from actstore.wire import from_ndarray
 
@@ -71,86 +71,6 @@ __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Clien
            "RunInfo", "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
-SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
-
-MAX_MESSAGE_BYTES = 64 << 20
-
-
-_NO_SERVER = ("failed to connect to all addresses", "DNS resolution failed")  # gRPC's own, before any server
-
-
-def _raise_as_ours(exc: grpc.RpcError) -> None:
-    code, details = exc.code(), exc.details()
-    if code is grpc.StatusCode.UNAVAILABLE and details.startswith(_NO_SERVER):
-        details = (f"no actstore server answers ({details}): start one with `actstore serve`, or check the "
-                   "address (Client(address); the CLI's --address or ACTSTORE_ADDRESS)")
-    error = ERRORS_BY_CODE.get(code.name, ActStoreError)(details)
-    if type(error) is ActStoreError:
-        error.code = code.name
-    raise error from None
-
-
-class _Translating:
-    """Wraps a stub so every call raises actstore errors instead of grpc.RpcError, and a call after
-    the client is closed (`closed` set) FailedPrecondition instead of gRPC's ValueError."""
-
-    def __init__(self, stub, metadata: list[tuple[str, str]], closed: threading.Event) -> None:
-        self._stub = stub
-        self._metadata = metadata
-        self._closed = closed
-
-    def __getattr__(self, name: str):
-        method = getattr(self._stub, name)
-
-        @functools.wraps(method)
-        def call(request, **kwargs):
-            if self._closed.is_set():
-                raise FailedPrecondition("this Client is closed (its `with` block has ended, or close() was "
-                                         "called): make a new one")
-            try:
-                response = method(request, metadata=self._metadata, **kwargs)
-            except grpc.RpcError as exc:
-                _raise_as_ours(exc)
-            if isinstance(response, Iterator):
-                return _translating_stream(response)
-            return response
-
-        return call
-
-
-def _translating_stream(stream):
-    try:
-        yield from stream
-    except grpc.RpcError as exc:
-        _raise_as_ours(exc)
-
-
-def _server_starter(name: str = "embedded"):
-    """The server's `start_server(settings)` and its `Settings`, found through the entry point
-    group, so that importing the client never imports the server (torch, Ray, DuckDB, Zarr)."""
-    from importlib.metadata import entry_points
-
-    install = "pip install 'actstore[server]'"
-    found = list(entry_points(group=SERVER_ENTRY_POINTS, name=name))
-    if not found:
-        raise FailedPrecondition(f"no actstore server is installed (no {name!r} entry point in group "
-                                 f"{SERVER_ENTRY_POINTS!r}): {install} to run one in-process, or connect to "
-                                 "a running `actstore serve` with Client(address)")
-    try:
-        return found[0].load()
-    except ImportError as exc:
-        raise FailedPrecondition(f"the embedded server cannot be imported ({exc}): {install}") from None
-
-
-def read_ca(path: str | Path) -> bytes:
-    """The PEM bytes of a CA certificate file (for `root_certificates`)."""
-    try:
-        return Path(path).expanduser().read_bytes()
-    except OSError as exc:
-        raise FailedPrecondition(f"cannot read the TLS CA certificate {path} ({exc.strerror}): give the PEM file "
-                                 "that signed the server's certificate (--tls-ca, ACTSTORE_TLS_CA)") from None
-
-
 @checking_arguments
 class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin,
              EntropyMixin):
@@ -173,17 +93,16 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         metadata = [("authorization", f"Bearer {token}")] if token else []
         self.address = address
         self._closed = threading.Event()
-        self._catalog = _Translating(rpc.CatalogStub(self._channel), metadata, self._closed)
-        self._capture = _Translating(rpc.CaptureStub(self._channel), metadata, self._closed)
-        self._query = _Translating(rpc.QueryStub(self._channel), metadata, self._closed)
-        self._tokens = _Translating(tokens_pb2_grpc.TokensStub(self._channel), metadata, self._closed)
-        self._integrity = _Translating(rpc.IntegrityStub(self._channel), metadata, self._closed)
-        self._housekeeping = _Translating(rpc.HousekeepingStub(self._channel), metadata, self._closed)
-        self._planning = _Translating(planning_pb2_grpc.PlanningStub(self._channel), metadata, self._closed)
-        self._readers = _Translating(readers_pb2_grpc.ReadersStub(self._channel), metadata, self._closed)
+
+        def stub(kind):
+            return Translating(kind(self._channel), metadata, self._closed)
+
+        self._catalog, self._capture, self._query = stub(rpc.CatalogStub), stub(rpc.CaptureStub), stub(rpc.QueryStub)
+        self._tokens, self._integrity = stub(tokens_pb2_grpc.TokensStub), stub(rpc.IntegrityStub)
+        self._housekeeping, self._planning = stub(rpc.HousekeepingStub), stub(planning_pb2_grpc.PlanningStub)
+        self._readers, self._imports = stub(readers_pb2_grpc.ReadersStub), stub(imports_pb2_grpc.ImportsStub)
+        self._diagnostics = stub(diagnostics_pb2_grpc.DiagnosticsStub)
         self._connection = (token, root_certificates)  # for the connections of torch DataLoader workers
-        self._imports = _Translating(imports_pb2_grpc.ImportsStub(self._channel), metadata, self._closed)
-        self._diagnostics = _Translating(diagnostics_pb2_grpc.DiagnosticsStub(self._channel), metadata, self._closed)
         self._server = None
 
     @classmethod
@@ -191,7 +110,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         """Start an in-process server on a free loopback port (and a local Ray unless RAY_ADDRESS
         is set) owning the store at `path`; closing the client stops it. Needs the server extra:
         FailedPrecondition says how to install it if it is missing."""
-        start_embedded = _server_starter()
+        start_embedded = server_starter()
         if path is not None:
             settings["store"] = str(path)
         server = start_embedded(**{"port": 0, **settings})
