@@ -66,9 +66,6 @@ class EntropyPlanner(Planner):
                 f"{'--pooling tokens' if token_level else '--pooling mean (or cls/last) or give --align words'}")
         if metric == "dataset_entropy":
             self._check_normalization(record, options["normalization"])
-        if token_level:
-            accumulator = ent.PromptEntropyAccumulator if metric == "prompt_entropy" else ent.CurvatureAccumulator
-            self._check_prompts(metric, record, accumulator.min_tokens, 1)
         compute = {
             "dataset_entropy": self._dataset_entropy, "effective_rank": self._dataset_entropy,
             "prompt_entropy": self._prompt_metric, "curvature": self._prompt_metric,
@@ -94,16 +91,16 @@ class EntropyPlanner(Planner):
         if differ:
             raise InvalidArgument(f"preset {preset} fixes {', '.join(f'{k}={v}' for k, v in fixed.items())}; "
                                   f"drop {', '.join(differ)}")
-        # all three skip prompts of one token; dataset entropy needs two pooled prompts to compare
-        self._check_prompts(f"preset {preset} {metric}", record, 2, 2 if metric == "dataset_entropy" else 1)
         options = {"layers": layers, "preset": preset}
         return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
-                                              lambda: self._preset_values(metric, record, layers, fixed))
+                                              lambda: self._preset_values(preset, metric, record, layers, fixed))
 
-    def _check_prompts(self, what: str, run: RunRecord, least_tokens: int, least_prompts: int) -> None:
-        """Refuse a per-prompt metric of a run with fewer than `least_prompts` prompts of at least
-        `least_tokens` tokens (shorter ones are skipped), before any task runs."""
-        lengths = np.diff(self.arrays.offsets(run.run_key))
+    @staticmethod
+    def _check_prompts(what: str, run: RunRecord, offsets: np.ndarray, least_tokens: int,
+                       least_prompts: int) -> None:
+        """Refuse a per-prompt metric of a run (its token `offsets`) with fewer than `least_prompts`
+        prompts of at least `least_tokens` tokens (shorter ones are skipped), before any task runs."""
+        lengths = np.diff(offsets)
         enough = int(np.sum(lengths >= least_tokens))
         if enough < least_prompts:
             raise FailedPrecondition(f"{what} needs at least {least_prompts} prompt(s) of {least_tokens} or more "
@@ -121,7 +118,7 @@ class EntropyPlanner(Planner):
                                      f"{run.run_key[:12]} holds n={run.rows} samples of width d={run.width}; use "
                                      "--normalization raw, or capture at least 2 samples")
 
-    def _preset_values(self, metric: str, run: RunRecord, layers: list[int], fixed: dict):
+    def _preset_values(self, preset: str, metric: str, run: RunRecord, layers: list[int], fixed: dict):
         if metric == "dataset_entropy":  # a d x d sum and at most d pooled rows per layer
             self.checks.check_memory(2 * 8 * run.width**2 * len(layers),
                                      f"{len(layers)} d x d scatter matrices and pooled rows (d={run.width})")
@@ -130,6 +127,8 @@ class EntropyPlanner(Planner):
                                                                        fixed["clamp"]),
                 "curvature": presets.ReferenceCurvatureAccumulator}[metric]
         offsets = self.arrays.offsets(run.run_key)
+        # all three skip prompts of one token; dataset entropy needs two pooled prompts to compare
+        self._check_prompts(f"preset {preset} {metric}", run, offsets, 2, 2 if metric == "dataset_entropy" else 1)
         total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
         first = total.accumulators[0]
         finish = ((lambda acc: acc.finalize(fixed["alpha"], fixed["normalization"])) if metric == "dataset_entropy"
@@ -164,6 +163,8 @@ class EntropyPlanner(Planner):
         make = (lambda: ent.PromptEntropyAccumulator(options["alpha"], options["normalization"], options["clamp"])
                 ) if metric == "prompt_entropy" else (lambda: ent.CurvatureAccumulator(options["abs_cos"]))
         offsets = self.arrays.offsets(run.run_key)
+        accumulator = ent.PromptEntropyAccumulator if metric == "prompt_entropy" else ent.CurvatureAccumulator
+        self._check_prompts(metric, run, offsets, accumulator.min_tokens, 1)
         total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
         first = total.accumulators[0]
         notes = [f"{first.skipped} prompts were too short and skipped"] if first.skipped else []
