@@ -42,9 +42,16 @@ class Settings(BaseSettings):
     compressor: Literal["lz4", "zstd"] = "lz4"
     capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
     capture_concurrent_shards: int = Field(2, ge=1, le=8, description="capture tasks a model replica works on at "
-                                           "once, each writing its shards while the others compute: on CPU each "
-                                           "computes on its share of the replica's cores, on a GPU one at a time "
-                                           "(1: one after the other)")
+                                           "once on a CPU-only cluster, each writing its shards while the others "
+                                           "compute on their share of the replica's cores (1: one after the other)")
+    gpu_capture_tasks: int = Field(6, ge=1, le=32, description="capture tasks a GPU replica works on at once: one "
+                                   "computes on the GPU while the others tokenise or wait for their shards' writes "
+                                   "(Ray tasks on the node's CPUs), so the GPU does not wait on the store")
+    capture_replicas_per_gpu: int = Field(2, ge=1, le=8, description="model replicas that share one GPU, each "
+                                          "its own process with its own copy of the model: a small model's forward "
+                                          "passes are bound by the host launching their kernels (one Python "
+                                          "thread each), not by the GPU; 1 for a model that needs over half of "
+                                          "the GPU's memory")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
     replica_start_seconds: float = Field(300.0, gt=0, description="a capture fails (UNAVAILABLE) when its model "
                                          "replicas have not started in this time: no GPU came free, or the model "

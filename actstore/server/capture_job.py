@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -194,6 +195,7 @@ class CaptureJobs:
 
     def _create_arrays(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord,
                        known: dict) -> RunLayout:
+        started = time.perf_counter()
         offsets = None
         rows = dataset.n
         if spec["pooling"] == "tokens":
@@ -210,6 +212,8 @@ class CaptureJobs:
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
         if offsets is not None and known["spans"] is not None:  # where each token lies in its text
             self.arrays.write_char_spans(key, known["spans"])
+        log.info("run %s created in %.2f s (%d rows, %d shards)", key[:12], time.perf_counter() - started, rows,
+                 layout.num_shards)
         return layout
 
     def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
@@ -217,41 +221,52 @@ class CaptureJobs:
         plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, pooling=layout.pooling,
                            max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
-        actors = self.pool.acquire(first.model.digest, first.model.path)
-        # one more than a replica works on at once: the next task is already there when a slot frees
-        in_flight = self.settings.capture_concurrent_shards + 1
+        started = time.perf_counter()
+        actors, tasks_per_replica = self.pool.acquire(first.model.digest, first.model.path)
+        ready = time.perf_counter()
         broken = True
         try:
+            # one more than a replica works on at once: the next task is already there when a slot frees
             complete = fill_shards(
                 self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
-                ReplicaRouter(actors, plan), in_flight * len(actors), "a capture worker failed", "capture",
-                shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors), bugs_internal=True)
+                ReplicaRouter(actors, plan), (tasks_per_replica + 1) * len(actors), "a capture worker failed",
+                "capture", shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors),
+                bugs_internal=True)
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
         if not complete:
             raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
+        written = time.perf_counter()
         for o in opened:
             commit(self.catalog, self.arrays, o.record)
+        log.info("capture of run %s: %d shards x %d run(s); %d replica(s) ready in %.2f s, shards written in %.2f s, "
+                 "committed in %.2f s", first.record.run_key[:12], layout.num_shards, len(opened), len(actors),
+                 ready - started, written - ready, time.perf_counter() - written)
 
 
 class ReplicaRouter:
-    """Deals a capture's tasks over its replicas, a task's first shard picking its replica. The
-    dispatcher sends a task again only when its replica was lost (a node left, the actor died), so
-    a task seen again marks the replica it went to as lost, and it and every later task go to the
-    replicas not lost. When all are lost, tasks go where they first went, and fail saying why."""
+    """Deals a capture's tasks over its replicas in turn. The dispatcher sends a task again only
+    when its replica was lost (a node left, the actor died), so a task seen again marks the
+    replica it went to as lost, and it and every later task go to the replicas not lost. When all
+    are lost, tasks go where they first went, and fail saying why.
+
+    In turn, not by a task's first shard: a task of an even number of shards (a token-level
+    capture's) starts at an even shard, and two replicas dealt by shard number got every task on one."""
 
     def __init__(self, actors: list, plan: CapturePlan) -> None:
         self.actors = actors
         self.plan = plan
         self.sent: dict[tuple[int, ...], int] = {}
         self.lost: set[int] = set()
+        self.dealt = 0
 
     def __call__(self, shards: tuple[int, ...], keys: tuple[str, ...]) -> ray.ObjectRef:
         if shards in self.sent:
             self.lost.add(self.sent[shards])
         live = [i for i in range(len(self.actors)) if i not in self.lost] or range(len(self.actors))
-        replica = self.sent[shards] = live[shards[0] % len(live)]
+        replica = self.sent[shards] = live[self.dealt % len(live)]
+        self.dealt += 1
         return self.actors[replica].capture.remote(self.plan, shards, keys)
 
 

@@ -6,6 +6,11 @@ outlive a job and serve the next capture of the same model. Idle replicas are re
 new model gets a GPU. CPU replicas reserve no logical CPU: metric tasks can always be scheduled
 beside an idle replica.
 
+On a GPU cluster each GPU holds `capture_replicas_per_gpu` replicas (each a share of it): a
+replica is one Python thread launching the forward's kernels, and for a small model that thread,
+not the GPU, sets the pace. Each replica works on `gpu_capture_tasks` tasks at once, one of them
+on the GPU, the others tokenising or waiting for their shards' writes.
+
 A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
 restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
 replica is started afresh, by the same placement rule over the nodes alive now.
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actstore.config import Settings
 from actstore.errors import Unavailable
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
@@ -45,27 +51,30 @@ def gpus_free_within(wanted: float, seconds: float) -> float:
 class _Replicas:
     actors: list
     placed: list  # each replica's node_id() ref, asked once it started: the node it was placed on
+    gpus: float  # the GPUs they hold together (0 on a CPU cluster)
     busy: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
 
 class CapturePool:
-    def __init__(self, store: StoreHandle, replicas_per_model: int, idle_seconds: float,
-                 concurrent_shards: int, start_seconds: float) -> None:
+    def __init__(self, store: StoreHandle, settings: Settings) -> None:
         self.store = store
-        self.start_seconds = start_seconds  # a replica loads its model before it answers where it runs
-        self.concurrent_shards = concurrent_shards
+        self.start_seconds = settings.replica_start_seconds  # a replica loads its model before it answers where it runs
+        self.concurrent_shards = settings.capture_concurrent_shards
+        self.gpu_tasks = settings.gpu_capture_tasks
+        self.replicas_per_gpu = settings.capture_replicas_per_gpu
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         self._prefix = f"capture-{hashlib.sha256(store.root.encode()).hexdigest()[:8]}"
-        self.replicas_per_model = replicas_per_model
-        self.idle_seconds = idle_seconds
+        self.replicas_per_model = settings.capture_actors
+        self.idle_seconds = settings.actor_idle_seconds
         self._lock = threading.Lock()
         self._pool: dict[str, _Replicas] = {}
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_forever, name="capture-pool-reaper", daemon=True)
         self._reaper.start()
 
-    def acquire(self, digest: str, model_path: str) -> list:
+    def acquire(self, digest: str, model_path: str) -> tuple[list, int]:
+        """The model's replicas (started now if none are warm) and how many tasks each works on at once."""
         with self._lock:
             entry = self._pool.get(digest)
             lost = self._lost(digest, entry) if entry is not None else []
@@ -79,18 +88,22 @@ class CapturePool:
                 if gpus:
                     self._release_idle(keep=digest, older_than=0.0)
                     self._await_free_gpus(digest, gpus)
-                placements = [({"num_gpus": 1}, None)] * gpus if gpus else self._cpu_placements()
+                # no logical CPU for a GPU replica either: its shards' writes are one-CPU tasks on its
+                # node, and replicas holding a node's CPUs would wait on writes that never start
+                gpu = {"num_gpus": 1 / self.replicas_per_gpu, "num_cpus": 0}
+                placements = [(gpu, None)] * (gpus * self.replicas_per_gpu) if gpus else self._cpu_placements()
                 actors = [self._start(digest, i, model_path, resources, threads)
                           for i, (resources, threads) in enumerate(placements)]
                 if gpus:
                     self._await_gpu_replicas(digest, actors)
                 else:
                     self._correct_placement(digest, model_path, actors, placements)
-                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors])
+                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors], gpus)
                 lost = [False] * len(actors)
             entry.busy += 1
             # in use by another job, the lost ones stay until it ends (its retries go around them)
-            return [actor for actor, gone in zip(entry.actors, lost) if not gone] or list(entry.actors)
+            live = [actor for actor, gone in zip(entry.actors, lost) if not gone] or list(entry.actors)
+            return live, self.gpu_tasks if entry.gpus else self.concurrent_shards
 
     def _lost(self, digest: str, entry: _Replicas) -> list[bool]:
         """Which replicas are lost: dead (their name is free again), or placed on a node that is no
@@ -114,13 +127,14 @@ class CapturePool:
         # a GPU replica one at a time, and leaves its shards' writes to its node's CPUs
         forwards = min(self.concurrent_shards, threads) if threads else 1
         remote_writes = "num_gpus" in resources
+        tasks = self.gpu_tasks if remote_writes else self.concurrent_shards
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
         self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
         return ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
-            max_concurrency=self.concurrent_shards, **resources,
+            max_concurrency=tasks, **resources,
         ).remote(model_path, self.store, threads, forwards, remote_writes)
 
     def _await_free_gpus(self, digest: str, gpus: int) -> None:
@@ -219,16 +233,18 @@ class CapturePool:
         for actor in self._pool.pop(digest).actors:
             ray.kill(actor)
 
-    def _release_idle(self, keep: str | None, older_than: float) -> int:
+    def _release_idle(self, keep: str | None, older_than: float) -> float:
+        """Kill the idle replicas (but those of model `keep`) unused for `older_than` seconds; the
+        GPUs they held."""
         now = time.monotonic()
         idle = [d for d, e in self._pool.items() if d != keep and e.busy == 0 and now - e.last_used >= older_than]
-        released = sum(len(self._pool[digest].actors) for digest in idle)
+        released = sum(self._pool[digest].gpus for digest in idle)
         for digest in idle:
             self._kill(digest)
         return released
 
     def release_idle_gpus(self) -> None:
-        """Release every idle replica now, on a GPU cluster (where each holds a whole GPU), for
+        """Release every idle replica now, on a GPU cluster (where replicas hold the GPUs), for
         other work that asks for a GPU, and wait (at most `GPU_RELEASE_SECONDS`) until Ray counts
         their GPUs free: it frees a killed actor's resources a moment after the kill. Busy
         replicas keep theirs."""

@@ -67,8 +67,7 @@ class ActStoreService:
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
                                self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)
         cluster.ensure_ray(self.settings.ray_address)
-        self.capture_pool = CapturePool(self.store, self.settings.capture_actors, self.settings.actor_idle_seconds,
-                                        self.settings.capture_concurrent_shards, self.settings.replica_start_seconds)
+        self.capture_pool = CapturePool(self.store, self.settings)
         self.registrar = Registrar(self.catalog, self.store, self.settings)
         self.captures = CaptureJobs(self.catalog, self.store, self.jobs, self.capture_pool, self.settings)
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)

@@ -17,6 +17,7 @@ task's ends are computed by both neighbouring tasks, and each writes only its ow
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import crc32c
@@ -210,6 +211,8 @@ class ShardCapturer:
         self._datasets: dict[str, DatasetData] = {}
         self._offsets: dict[str, np.ndarray] = {}
         self._compute = threading.BoundedSemaphore(forwards)
+        self._spent = {"tasks": 0, "tokenising": 0.0, "waiting": 0.0, "computing": 0.0, "writing": 0.0}
+        self._counting = threading.Lock()
         # a fast tokenizer is one Rust object: a call that changes its truncation (another max_len)
         # while another call encodes fails with "Already borrowed"
         self._tokenizing = threading.Lock()
@@ -217,6 +220,19 @@ class ShardCapturer:
     def node_id(self) -> str:
         """The Ray node this replica runs on (answered once its model is loaded)."""
         return ray.get_runtime_context().get_node_id()
+
+    def spent(self) -> dict[str, float]:
+        """The tasks this replica finished and the seconds they spent, summed over its concurrent
+        tasks: tokenising, waiting for the compute slot, computing (forward passes, cast and
+        reductions, the copy to the host) and writing (their shards' writes, remote or inline)."""
+        with self._counting:
+            return dict(self._spent)
+
+    def _count(self, **seconds: float) -> None:
+        with self._counting:
+            self._spent["tasks"] += 1
+            for phase, value in seconds.items():
+                self._spent[phase] += value
 
     def _data(self, plan: CapturePlan) -> DatasetData:
         if plan.dataset_path not in self._datasets:
@@ -290,16 +306,26 @@ class ShardCapturer:
         token_ids = None
         sites = [site for site, _ in wanted]
         bounds = [tuple(bound - start for bound in layout.shard_range(shard)) for shard in shards]
+        started = time.perf_counter()
         batches, begin = self._batches(plan, start, stop)  # before the compute slot: beside another's forward
+        tokenised = time.perf_counter()
         with self._compute:
+            computing = time.perf_counter()
             if layout.pooling == "tokens":
                 values, token_ids = self._tokens(batches, sites, layout.dtype, begin, stop - start)
             else:
                 values = self._pooled(batches, sites, layout.pooling)
             prepared = {site: prepare_shards(values[site], bounds, layout.dtype) for site in sites}
+        computed = time.perf_counter()
         del values, batches
         writes = [(key, shard, prepared[site][i], None if token_ids is None else token_ids[lo:hi])
                   for i, (shard, (lo, hi)) in enumerate(zip(shards, bounds)) for site, key in wanted]
+        tables = self._write(writes)
+        self._count(tokenising=tokenised - started, waiting=computing - tokenised, computing=computed - computing,
+                    writing=time.perf_counter() - computed)
+        return tables
+
+    def _write(self, writes: list[tuple]) -> list[dict[str, list]]:
         if not self.remote_writes:
             return [write_prepared(self.arrays, *write) for write in writes]
         here = NodeAffinitySchedulingStrategy(self.node_id(), soft=True)

@@ -18,6 +18,7 @@ import torch
 from actstore.client import Client
 from actstore.errors import InvalidArgument, NotFound, Unavailable
 from actstore.server.app import start_server
+from actstore.server.capture_job import shards_per_task
 from tests.conftest import make_settings
 from tests.factories import sentences
 
@@ -175,7 +176,7 @@ def test_a_replica_lost_mid_capture_and_between_captures_costs_only_time(tmp_pat
     the other, and the run equals a capture by one replica that nothing happened to, byte for byte.
     The next capture on the warm pool gets live replicas only (the pool starts the lost one afresh)."""
     if ray.cluster_resources().get("GPU"):
-        pytest.skip("a GPU cluster runs one replica per GPU, not capture_actors CPU replicas")
+        pytest.skip("a GPU cluster runs capture_replicas_per_gpu replicas a GPU, not capture_actors CPU replicas")
     texts = sentences(240, seed=5)
     reference_model = client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=texts, name="big")
@@ -204,11 +205,21 @@ def test_a_replica_lost_mid_capture_and_between_captures_costs_only_time(tmp_pat
             while lost in ray.util.list_named_actors():  # Ray has it dead: the pool can see it
                 time.sleep(0.1)
             assert other.capture("bert", "big", pooling="mean").run_key
-            actors = pool.acquire(model.digest, running.service.catalog.model("bert").path)
+            actors, _ = pool.acquire(model.digest, running.service.catalog.model("bert").path)
             try:
                 assert len(ray.get([actor.node_id.remote() for actor in actors], timeout=60)) == 2
+                before = [spent["tasks"] for spent in ray.get([actor.spent.remote() for actor in actors])]
             finally:
                 pool.release(model.digest)
+
+            # a token-level capture's tasks span an even number of shards here, so each starts at an
+            # even shard: both replicas still get tasks (dealt in turn, not by shard number)
+            tokens = other.capture("bert", "big", pooling="tokens").run_key
+            service = running.service
+            per_task = shards_per_task(service.arrays.layout(tokens), service.settings.capture_batch_size)
+            assert per_task % 2 == 0 and other.describe(tokens).num_shards > 2 * per_task
+            after = [spent["tasks"] for spent in ray.get([actor.spent.remote() for actor in actors])]
+            assert all(later > earlier for later, earlier in zip(after, before)), (before, after)
     finally:
         running.stop()
 
