@@ -47,11 +47,10 @@ class Settings(BaseSettings):
     gpu_capture_tasks: int = Field(6, ge=1, le=32, description="capture tasks a GPU replica works on at once: one "
                                    "computes on the GPU while the others tokenise or wait for their shards' writes "
                                    "(Ray tasks on the node's CPUs), so the GPU does not wait on the store")
-    capture_replicas_per_gpu: int = Field(2, ge=1, le=8, description="model replicas that share one GPU, each "
+    capture_replicas_per_gpu: int = Field(1, ge=1, le=8, description="model replicas that share one GPU, each "
                                           "its own process with its own copy of the model: a small model's forward "
-                                          "passes are bound by the host launching their kernels (one Python "
-                                          "thread each), not by the GPU; 1 for a model that needs over half of "
-                                          "the GPU's memory")
+                                          "passes can be bound by the one Python thread launching their kernels, "
+                                          "not by the GPU; more than 1 only for a model that fits that many times")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
     replica_start_seconds: float = Field(300.0, gt=0, description="a capture fails (UNAVAILABLE) when its model "
                                          "replicas have not started in this time: no GPU came free, or the model "

@@ -46,8 +46,13 @@ step tests "passed|failed|^(FAILED|ERROR)" "$PYTHON" -m pytest -q -p no:cachepro
     tests/metrics/test_devices.py tests/workers/test_models.py tests/workers/test_capture.py \
     tests/server/test_capture.py tests/server/test_metric_devices.py
 step metric_device "ratio|device|roofline" "$PYTHON" bench/metric_device.py
-step capture_tokens "ratio|stored:|baseline|bare forward" \
+cp bench/out/metric_device.json "$OUT_DIR/" 2>/dev/null
+# the capture job's own line for each capture (laid out, replicas ready, shards written, committed)
+# and each replica's account (tokenising, waiting, computing, writing) say where a slow one went
+step capture_tokens "ratio|stored:|baseline|bare forward|capture,|job:|replica [0-9]" \
     "$PYTHON" bench/capture_throughput.py --pooling tokens --n "$CAPTURE_N"
+cp bench/out/capture_throughput.json "$OUT_DIR/capture_tokens.json" 2>/dev/null
 step capture_pooled "ratio|baseline" "$PYTHON" bench/capture_throughput.py
+cp bench/out/capture_throughput.json "$OUT_DIR/capture_pooled.json" 2>/dev/null
 
 cat "$summary"

@@ -39,7 +39,7 @@ from actstore.store.catalog import (
 )
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import run_key, run_spec, site_of
-from actstore.workers.capture import CapturePlan, token_rows
+from actstore.workers.capture import CapturePlan
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,7 @@ class CaptureJobs:
         rows = dataset.n
         if spec["pooling"] == "tokens":
             if "offsets" not in known:  # once for every site's run of the same pass: one tokenisation
-                task = ray.remote(num_cpus=1)(token_rows).remote(self.store, model.path, dataset.path,
-                                                                  spec["max_len"])
+                task = self.pool.token_rows(model.path, dataset.path, spec["max_len"])
                 known["offsets"], known["spans"] = get_or_raise(task, lambda cause: Unavailable(
                     f"tokenising the dataset failed: {cause}"))
             offsets = known["offsets"]

@@ -6,10 +6,13 @@ outlive a job and serve the next capture of the same model. Idle replicas are re
 new model gets a GPU. CPU replicas reserve no logical CPU: metric tasks can always be scheduled
 beside an idle replica.
 
-On a GPU cluster each GPU holds `capture_replicas_per_gpu` replicas (each a share of it): a
-replica is one Python thread launching the forward's kernels, and for a small model that thread,
-not the GPU, sets the pace. Each replica works on `gpu_capture_tasks` tasks at once, one of them
-on the GPU, the others tokenising or waiting for their shards' writes.
+On a GPU cluster each GPU holds `capture_replicas_per_gpu` replicas (default 1; each a share of
+it): a replica is one Python thread launching the forward's kernels, and for a small model that
+thread, not the GPU, can set the pace. Each replica works on `gpu_capture_tasks` tasks at once,
+one of them on the GPU, the others tokenising or waiting for their shards' writes.
+
+A token-level capture's layout (its token count per prompt) comes from this server's one warm
+`TokenLayouts` process, which keeps the tokenizers it loaded.
 
 A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
 restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
@@ -64,12 +67,18 @@ class CapturePool:
         self.gpu_tasks = settings.gpu_capture_tasks
         self.replicas_per_gpu = settings.capture_replicas_per_gpu
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
-        self._prefix = f"capture-{hashlib.sha256(store.root.encode()).hexdigest()[:8]}"
+        tag = hashlib.sha256(store.root.encode()).hexdigest()[:8]
+        self._prefix = f"capture-{tag}"
+        self.layouts_name = f"token-layouts-{tag}"
         self.replicas_per_model = settings.capture_actors
         self.idle_seconds = settings.actor_idle_seconds
         self._lock = threading.Lock()
         self._pool: dict[str, _Replicas] = {}
         self._stop = threading.Event()
+        self._layouts_lock = threading.Lock()
+        self._layouts = None  # the `TokenLayouts` actor, once started
+        # when it was last asked, and the answer until it came
+        self._layouts_asked: tuple[float, ray.ObjectRef | None] | None = None
         self._reaper = threading.Thread(target=self._reap_forever, name="capture-pool-reaper", daemon=True)
         self._reaper.start()
 
@@ -218,6 +227,34 @@ class CapturePool:
     def actor_name(self, digest: str, replica: int) -> str:
         return f"{self._prefix}-{digest[:12]}-{replica}"
 
+    def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
+        """The ref of a token-level run's layout (`TokenLayouts.rows`), from this server's warm
+        `TokenLayouts` process (started on first use, and again if it was lost)."""
+        from actstore.workers.capture import TokenLayouts
+
+        with self._layouts_lock:
+            # the pool keeps the handle: Ray ends an actor once no handle to it is left
+            if self._layouts is None or self.layouts_name not in ray.util.list_named_actors():  # lost for good
+                self._layouts = ray.remote(TokenLayouts).options(name=self.layouts_name, num_cpus=0, max_restarts=2,
+                                                                 max_task_retries=2).remote(self.store)
+            ref = self._layouts.rows.remote(model_path, dataset_path, max_len, spans)
+            self._layouts_asked = (time.monotonic(), ref)
+            return ref
+
+    def _release_idle_layouts(self) -> None:
+        """End the `TokenLayouts` process once it has answered and idled `idle_seconds`, as replicas are."""
+        with self._layouts_lock:
+            if self._layouts is None or self._layouts_asked is None:
+                return
+            asked, ref = self._layouts_asked
+            if ref is not None:
+                if not ray.wait([ref], timeout=0)[0]:
+                    return  # still tokenising
+                self._layouts_asked = (asked, None)  # the answer's object can go once its caller has it
+            if time.monotonic() - asked >= self.idle_seconds:
+                ray.kill(self._layouts)
+                self._layouts = self._layouts_asked = None
+
     def release(self, digest: str, broken: bool = False) -> None:
         """Hand the replicas back; `broken` ones (a failed job) are killed rather than kept."""
         with self._lock:
@@ -259,9 +296,14 @@ class CapturePool:
         while not self._stop.wait(min(5.0, self.idle_seconds)):
             with self._lock:
                 self._release_idle(keep=None, older_than=self.idle_seconds)
+            self._release_idle_layouts()
 
     def shutdown(self) -> None:
         self._stop.set()
         with self._lock:
             for digest in list(self._pool):
                 self._kill(digest)
+        with self._layouts_lock:
+            if self._layouts is not None:
+                ray.kill(self._layouts)
+                self._layouts = self._layouts_asked = None

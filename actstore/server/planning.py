@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ray
-
 from actstore.errors import Unavailable
 from actstore.metrics import similarity as sim
 from actstore.server import cka_job
@@ -23,7 +21,6 @@ from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import QueryParts
 from actstore.server.tiling import row_itemsize
 from actstore.store.catalog import Catalog, RunRecord
-from actstore.workers.capture import token_rows
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 SIMILAR_RUNS = 5  # committed runs the compression is measured on
@@ -95,8 +92,7 @@ class CostPlanner:
         for run in self.catalog.runs(model_digest, dataset.digest):  # any site's run counted them already
             if run.pooling == "tokens" and run.max_len == options["max_len"]:
                 return run.rows
-        task = ray.remote(num_cpus=1)(token_rows).remote(self.captures.store, model_path, dataset.path,
-                                                          options["max_len"], spans=False)
+        task = self.captures.pool.token_rows(model_path, dataset.path, options["max_len"], spans=False)
         offsets, _ = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
         return int(offsets[-1])
 

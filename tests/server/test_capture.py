@@ -109,9 +109,12 @@ def test_other_storage_dtypes(client, registered, tiny_models, dtype):
     stored = _read_all(client, run, 3)
     assert stored.dtype == np.float32
     expected = _reference_pooled(tiny_models["bert"], registered, "cls")
-    tol = 1e-5 if dtype == "float32" else 1e-2
+    # the reference runs on the CPU; on a GPU cluster the capture computed on the GPU, whose float32
+    # kernels round differently (another summation order, another attention kernel)
+    on_gpu = bool(ray.cluster_resources().get("GPU"))
+    tol = (1e-4 if on_gpu else 1e-5) if dtype == "float32" else 1e-2
     np.testing.assert_allclose(stored, expected, rtol=tol, atol=tol)
-    if dtype == "bfloat16":  # the bf16 values are exactly representable: the cast is the only loss
+    if dtype == "bfloat16" and not on_gpu:  # the bf16 values are exactly representable: the cast is the only loss
         np.testing.assert_array_equal(stored, torch.from_numpy(expected).bfloat16().float().numpy())
 
 
@@ -135,6 +138,35 @@ def test_token_level_capture(client, registered, tiny_models):
         for i, text in enumerate(registered):
             hs = model(**tok([text], return_tensors="pt"), output_hidden_states=True).hidden_states[2][0]
             np.testing.assert_allclose(values[starts[i]:starts[i + 1]].astype(np.float32), hs.numpy(), atol=2e-3)
+
+
+def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_path, tiny_models):
+    """A server lays out token-level runs in one `TokenLayouts` actor (its tokenizers stay loaded):
+    one killed for good is started again on the next layout, and it stops with its server."""
+    running = start_server(make_settings(tmp_path / "layouts"))
+    name = running.service.capture_pool.layouts_name
+    try:
+        with Client(f"127.0.0.1:{running.port}") as other:
+            other.register_model(tiny_models["bert"], name="bert")
+            other.register_dataset(texts=sentences(12, seed=3), name="few")
+            first = other.capture("bert", "few", pooling="tokens").run_key
+            layouts = ray.get_actor(name)
+            shorter = other.capture("bert", "few", pooling="tokens", max_len=6).run_key  # another layout
+            assert other.describe(shorter).rows < other.describe(first).rows
+            assert ray.get_actor(name) == layouts  # the same process, still warm
+
+            ray.kill(layouts, no_restart=True)
+            while name in ray.util.list_named_actors():
+                time.sleep(0.1)
+            again = other.capture("bert", "few", pooling="tokens", max_len=5).run_key
+            assert other.describe(again).rows < other.describe(shorter).rows
+            assert ray.get_actor(name) != layouts
+    finally:
+        running.stop()
+    deadline = time.monotonic() + 30
+    while name in ray.util.list_named_actors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert name not in ray.util.list_named_actors()
 
 
 def test_token_level_tasks_run_full_batches():
