@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run: the CUDA tests, then the GPU benchmarks (metric device,
-# token-level and pooled capture throughput). CI has no GPU, and these tests skip there; run this
+# The checks that need a GPU, in one run: the GPU benchmarks (metric device, token-level and pooled
+# capture throughput), then the CUDA tests (last: on a lent machine with minutes of device time,
+# the numbers come back first). CI has no GPU, and these tests skip there; run this
 # on a machine with one (`make gpu-check`, or `bash scripts/gpu_check.sh OUT_DIR` where the
 # project is already installed) and put the numbers in the closing note.
 #
@@ -40,11 +41,6 @@ step() {
     grep -E "$pattern" "$OUT_DIR/$name.log" | tail -20 >> "$summary"
 }
 
-# the CUDA cases of the metric accumulators and of the model adapter, then capture and queries on a
-# cluster whose Ray sees the GPU (the capture replicas take it, metric tasks a share)
-step tests "passed|failed|^(FAILED|ERROR)" "$PYTHON" -m pytest -q -p no:cacheprovider --timeout 300 \
-    tests/metrics/test_devices.py tests/workers/test_models.py tests/workers/test_capture.py \
-    tests/server/test_capture.py tests/server/test_metric_devices.py
 step metric_device "ratio|device|roofline" "$PYTHON" bench/metric_device.py
 cp bench/out/metric_device.json "$OUT_DIR/" 2>/dev/null
 # the capture job's own line for each capture (laid out, replicas ready, shards written, committed)
@@ -54,5 +50,11 @@ step capture_tokens "ratio|stored:|baseline|bare forward|capture,|job:|replica [
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_tokens.json" 2>/dev/null
 step capture_pooled "ratio|baseline" "$PYTHON" bench/capture_throughput.py
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_pooled.json" 2>/dev/null
+
+# the CUDA cases of the metric accumulators and of the model adapter, then capture and queries on a
+# cluster whose Ray sees the GPU (the capture replicas take it, metric tasks a share)
+step tests "passed|failed|^(FAILED|ERROR)" "$PYTHON" -m pytest -q -p no:cacheprovider -rfE --tb=short --timeout 300 \
+    tests/metrics/test_devices.py tests/workers/test_models.py tests/workers/test_capture.py \
+    tests/server/test_capture.py tests/server/test_metric_devices.py
 
 cat "$summary"

@@ -17,14 +17,10 @@ import torch
 from torch import nn
 
 from actstore.errors import InvalidArgument
-from actstore.modeling.tokens import load_tokenizer
+from actstore.modeling.tokens import LOAD_HINT, load_tokenizer
 
-__all__ = ["LOAD_HINT", "load_folder", "model_class", "skeleton"]
+__all__ = ["load_folder", "model_class", "skeleton"]
 
-LOAD_HINT = (
-    "pass a local Hugging Face model folder saved with save_pretrained (config.json with "
-    "'architectures', complete model.safetensors, and a tokenizer for text models)"
-)
 
 
 def model_class(path: Path) -> tuple[Any, Any]:

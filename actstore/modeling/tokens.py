@@ -19,9 +19,16 @@ import numpy as np
 
 from actstore.errors import InvalidArgument
 
-__all__ = ["TOKENIZER_FILES", "load_tokenizer", "token_layout"]
+__all__ = ["LOAD_HINT", "TOKENIZER_FILES", "load_tokenizer", "token_layout"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+
+
+# what to do about a model folder that cannot be loaded (here and in `modeling.loading`)
+LOAD_HINT = (
+    "pass a local Hugging Face model folder saved with save_pretrained (config.json with "
+    "'architectures', complete model.safetensors, and a tokenizer for text models)"
+)
 
 
 def load_tokenizer(path: Path, hint: str) -> Any | None:

@@ -34,6 +34,7 @@ from actstore.config import Settings
 from actstore.errors import Unavailable
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
+from actstore.workers.layouts import TokenLayouts
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +231,6 @@ class CapturePool:
     def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
         """The ref of a token-level run's layout (`TokenLayouts.rows`), from this server's warm
         `TokenLayouts` process (started on first use, and again if it was lost)."""
-        from actstore.workers.capture import TokenLayouts
-
         with self._layouts_lock:
             # the pool keeps the handle: Ray ends an actor once no handle to it is left
             if self._layouts is None or self.layouts_name not in ray.util.list_named_actors():  # lost for good

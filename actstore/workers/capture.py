@@ -24,21 +24,16 @@ import crc32c
 import numpy as np
 import ray
 import torch
-from cachetools import LRUCache
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actstore.errors import InvalidArgument
 from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import Batch, ModelAdapter
-from actstore.modeling.loading import LOAD_HINT
-from actstore.modeling.tokens import load_tokenizer, token_layout
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 from actstore.workers.cluster import unwrap
 
 _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
-TOKENIZERS_KEPT = 8  # models whose tokenizer a `TokenLayouts` keeps loaded
 
 
 @dataclass(frozen=True)
@@ -366,32 +361,3 @@ def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: Prepa
     stats = LayerStats.empty(stored.shape[1]).update(numbers).to_dict()
     arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # in the shard object
     return rows
-
-
-class TokenLayouts:
-    """Token-level run layouts, from one warm process per server (an actor of no logical CPU): the
-    tokenizers it loaded stay loaded, so a layout costs its tokenisation alone. As a one-CPU Ray
-    task, a layout ran on whichever worker was free, and right after a capture that was a shard
-    writer that had never tokenised: it paid the tokenizer's imports first (0.8 s on this 2-core
-    machine; 7.5 s, and once over 50 s, on a 16-core GPU node), and it waited for a free CPU."""
-
-    def __init__(self, store: StoreHandle) -> None:
-        self.store = store
-        self._tokenizers: LRUCache = LRUCache(maxsize=TOKENIZERS_KEPT)
-
-    def rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True
-             ) -> tuple[np.ndarray, np.ndarray | None]:
-        """A token-level run's offsets (prompt i owns token rows offsets[i]:offsets[i+1]) and every
-        row's character span in its text (`modeling.tokens`; None without ``spans`` or a fast
-        tokenizer), from the model's tokenizer alone."""
-        tokenizer = self._tokenizers.get(model_path)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(self.store.local(model_path), LOAD_HINT)
-            if tokenizer is None:
-                raise InvalidArgument("a token-level capture needs a text model with a tokenizer; this model has none")
-            self._tokenizers[model_path] = tokenizer
-        data = load_dataset(self.store.local(dataset_path))
-        if data.kind != "text":
-            raise InvalidArgument("a token-level capture needs a text dataset")
-        counts, char_spans = token_layout(tokenizer, model_inputs(data, 0, data.n), max_len, spans)
-        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), char_spans
