@@ -12,6 +12,8 @@ client agree with the tables.
     resolve(ENTROPY, "permutations", 10**9, limits=settings)
                                          -> ResourceExhausted: over the server's max_dime_permutations
     from_wire(ENTROPY, "alpha", 0.0)     -> 1.0 (proto3: a zero value means "not given")
+    from_message(ENTROPY, "alpha", EntropyRequest(alpha=0.0))
+                                         -> InvalidArgument (an `optional` field set to 0 is given)
 
 Every float must be finite. An option's `limit` names the server setting (actstore.config.Settings)
 that caps it; the server passes its settings as `limits`, so the cap is enforced where the request
@@ -189,6 +191,16 @@ def resolve(table: Table, name: str, value: Any = None, limits: Any = None) -> A
 def from_wire(table: Table, name: str, value: Any, limits: Any = None) -> Any:
     """Resolve a proto3 field: its zero value ("" / 0 / 0.0 / False / []) means not given."""
     return resolve(table, name, value if value else None, limits)
+
+
+def from_message(table: Table, name: str, message: Any, limits: Any = None) -> Any:
+    """Resolve field `name` of a request message. A field with presence (`optional` in the
+    .proto: the numeric options whose 0 is no valid value) is given when set, 0 included, so the
+    table refuses an explicit 0 as the CLI and client do; any other field as `from_wire`."""
+    value = getattr(message, name)
+    if message.DESCRIPTOR.fields_by_name[name].has_presence:
+        return resolve(table, name, value if message.HasField(name) else None, limits)
+    return from_wire(table, name, value, limits)
 
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

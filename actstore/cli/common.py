@@ -75,8 +75,8 @@ def add_option(p: argparse.ArgumentParser, table: Table, name: str, *flags: str,
 
 def option_type(option: Option):
     """The argparse type of a flag for `option`: the text converted, then checked by the table. So a
-    value the table refuses is a usage error with the table's message, among them a 0 that a request
-    would carry as "not given" (the server would answer with the default: k=0 would give k=10)."""
+    value the table refuses is a usage error with the table's message (a 0 among them, which the
+    server refuses too), before any connection is made."""
     convert = _list_of(option.type) if option.many else option.type
 
     def parse(text: str):

@@ -154,7 +154,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                          group_column: str | None = None, augment_views: int = DATASETS.augment_views.default,
                          augment_method: str | None = DATASETS.augment_method.default) -> DatasetInfo:
         request = pb.RegisterDatasetRequest(
-            name=name or "", limit=limit or 0, seed=seed, split=split or "", text_column=text_column or "",
+            name=name or "", limit=limit, seed=seed, split=split or "", text_column=text_column or "",
             label_column=label_column or "", id_column=id_column or "", group_column=group_column or "",
             augment_views=augment_views, augment_method=augment_method or "")
         if sum(source is not None and source != "" for source in (path, builtin, texts)) > 1:  # a oneof
@@ -212,7 +212,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                         apply: bool = GC.apply.default) -> GarbageReport:
         """Cached results, matrix-job partials and run folders nothing needs: listed, or with
         `apply` removed. `older_than` is an age such as '12h' or '7d'."""
-        request = pb.CollectGarbageRequest(older_than=older_than, max_bytes=max_bytes or 0, apply=apply)
+        request = pb.CollectGarbageRequest(older_than=older_than, max_bytes=max_bytes, apply=apply)
         return GarbageReport.from_proto(self._housekeeping.CollectGarbage(request))
 
     # ---- capture ------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         newest. Returns the final model.
         Resubmitting resumes a stopped run."""
         job = JobInfo.from_proto(self._capture.SubmitTrain(pb.TrainRequest(
-            recipe=recipe, method=method, seed=seed, steps=steps or 0, smoke=smoke, alternating=alternating,
+            recipe=recipe, method=method, seed=seed, steps=steps, smoke=smoke, alternating=alternating,
             weights=weights, **({} if beta is None else {"beta": beta}))))
         if not job.finished:
             self.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")

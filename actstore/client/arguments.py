@@ -2,9 +2,9 @@
 instead of a silently different answer or protobuf's ValueError traceback.
 
 - `@options(TABLE, ...)` on a method whose keyword defaults come from option tables: each argument
-  named like an option is checked (and normalised) by that option, as the server would. This matters
-  most for zeros: proto3 sends 0 as "not given", so `mutual_knn(run, k=0)` would otherwise come back
-  with the default k=10.
+  named like an option is checked (and normalised) by that option, as the server would, before
+  anything is sent (the server refuses an explicit 0 of an `optional` field too; a plain proto3
+  field's 0 reads as "not given", so such an option left unset is sent as None, never 0).
 - `@checking_arguments` on the client class, for every public method:
   - each argument is checked against its annotation before the method runs, so a wrong type is
     InvalidArgument naming the argument and the type (not protobuf's TypeError, or a str taken as a

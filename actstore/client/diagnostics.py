@@ -125,7 +125,7 @@ class DiagnosticsMixin:
 
     def _stats(self, metric, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap, ci, seed, null,
                standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method="",
-               bootstrap_groups=0) -> QueryAnswer:
+               bootstrap_groups=None) -> QueryAnswer:
         query = pb.SimilarityRequest(metric=metric, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
                                      layers_b=list(layers_b or []), center=center, refresh=refresh)
         features = diagnostics_pb2.FeatureOptions(standardize=standardize, exclude_dims=list(exclude_dims or []),

@@ -17,7 +17,7 @@ def capture_request(model: str, dataset: str, pooling: str | None, dtype: str | 
     """The request of a capture; `site` is one site, a list, or a comma-separated string."""
     sites = [site] if isinstance(site, str) else list(site or [])
     return pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                             max_len=max_len or 0, sites=[s for each in sites for s in each.split(",")])
+                             max_len=max_len, sites=[s for each in sites for s in each.split(",")])
 
 
 @dataclass(frozen=True)

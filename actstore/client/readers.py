@@ -146,6 +146,6 @@ class ReadersMixin:
         """One read-only SELECT over the catalog tables (docs/sql.md), at most `limit` rows (default:
         the server's ACTSTORE_SQL_MAX_ROWS); `truncated` says whether more matched. Writes, ATTACH,
         COPY, file reads and table functions are refused (PermissionDenied)."""
-        answer = self._readers.Sql(pb.SqlRequest(query=query, limit=limit or 0))
+        answer = self._readers.Sql(pb.SqlRequest(query=query, limit=limit))
         return SqlResult(list(answer.columns), list(answer.types),
                          [tuple(_cell(v) for v in row.values) for row in answer.rows], answer.truncated)

@@ -9,7 +9,7 @@ from typing import Any
 from actstore._proto.actstore.v1 import readers_pb2 as pb
 from actstore._proto.actstore.v1 import readers_pb2_grpc as rpc
 from actstore.errors import ResourceExhausted
-from actstore.options import BATCHES, SQL, from_wire
+from actstore.options import BATCHES, SQL, from_message, from_wire
 from actstore.server.interceptors import current_role
 from actstore.server.runs import byte_size
 from actstore.server.service import ActStoreService
@@ -59,7 +59,7 @@ class ReadersServicer(rpc.ReadersServicer):
                               pooling=r.pooling, n=r.n, rows=r.rows, num_layers=r.num_layers, width=r.width)
 
     def Sql(self, request, context):
-        answer = self.service.sql(request.query, from_wire(SQL, "limit", request.limit), current_role.get())
+        answer = self.service.sql(request.query, from_message(SQL, "limit", request), current_role.get())
         result = pb.SqlResult(columns=answer.columns, types=answer.types, truncated=answer.truncated)
         budget = self.service.settings.max_message_bytes // 2  # the rest of the message is small
         left = budget

@@ -9,7 +9,19 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
-from actstore.options import CAPTURE, DATASETS, ENTROPY, GC, LENS, SIMILARITY, STITCH, TRAIN, from_wire, resolve
+from actstore.options import (
+    CAPTURE,
+    DATASETS,
+    ENTROPY,
+    GC,
+    LENS,
+    SIMILARITY,
+    STITCH,
+    TRAIN,
+    from_message,
+    from_wire,
+    resolve,
+)
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.planners.measures import measure_params
@@ -59,7 +71,7 @@ def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
     return CaptureRequest(model=request.model, dataset=request.dataset,
                           pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
-                          max_len=from_wire(CAPTURE, "max_len", request.max_len) or 0,
+                          max_len=from_message(CAPTURE, "max_len", request) or 0,
                           sites=tuple(from_wire(CAPTURE, "site", list(request.sites))))
 
 
@@ -109,7 +121,7 @@ class CatalogServicer(rpc.CatalogServicer):
             labels=list(texts.labels) if texts is not None else None,
             sample_ids=list(texts.sample_ids) if texts is not None else None,
             label_names=list(texts.label_names) if texts is not None else None,
-            limit=from_wire(DATASETS, "limit", request.limit), seed=from_wire(DATASETS, "seed", request.seed),
+            limit=from_message(DATASETS, "limit", request), seed=from_wire(DATASETS, "seed", request.seed),
             split=request.split or None, text_column=from_wire(DATASETS, "text_column", request.text_column),
             label_column=request.label_column or None, id_column=request.id_column or None,
             group_column=request.group_column or None,
@@ -146,7 +158,7 @@ class CaptureServicer(rpc.CaptureServicer):
         return job_proto(self.service.submit_train(
             TrainRequest(recipe=request.recipe, method=from_wire(TRAIN, "method", request.method) or "",
                          seed=from_wire(TRAIN, "seed", request.seed),
-                         steps=from_wire(TRAIN, "steps", request.steps) or 0, smoke=request.smoke,
+                         steps=from_message(TRAIN, "steps", request) or 0, smoke=request.smoke,
                          alternating=request.alternating, weights=from_wire(TRAIN, "weights", request.weights),
                          beta=resolve(TRAIN, "beta", request.beta) if request.HasField("beta") else None),
             principal=current_principal.get()))
@@ -178,17 +190,17 @@ class QueryServicer(rpc.QueryServicer):
         if metric == "cos":
             center = from_wire(SIMILARITY, "center", center)
         elif metric == "minibatch_cka":
-            batch_size = from_wire(SIMILARITY, "batch_size", batch_size) or 0  # required: 0 is refused
+            batch_size = from_message(SIMILARITY, "batch_size", request) or 0  # required: unset is refused
             remainder = from_wire(SIMILARITY, "remainder", remainder)
         elif metric == "mutual_knn":
-            k = from_wire(SIMILARITY, "k", k)
+            k = from_message(SIMILARITY, "k", request)
         return self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
                                        list(request.layers_b), center, request.refresh, batch_size, remainder, k,
                                        align=request.align, word_pool=request.word_pool)
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
-        options = {name: from_wire(ENTROPY, name, getattr(request, name)) for name in ENTROPY if name != "metric"}
+        options = {name: from_message(ENTROPY, name, request) for name in ENTROPY if name != "metric"}
         return self._replies.answer("Entropy", request, lambda: self.service.entropy(
             metric, request.run, list(request.layers), **options, refresh=request.refresh))
 
@@ -199,7 +211,7 @@ class QueryServicer(rpc.QueryServicer):
     def Stitch(self, request, context):
         return self._replies.answer("Stitch", request, lambda: self.service.stitch(
             request.run_a, request.layer_a, request.run_b, request.layer_b,
-            from_wire(STITCH, "test_fraction", request.test_fraction), from_wire(STITCH, "seed", request.seed),
+            from_message(STITCH, "test_fraction", request), from_wire(STITCH, "seed", request.seed),
             request.refresh, tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
@@ -273,7 +285,7 @@ class HousekeepingServicer(rpc.HousekeepingServicer):
 
     def CollectGarbage(self, request, context):
         report = self.service.collect_garbage(from_wire(GC, "older_than", request.older_than),
-                                              from_wire(GC, "max_bytes", request.max_bytes), request.apply)
+                                              from_message(GC, "max_bytes", request), request.apply)
         return pb.CollectGarbageResponse(
             items=[pb.Garbage(kind=g.kind, name=g.name, bytes=g.bytes, reason=g.reason) for g in report.items],
             applied=report.applied, total_bytes=report.total_bytes, kept=report.kept)

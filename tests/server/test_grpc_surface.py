@@ -3,6 +3,7 @@ every malformed request (over a raw channel, not our client), and chunked activa
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import grpc
@@ -242,3 +243,80 @@ def test_large_read_arrives_in_bounded_messages_and_reassembles(surface, dtype):
     assert len(sub) >= 2 and sub[0].start == 5
     np.testing.assert_array_equal(np.concatenate([_decode(c.values) for c in sub]), whole[5:23])
     assert [i for c in sub for i in c.sample_ids] == ids[5:23]
+
+
+# ---- explicit zeros -----------------------------------------------------------------------------
+# The numeric options whose 0 is no valid value are `optional` fields: a raw caller's explicit 0 is
+# refused with the option's own message (as the CLI and the client refuse it), and an unset field
+# still means the default (proto3 alone cannot tell them apart: 0 came back as the default).
+def _stats(s, **fields):
+    from actstore._proto.actstore.v1 import diagnostics_pb2 as dpb
+    from actstore._proto.actstore.v1 import diagnostics_pb2_grpc as drpc
+
+    features = {"outlier_sigmas": fields.pop("outlier_sigmas")} if "outlier_sigmas" in fields else {}
+    query = pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a=s.run)
+    return drpc.DiagnosticsStub(s.channel).SimilarityStats(dpb.SimilarityStatsRequest(
+        query=query, bootstrap=20, features=dpb.FeatureOptions(**features), **fields))
+
+
+def _outliers(s, **fields):
+    from actstore._proto.actstore.v1 import diagnostics_pb2 as dpb
+    from actstore._proto.actstore.v1 import diagnostics_pb2_grpc as drpc
+
+    return drpc.DiagnosticsStub(s.channel).Outliers(dpb.OutliersRequest(run=s.run, **fields))
+
+
+def _measure(s, measure, **fields):
+    return s.query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=s.run,
+                                                   measure=measure, **fields))
+
+
+def _entropy(s, metric, **fields):
+    return s.query.Entropy(pb.EntropyRequest(metric=pb.EntropyRequest.Metric.Value(metric), run=s.run, **fields))
+
+
+EXPLICIT_ZERO = {
+    "capture max_len": lambda s: s.capture.SubmitCapture(pb.CaptureRequest(model="bert", dataset="toy", max_len=0)),
+    "register-dataset limit": lambda s: s.catalog.RegisterDataset(
+        pb.RegisterDatasetRequest(builtin="rotten-tomatoes", limit=0)),
+    "mutual_knn k": lambda s: s.query.Similarity(
+        pb.SimilarityRequest(metric=pb.SimilarityRequest.MUTUAL_KNN, run_a=s.run, k=0)),
+    "minibatch_cka batch_size": lambda s: s.query.Similarity(
+        pb.SimilarityRequest(metric=pb.SimilarityRequest.MINIBATCH_CKA, run_a=s.run, batch_size=0)),
+    "measure sigma_fraction": lambda s: _measure(s, "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score",
+                                                 sigma_fraction=0),
+    "measure k": lambda s: _measure(s, "mutual_knn-topk={topk}", k=0),
+    "entropy alpha": lambda s: _entropy(s, "DATASET_ENTROPY", alpha=0),
+    "dime permutations": lambda s: _entropy(s, "DIME", permutations=0),
+    "infonce temperature": lambda s: _entropy(s, "INFONCE", temperature=0),
+    "stitch test_fraction": lambda s: s.query.Stitch(pb.StitchRequest(run_a=s.run, run_b=s.run, test_fraction=0)),
+    "train steps": lambda s: s.capture.SubmitTrain(pb.TrainRequest(recipe="minilm-rt", method="standard", steps=0)),
+    "gc max_bytes": lambda s: rpc.HousekeepingStub(s.channel).CollectGarbage(pb.CollectGarbageRequest(max_bytes=0)),
+    "cka-stats ci": lambda s: _stats(s, ci=0),
+    "cka-stats bootstrap_groups": lambda s: _stats(s, bootstrap_method="grouped", bootstrap_groups=0),
+    "cka-stats outlier_sigmas": lambda s: _stats(s, outlier_sigmas=0),
+    "outliers top_k": lambda s: _outliers(s, top_k=0),
+    "outliers outlier_sigmas": lambda s: _outliers(s, outlier_sigmas=0),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPLICIT_ZERO))
+def test_an_explicit_zero_is_refused_not_read_as_the_default(surface, case):
+    code, details = status_of(lambda: EXPLICIT_ZERO[case](surface))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, f"{case}: {code.name} {details!r}"
+    assert case.split()[-1] in details, details  # the message names the option
+
+
+def test_an_explicit_zero_sql_limit_is_refused(surface):
+    from actstore._proto.actstore.v1 import readers_pb2, readers_pb2_grpc
+
+    sql = readers_pb2_grpc.ReadersStub(surface.channel).Sql
+    code, details = status_of(lambda: sql(readers_pb2.SqlRequest(query="SELECT 1", limit=0)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "limit" in details, (code, details)
+    assert sql(readers_pb2.SqlRequest(query="SELECT 1")).columns  # unset: the server's limit
+
+
+def test_an_unset_option_still_means_its_default(surface):
+    answer = surface.query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MUTUAL_KNN, run_a=surface.run,
+                                                           layers_a=[1], layers_b=[2]))
+    assert json.loads(answer.provenance.options_json)["k"] == 10

@@ -18,7 +18,7 @@ import numpy as np
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
 from actstore.metrics.similarity import in_memory_measures as in_memory
-from actstore.options import SIMILARITY, STREAMED_MEASURES, from_wire, resolve
+from actstore.options import SIMILARITY, STREAMED_MEASURES, from_message, from_wire
 from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
 from actstore.server.tiling import chunks, row_itemsize
@@ -27,15 +27,16 @@ from actstore.store.catalog import RunRecord
 
 def measure_params(request) -> dict:
     """The options of a MEASURE request (SimilarityRequest or CKAMatrixRequest), resolved through
-    the SIMILARITY table: the measure is required; alpha is an optional field (0 is a value)."""
+    the SIMILARITY table: the measure is required; alpha, sigma_fraction and k are optional fields
+    (alpha 0 is a value; sigma_fraction or k 0 is refused)."""
     measure = from_wire(SIMILARITY, "measure", request.measure)
     if measure is None:
         raise InvalidArgument(f"name the measure: one of {', '.join(SIMILARITY.measure.choices)}")
-    alpha = resolve(SIMILARITY, "alpha", request.alpha if request.HasField("alpha") else None)
+    alpha = from_message(SIMILARITY, "alpha", request)
     params = {"measure": measure, "alpha": alpha}
     if hasattr(request, "sigma_fraction"):
-        params["sigma_fraction"] = from_wire(SIMILARITY, "sigma_fraction", request.sigma_fraction)
-        params["k"] = from_wire(SIMILARITY, "k", request.k)
+        params["sigma_fraction"] = from_message(SIMILARITY, "sigma_fraction", request)
+        params["k"] = from_message(SIMILARITY, "k", request)
     return params
 
 

@@ -538,7 +538,7 @@ class RegisterDatasetRequest(_message.Message):
     """rotten-tomatoes | fashion-mnist | digits | mnist-5k | austen"""
     name: _builtins.str
     limit: _builtins.int
-    """0: all"""
+    """rows kept (>= 1); unset: all"""
     seed: _builtins.int
     split: _builtins.str
     text_column: _builtins.str
@@ -558,7 +558,7 @@ class RegisterDatasetRequest(_message.Message):
         builtin: _builtins.str = ...,
         texts: Global___TextList | None = ...,
         name: _builtins.str = ...,
-        limit: _builtins.int = ...,
+        limit: _builtins.int | None = ...,
         seed: _builtins.int = ...,
         split: _builtins.str = ...,
         text_column: _builtins.str = ...,
@@ -568,12 +568,17 @@ class RegisterDatasetRequest(_message.Message):
         augment_views: _builtins.int = ...,
         augment_method: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["builtin", b"builtin", "path", b"path", "source", b"source", "texts", b"texts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "builtin", b"builtin", "limit", b"limit", "path", b"path", "source", b"source", "texts", b"texts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["augment_method", b"augment_method", "augment_views", b"augment_views", "builtin", b"builtin", "group_column", b"group_column", "id_column", b"id_column", "label_column", b"label_column", "limit", b"limit", "name", b"name", "path", b"path", "seed", b"seed", "source", b"source", "split", b"split", "text_column", b"text_column", "texts", b"texts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "augment_method", b"augment_method", "augment_views", b"augment_views", "builtin", b"builtin", "group_column", b"group_column", "id_column", b"id_column", "label_column", b"label_column", "limit", b"limit", "name", b"name", "path", b"path", "seed", b"seed", "source", b"source", "split", b"split", "text_column", b"text_column", "texts", b"texts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["path", "builtin", "texts"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
 
 Global___RegisterDatasetRequest: _TypeAlias = RegisterDatasetRequest  # noqa: Y015
@@ -598,7 +603,7 @@ class CaptureRequest(_message.Message):
     dtype: _builtins.str
     """float16 (default) | float32 | bfloat16"""
     max_len: _builtins.int
-    """0: the server default"""
+    """token limit (>= 2); unset: the server default"""
     @_builtins.property
     def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """resid_post (default) | attn_out | mlp_out | a module path pattern (`*` = block index); several
@@ -612,14 +617,16 @@ class CaptureRequest(_message.Message):
         dataset: _builtins.str = ...,
         pooling: _builtins.str = ...,
         dtype: _builtins.str = ...,
-        max_len: _builtins.int = ...,
+        max_len: _builtins.int | None = ...,
         sites: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_len", b"_max_len", "max_len", b"max_len"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_len", b"_max_len", "dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_len: _TypeAlias = _typing.Literal["max_len"]  # noqa: Y015
+    _WhichOneofArgType__max_len: _TypeAlias = _typing.Literal["_max_len", b"_max_len"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_len) -> _WhichOneofReturnType__max_len | None: ...
 
 Global___CaptureRequest: _TypeAlias = CaptureRequest  # noqa: Y015
 
@@ -1021,7 +1028,7 @@ class SimilarityRequest(_message.Message):
     alpha: _builtins.float
     """MEASURE shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
     sigma_fraction: _builtins.float
-    """MEASURE RBF CKA: bandwidth / median distance; 0 means the default"""
+    """MEASURE RBF CKA: bandwidth / median distance; unset: the default"""
     align: _builtins.str
     """CKA, COS: none (default) | words | spans: token runs of different tokenizers, rows ="""
     word_pool: _builtins.str
@@ -1044,22 +1051,35 @@ class SimilarityRequest(_message.Message):
         layers_b: _abc.Iterable[_builtins.int] | None = ...,
         center: _builtins.str = ...,
         refresh: _builtins.bool = ...,
-        batch_size: _builtins.int = ...,
+        batch_size: _builtins.int | None = ...,
         remainder: _builtins.str = ...,
-        k: _builtins.int = ...,
+        k: _builtins.int | None = ...,
         measure: _builtins.str = ...,
         alpha: _builtins.float | None = ...,
-        sigma_fraction: _builtins.float = ...,
+        sigma_fraction: _builtins.float | None = ...,
         align: _builtins.str = ...,
         word_pool: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "alpha", b"alpha", "batch_size", b"batch_size", "k", b"k", "sigma_fraction", b"sigma_fraction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
     _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    _WhichOneofReturnType__batch_size: _TypeAlias = _typing.Literal["batch_size"]  # noqa: Y015
+    _WhichOneofArgType__batch_size: _TypeAlias = _typing.Literal["_batch_size", b"_batch_size"]  # noqa: Y015
+    _WhichOneofReturnType__k: _TypeAlias = _typing.Literal["k"]  # noqa: Y015
+    _WhichOneofArgType__k: _TypeAlias = _typing.Literal["_k", b"_k"]  # noqa: Y015
+    _WhichOneofReturnType__sigma_fraction: _TypeAlias = _typing.Literal["sigma_fraction"]  # noqa: Y015
+    _WhichOneofArgType__sigma_fraction: _TypeAlias = _typing.Literal["_sigma_fraction", b"_sigma_fraction"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__batch_size) -> _WhichOneofReturnType__batch_size | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__k) -> _WhichOneofReturnType__k | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sigma_fraction) -> _WhichOneofReturnType__sigma_fraction | None: ...
 
 Global___SimilarityRequest: _TypeAlias = SimilarityRequest  # noqa: Y015
 
@@ -1129,7 +1149,7 @@ class EntropyRequest(_message.Message):
     metric: Global___EntropyRequest.Metric.ValueType
     run: _builtins.str
     alpha: _builtins.float
-    """Renyi order; 0 means the default 1"""
+    """Renyi order (> 0); unset: 1"""
     normalization: _builtins.str
     """raw (default) | maxEntropy | logN | logD"""
     clamp: _builtins.bool
@@ -1139,13 +1159,13 @@ class EntropyRequest(_message.Message):
     abs_cos: _builtins.bool
     """CURVATURE: |cos| inside the arccos"""
     permutations: _builtins.int
-    """DIME: default 10"""
+    """DIME: unset: 10"""
     seed: _builtins.int
     """DIME permutations"""
     exp: _builtins.bool
     """LIDAR: report exp(S)"""
     temperature: _builtins.float
-    """INFONCE: default 0.1"""
+    """INFONCE: unset: 0.1"""
     refresh: _builtins.bool
     preset: _builtins.str
     """none (default) | skean2025: a reference pipeline by name, from a token-level run"""
@@ -1163,25 +1183,36 @@ class EntropyRequest(_message.Message):
         metric: Global___EntropyRequest.Metric.ValueType = ...,
         run: _builtins.str = ...,
         layers: _abc.Iterable[_builtins.int] | None = ...,
-        alpha: _builtins.float = ...,
+        alpha: _builtins.float | None = ...,
         normalization: _builtins.str = ...,
         clamp: _builtins.bool = ...,
         convention: _builtins.str = ...,
         abs_cos: _builtins.bool = ...,
-        permutations: _builtins.int = ...,
+        permutations: _builtins.int | None = ...,
         seed: _builtins.int = ...,
         exp: _builtins.bool = ...,
-        temperature: _builtins.float = ...,
+        temperature: _builtins.float | None = ...,
         refresh: _builtins.bool = ...,
         preset: _builtins.str = ...,
         align: _builtins.str = ...,
         word_pool: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "alpha", b"alpha", "permutations", b"permutations", "temperature", b"temperature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abs_cos", b"abs_cos", "align", b"align", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature", "word_pool", b"word_pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "abs_cos", b"abs_cos", "align", b"align", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature", "word_pool", b"word_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
+    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
+    _WhichOneofReturnType__permutations: _TypeAlias = _typing.Literal["permutations"]  # noqa: Y015
+    _WhichOneofArgType__permutations: _TypeAlias = _typing.Literal["_permutations", b"_permutations"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__permutations) -> _WhichOneofReturnType__permutations | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
 
 Global___EntropyRequest: _TypeAlias = EntropyRequest  # noqa: Y015
 
@@ -1236,7 +1267,7 @@ class StitchRequest(_message.Message):
     run_b: _builtins.str
     layer_b: _builtins.int
     test_fraction: _builtins.float
-    """held-out prompts for the penalty; default 0.25"""
+    """held-out prompts for the penalty, in (0, 1); unset: 0.25"""
     seed: _builtins.int
     refresh: _builtins.bool
     tune_steps: _builtins.int
@@ -1250,17 +1281,19 @@ class StitchRequest(_message.Message):
         layer_a: _builtins.int = ...,
         run_b: _builtins.str = ...,
         layer_b: _builtins.int = ...,
-        test_fraction: _builtins.float = ...,
+        test_fraction: _builtins.float | None = ...,
         seed: _builtins.int = ...,
         refresh: _builtins.bool = ...,
         tune_steps: _builtins.int = ...,
         tune_lr: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction", "test_fraction", b"test_fraction"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction", "layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__test_fraction: _TypeAlias = _typing.Literal["test_fraction"]  # noqa: Y015
+    _WhichOneofArgType__test_fraction: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__test_fraction) -> _WhichOneofReturnType__test_fraction | None: ...
 
 Global___StitchRequest: _TypeAlias = StitchRequest  # noqa: Y015
 
@@ -1415,7 +1448,7 @@ class TrainRequest(_message.Message):
     """standard | aligned | multi-exit | ce-reg"""
     seed: _builtins.int
     steps: _builtins.int
-    """0: the recipe's"""
+    """>= 1; unset: the recipe's"""
     smoke: _builtins.bool
     """the recipe's tiny size, for tests"""
     alternating: _builtins.bool
@@ -1430,19 +1463,24 @@ class TrainRequest(_message.Message):
         recipe: _builtins.str = ...,
         method: _builtins.str = ...,
         seed: _builtins.int = ...,
-        steps: _builtins.int = ...,
+        steps: _builtins.int | None = ...,
         smoke: _builtins.bool = ...,
         alternating: _builtins.bool = ...,
         weights: _builtins.str = ...,
         beta: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "beta", b"beta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "_steps", b"_steps", "beta", b"beta", "steps", b"steps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "_steps", b"_steps", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__beta: _TypeAlias = _typing.Literal["beta"]  # noqa: Y015
     _WhichOneofArgType__beta: _TypeAlias = _typing.Literal["_beta", b"_beta"]  # noqa: Y015
+    _WhichOneofReturnType__steps: _TypeAlias = _typing.Literal["steps"]  # noqa: Y015
+    _WhichOneofArgType__steps: _TypeAlias = _typing.Literal["_steps", b"_steps"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__beta) -> _WhichOneofReturnType__beta | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__steps) -> _WhichOneofReturnType__steps | None: ...
 
 Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
 
@@ -1718,21 +1756,23 @@ class CollectGarbageRequest(_message.Message):
     older_than: _builtins.str
     """an age: 30m, 12h, 7d ...; empty: the default (7d)"""
     max_bytes: _builtins.int
-    """size budget of the cached results; 0: none"""
+    """size budget of the cached results (>= 1); unset: none"""
     apply: _builtins.bool
     """false: only list what would be removed"""
     def __init__(
         self,
         *,
         older_than: _builtins.str = ...,
-        max_bytes: _builtins.int = ...,
+        max_bytes: _builtins.int | None = ...,
         apply: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "max_bytes", b"max_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply", b"apply", "max_bytes", b"max_bytes", "older_than", b"older_than"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "apply", b"apply", "max_bytes", b"max_bytes", "older_than", b"older_than"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_bytes: _TypeAlias = _typing.Literal["max_bytes"]  # noqa: Y015
+    _WhichOneofArgType__max_bytes: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_bytes) -> _WhichOneofReturnType__max_bytes | None: ...
 
 Global___CollectGarbageRequest: _TypeAlias = CollectGarbageRequest  # noqa: Y015
 

@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from actstore._proto.actstore.v1 import actstore_pb2 as actstore_dot_v1_dot_actstore__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63tstore/v1/diagnostics.proto\x12\x0b\x61\x63tstore.v1\x1a\x1a\x61\x63tstore/v1/actstore.proto\"m\n\x0e\x46\x65\x61tureOptions\x12\x13\n\x0bstandardize\x18\x01 \x01(\x08\x12\x14\n\x0c\x65xclude_dims\x18\x02 \x03(\x05\x12\x18\n\x10\x65xclude_outliers\x18\x03 \x01(\x08\x12\x16\n\x0eoutlier_sigmas\x18\x04 \x01(\x01\"\xf2\x01\n\x16SimilarityStatsRequest\x12-\n\x05query\x18\x01 \x01(\x0b\x32\x1e.actstore.v1.SimilarityRequest\x12\x11\n\tbootstrap\x18\x02 \x01(\x05\x12\n\n\x02\x63i\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x19\n\x11null_permutations\x18\x05 \x01(\x05\x12-\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0b\x32\x1b.actstore.v1.FeatureOptions\x12\x18\n\x10\x62ootstrap_method\x18\x07 \x01(\t\x12\x18\n\x10\x62ootstrap_groups\x18\x08 \x01(\x05\"f\n\x0fOutliersRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0eoutlier_sigmas\x18\x04 \x01(\x01\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\x32\xa3\x01\n\x0b\x44iagnostics\x12P\n\x0fSimilarityStats\x12#.actstore.v1.SimilarityStatsRequest\x1a\x18.actstore.v1.QueryResult\x12\x42\n\x08Outliers\x12\x1c.actstore.v1.OutliersRequest\x1a\x18.actstore.v1.QueryResultb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63tstore/v1/diagnostics.proto\x12\x0b\x61\x63tstore.v1\x1a\x1a\x61\x63tstore/v1/actstore.proto\"\x85\x01\n\x0e\x46\x65\x61tureOptions\x12\x13\n\x0bstandardize\x18\x01 \x01(\x08\x12\x14\n\x0c\x65xclude_dims\x18\x02 \x03(\x05\x12\x18\n\x10\x65xclude_outliers\x18\x03 \x01(\x08\x12\x1b\n\x0eoutlier_sigmas\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x11\n\x0f_outlier_sigmas\"\x98\x02\n\x16SimilarityStatsRequest\x12-\n\x05query\x18\x01 \x01(\x0b\x32\x1e.actstore.v1.SimilarityRequest\x12\x11\n\tbootstrap\x18\x02 \x01(\x05\x12\x0f\n\x02\x63i\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12\x19\n\x11null_permutations\x18\x05 \x01(\x05\x12-\n\x08\x66\x65\x61tures\x18\x06 \x01(\x0b\x32\x1b.actstore.v1.FeatureOptions\x12\x18\n\x10\x62ootstrap_method\x18\x07 \x01(\t\x12\x1d\n\x10\x62ootstrap_groups\x18\x08 \x01(\x05H\x01\x88\x01\x01\x42\x05\n\x03_ciB\x13\n\x11_bootstrap_groups\"\x8d\x01\n\x0fOutliersRequest\x12\x0b\n\x03run\x18\x01 \x01(\t\x12\x0e\n\x06layers\x18\x02 \x03(\x05\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0eoutlier_sigmas\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07refresh\x18\x05 \x01(\x08\x42\x08\n\x06_top_kB\x11\n\x0f_outlier_sigmas2\xa3\x01\n\x0b\x44iagnostics\x12P\n\x0fSimilarityStats\x12#.actstore.v1.SimilarityStatsRequest\x1a\x18.actstore.v1.QueryResult\x12\x42\n\x08Outliers\x12\x1c.actstore.v1.OutliersRequest\x1a\x18.actstore.v1.QueryResultb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'actstore.v1.diagnostics_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FEATUREOPTIONS']._serialized_start=74
-  _globals['_FEATUREOPTIONS']._serialized_end=183
-  _globals['_SIMILARITYSTATSREQUEST']._serialized_start=186
-  _globals['_SIMILARITYSTATSREQUEST']._serialized_end=428
-  _globals['_OUTLIERSREQUEST']._serialized_start=430
-  _globals['_OUTLIERSREQUEST']._serialized_end=532
-  _globals['_DIAGNOSTICS']._serialized_start=535
-  _globals['_DIAGNOSTICS']._serialized_end=698
+  _globals['_FEATUREOPTIONS']._serialized_start=75
+  _globals['_FEATUREOPTIONS']._serialized_end=208
+  _globals['_SIMILARITYSTATSREQUEST']._serialized_start=211
+  _globals['_SIMILARITYSTATSREQUEST']._serialized_end=491
+  _globals['_OUTLIERSREQUEST']._serialized_start=494
+  _globals['_OUTLIERSREQUEST']._serialized_end=635
+  _globals['_DIAGNOSTICS']._serialized_start=638
+  _globals['_DIAGNOSTICS']._serialized_end=801
 # @@protoc_insertion_point(module_scope)

@@ -16,10 +16,10 @@ import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    from typing_extensions import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -38,7 +38,7 @@ class FeatureOptions(_message.Message):
     exclude_outliers: _builtins.bool
     """also leave out each layer's outlier dimensions (docs/metrics.md rule)"""
     outlier_sigmas: _builtins.float
-    """the rule's threshold; 0 means the default 3"""
+    """the rule's threshold; unset: 3"""
     @_builtins.property
     def exclude_dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """dimensions left out of every compared layer"""
@@ -49,13 +49,15 @@ class FeatureOptions(_message.Message):
         standardize: _builtins.bool = ...,
         exclude_dims: _abc.Iterable[_builtins.int] | None = ...,
         exclude_outliers: _builtins.bool = ...,
-        outlier_sigmas: _builtins.float = ...,
+        outlier_sigmas: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "outlier_sigmas", b"outlier_sigmas"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exclude_dims", b"exclude_dims", "exclude_outliers", b"exclude_outliers", "outlier_sigmas", b"outlier_sigmas", "standardize", b"standardize"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "exclude_dims", b"exclude_dims", "exclude_outliers", b"exclude_outliers", "outlier_sigmas", b"outlier_sigmas", "standardize", b"standardize"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__outlier_sigmas: _TypeAlias = _typing.Literal["outlier_sigmas"]  # noqa: Y015
+    _WhichOneofArgType__outlier_sigmas: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__outlier_sigmas) -> _WhichOneofReturnType__outlier_sigmas | None: ...
 
 Global___FeatureOptions: _TypeAlias = FeatureOptions  # noqa: Y015
 
@@ -76,7 +78,7 @@ class SimilarityStatsRequest(_message.Message):
     bootstrap: _builtins.int
     """Poisson-bootstrap replicates; 0: none"""
     ci: _builtins.float
-    """interval level; 0 means the default 0.95"""
+    """interval level in (0, 1); unset: 0.95"""
     seed: _builtins.int
     """of the bootstrap weights and the permutations"""
     null_permutations: _builtins.int
@@ -84,7 +86,7 @@ class SimilarityStatsRequest(_message.Message):
     bootstrap_method: _builtins.str
     """CKA: "auto" (default when empty), "exact" or "grouped" """
     bootstrap_groups: _builtins.int
-    """grouped bootstrap's random groups G; 0 means the default 48"""
+    """grouped bootstrap's random groups G; unset: 48"""
     @_builtins.property
     def query(self) -> _actstore_pb2.SimilarityRequest:
         """metric CKA or COS"""
@@ -96,18 +98,25 @@ class SimilarityStatsRequest(_message.Message):
         *,
         query: _actstore_pb2.SimilarityRequest | None = ...,
         bootstrap: _builtins.int = ...,
-        ci: _builtins.float = ...,
+        ci: _builtins.float | None = ...,
         seed: _builtins.int = ...,
         null_permutations: _builtins.int = ...,
         features: Global___FeatureOptions | None = ...,
         bootstrap_method: _builtins.str = ...,
-        bootstrap_groups: _builtins.int = ...,
+        bootstrap_groups: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "query", b"query"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap_groups", b"bootstrap_groups", "ci", b"ci", "features", b"features", "query", b"query"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap", b"bootstrap", "bootstrap_groups", b"bootstrap_groups", "bootstrap_method", b"bootstrap_method", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap", b"bootstrap", "bootstrap_groups", b"bootstrap_groups", "bootstrap_method", b"bootstrap_method", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__bootstrap_groups: _TypeAlias = _typing.Literal["bootstrap_groups"]  # noqa: Y015
+    _WhichOneofArgType__bootstrap_groups: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups"]  # noqa: Y015
+    _WhichOneofReturnType__ci: _TypeAlias = _typing.Literal["ci"]  # noqa: Y015
+    _WhichOneofArgType__ci: _TypeAlias = _typing.Literal["_ci", b"_ci"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bootstrap_groups) -> _WhichOneofReturnType__bootstrap_groups | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ci) -> _WhichOneofReturnType__ci | None: ...
 
 Global___SimilarityStatsRequest: _TypeAlias = SimilarityStatsRequest  # noqa: Y015
 
@@ -126,9 +135,9 @@ class OutliersRequest(_message.Message):
     REFRESH_FIELD_NUMBER: _builtins.int
     run: _builtins.str
     top_k: _builtins.int
-    """0 means the default 5"""
+    """unset: 5"""
     outlier_sigmas: _builtins.float
-    """0 means the default 3"""
+    """unset: 3"""
     refresh: _builtins.bool
     @_builtins.property
     def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -139,14 +148,21 @@ class OutliersRequest(_message.Message):
         *,
         run: _builtins.str = ...,
         layers: _abc.Iterable[_builtins.int] | None = ...,
-        top_k: _builtins.int = ...,
-        outlier_sigmas: _builtins.float = ...,
+        top_k: _builtins.int | None = ...,
+        outlier_sigmas: _builtins.float | None = ...,
         refresh: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "outlier_sigmas", b"outlier_sigmas", "top_k", b"top_k"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layers", b"layers", "outlier_sigmas", b"outlier_sigmas", "refresh", b"refresh", "run", b"run", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "layers", b"layers", "outlier_sigmas", b"outlier_sigmas", "refresh", b"refresh", "run", b"run", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__outlier_sigmas: _TypeAlias = _typing.Literal["outlier_sigmas"]  # noqa: Y015
+    _WhichOneofArgType__outlier_sigmas: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]  # noqa: Y015
+    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
+    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__outlier_sigmas) -> _WhichOneofReturnType__outlier_sigmas | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
 
 Global___OutliersRequest: _TypeAlias = OutliersRequest  # noqa: Y015

@@ -220,18 +220,20 @@ class SqlRequest(_message.Message):
     query: _builtins.str
     """one SELECT statement over the catalog tables (docs/sql.md)"""
     limit: _builtins.int
-    """rows returned at most; 0: the server's ACTSTORE_SQL_MAX_ROWS"""
+    """rows returned at most (>= 1); unset: the server's ACTSTORE_SQL_MAX_ROWS"""
     def __init__(
         self,
         *,
         query: _builtins.str = ...,
-        limit: _builtins.int = ...,
+        limit: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "limit", b"limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "query", b"query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "limit", b"limit", "query", b"query"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
 
 Global___SqlRequest: _TypeAlias = SqlRequest  # noqa: Y015
 
