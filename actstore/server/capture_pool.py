@@ -234,8 +234,12 @@ class CapturePool:
         with self._layouts_lock:
             # the pool keeps the handle: Ray ends an actor once no handle to it is left
             if self._layouts is None or self.layouts_name not in ray.util.list_named_actors():  # lost for good
-                self._layouts = ray.remote(TokenLayouts).options(name=self.layouts_name, num_cpus=0, max_restarts=2,
-                                                                 max_task_retries=2).remote(self.store)
+                self._await_name_free(self.layouts_name)  # a server of this store stopped just now has it still
+                try:
+                    self._layouts = ray.remote(TokenLayouts).options(
+                        name=self.layouts_name, num_cpus=0, max_restarts=2, max_task_retries=2).remote(self.store)
+                except ValueError:  # another live server of this store on this cluster runs one: as good
+                    self._layouts = ray.get_actor(self.layouts_name)
             ref = self._layouts.rows.remote(model_path, dataset_path, max_len, spans)
             self._layouts_asked = (time.monotonic(), ref)
             return ref

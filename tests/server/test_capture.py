@@ -163,6 +163,13 @@ def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_pa
             assert ray.get_actor(name) != layouts
     finally:
         running.stop()
+    # a server of the same store started at once: the stopped one's actor may still hold the name
+    running = start_server(make_settings(tmp_path / "layouts"))
+    try:
+        with Client(f"127.0.0.1:{running.port}") as other:
+            assert other.describe(other.capture("bert", "few", pooling="tokens", max_len=4).run_key).rows
+    finally:
+        running.stop()
     deadline = time.monotonic() + 30
     while name in ray.util.list_named_actors() and time.monotonic() < deadline:
         time.sleep(0.1)
