@@ -157,3 +157,17 @@ def test_a_vanished_shard_object_is_data_loss_naming_run_and_shard(s3_client, ca
     boto3.client("s3").delete_object(Bucket=bucket, Key=f"{prefix}/runs/{run}/acts/c/2/0/0")
     with pytest.raises(DataLoss, match=rf"run {run[:12]}: shard 2"):
         s3_client.cka(run)
+
+
+def test_a_token_level_capture_on_the_object_store(s3_client, captured, tiny_models):
+    """The layout (each prompt's token rows) comes from the server's `TokenLayouts` process, which
+    reads the model's tokenizer and the texts out of the object store, as the replicas do."""
+    from transformers import AutoTokenizer
+
+    run = s3_client.capture("bert", "toy", pooling="tokens").run_key
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["bert"])
+    counts = [len(tokenizer(text)["input_ids"]) for text in sentences(40)]
+    info = s3_client.describe(run)
+    assert info.status == "committed" and info.rows == sum(counts) and info.n == 40
+    values, _ = s3_client.read_activations(run, 1)
+    assert values.shape == (sum(counts), 16)
