@@ -38,12 +38,12 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
     "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "PROGRESSION", "SERVE",
-    "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "UNCERTAINTY",
-    "Option", "Table", "duration_seconds", "from_wire", "resolve", "trained_model_name",
+    "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
+    "Option", "Table", "duration_seconds", "from_message", "from_wire", "resolve", "trained_model_name",
 ]
 
 
-_A = {bool: "a bool", int: "an int", float: "a float", str: "a string"}
+TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string"}  # for the messages
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,13 @@ class Option:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, bool) and kind is not bool:  # True is an int to Python, not to a caller
-            raise InvalidArgument(f"{self.name} must be {_A[kind]}, got {value!r}")
+            raise InvalidArgument(f"{self.name} must be {TYPE_NAMES[kind]}, got {value!r}")
         if kind is int and hasattr(value, "__index__"):  # numpy integers
             return int(value)
         if kind is float and isinstance(value, float):
             return float(value)
         if not isinstance(value, kind):
-            raise InvalidArgument(f"{self.name} must be {_A[kind]}, got {value!r}")
+            raise InvalidArgument(f"{self.name} must be {TYPE_NAMES[kind]}, got {value!r}")
         return value
 
 
@@ -344,7 +344,6 @@ TRAIN = Table(
     Option("beta", float, None, minimum=0, help="ce-reg: weight of the cosine regulariser",
            default_text="the recipe's"),
 )
-
 
 
 def trained_model_name(recipe: str, method: str, seed: int, smoke: bool = False, steps: int | None = None,

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from actstore.errors import InvalidArgument
-from actstore.options import Table
+from actstore.options import TYPE_NAMES, Table
 
 __all__ = ["checking_arguments", "options"]
 
@@ -110,7 +110,7 @@ def _checked(method):
     return call
 
 
-_A = {bool: "a bool", int: "an int", float: "a number", str: "a string"}
+_A = {**TYPE_NAMES, float: "a number"}  # an int is taken where a float is asked
 _PLURAL = {bool: "bools", int: "ints", float: "numbers", str: "strings"}
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother = 72, 72

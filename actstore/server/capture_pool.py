@@ -113,7 +113,7 @@ class CapturePool:
             entry.busy += 1
             # in use by another job, the lost ones stay until it ends (its retries go around them)
             live = [actor for actor, gone in zip(entry.actors, lost) if not gone] or list(entry.actors)
-            return live, self.gpu_tasks if entry.gpus else self.concurrent_shards
+            return live, self.tasks_per_replica(on_gpu=bool(entry.gpus))
 
     def _lost(self, digest: str, entry: _Replicas) -> list[bool]:
         """Which replicas are lost: dead (their name is free again), or placed on a node that is no
@@ -137,15 +137,18 @@ class CapturePool:
         # a GPU replica one at a time, and leaves its shards' writes to its node's CPUs
         forwards = min(self.concurrent_shards, threads) if threads else 1
         remote_writes = "num_gpus" in resources
-        tasks = self.gpu_tasks if remote_writes else self.concurrent_shards
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
         self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
         return ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
-            max_concurrency=tasks, **resources,
+            max_concurrency=self.tasks_per_replica(on_gpu=remote_writes), **resources,
         ).remote(model_path, self.store, threads, forwards, remote_writes)
+
+    def tasks_per_replica(self, on_gpu: bool) -> int:
+        """Capture tasks one replica works on at once (its actor's concurrency)."""
+        return self.gpu_tasks if on_gpu else self.concurrent_shards
 
     def _await_free_gpus(self, digest: str, gpus: int) -> None:
         """Wait, at most `start_seconds`, until Ray counts a GPU free for each replica to start; else

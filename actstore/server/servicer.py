@@ -20,7 +20,6 @@ from actstore.options import (
     TRAIN,
     from_message,
     from_wire,
-    resolve,
 )
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
@@ -160,7 +159,7 @@ class CaptureServicer(rpc.CaptureServicer):
                          seed=from_wire(TRAIN, "seed", request.seed),
                          steps=from_message(TRAIN, "steps", request) or 0, smoke=request.smoke,
                          alternating=request.alternating, weights=from_wire(TRAIN, "weights", request.weights),
-                         beta=resolve(TRAIN, "beta", request.beta) if request.HasField("beta") else None),
+                         beta=from_message(TRAIN, "beta", request)),
             principal=current_principal.get()))
 
     def ListJobs(self, request, context):
