@@ -33,6 +33,8 @@ from actstore.workers import cluster
 log = logging.getLogger(__name__)
 
 WAIT_SECONDS = 0.5
+# how long an interrupted task may take to stop before its worker is ended (`cancel`)
+CANCEL_GRACE_SECONDS = 10.0
 
 # Ray's errors for a task whose worker went away (an actor died, restarting or unplaceable, its
 # node died, its process crashed, its result lost with its node): not an error of the task's own
@@ -51,8 +53,7 @@ def gather(refs):
     pending = [refs] if isinstance(refs, ray.ObjectRef) else list(refs)
     while active is not None and pending:
         if not active():
-            for ref in pending:
-                ray.cancel(ref)
+            cancel(pending)
             raise Cancelled(f"the call ended before its answer (deadline passed or cancelled): {len(pending)} "
                             "task(s) were cancelled; ask again with a longer timeout")
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SECONDS)
@@ -63,6 +64,36 @@ def gather(refs):
         if isinstance(cause, ActStoreError):
             raise cause from None
         raise
+
+
+def cancel(refs: list[ray.ObjectRef]) -> None:
+    """Cancel tasks nobody waits for any more: interrupt them now (a task stops at its next Python
+    line and its worker stays), and a thread of its own checks that they did stop: one still
+    running `CANCEL_GRACE_SECONDS` later (an interrupt lost in Ray, or a C call that never returns
+    to Python) is force-cancelled, which ends its worker process; otherwise it would hold its CPU
+    until it ended on its own, minutes after its call."""
+    for ref in refs:
+        ray.cancel(ref)
+    threading.Thread(target=_force_if_still_running, args=(refs,), name="cancel-check", daemon=True).start()
+
+
+def _force_if_still_running(refs: list[ray.ObjectRef]) -> None:
+    try:
+        done, running = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_SECONDS,
+                                 fetch_local=False)
+    except Exception as exc:  # Ray shut down meanwhile (the server stopped): nothing is left to end
+        log.info("no check of %d cancelled task(s): %s", len(refs), brief(exc))
+        return
+    log.info("cancelled %d task(s): %d stopped, %d still running after %.0f s", len(refs), len(done),
+             len(running), CANCEL_GRACE_SECONDS)
+    for ref in running:
+        try:
+            ray.cancel(ref, force=True)
+        except ValueError:  # an actor's task: force cannot end it without the actor; it stops when it returns
+            log.warning("a cancelled actor task (%s) is still running after %.0f s", ref.hex(), CANCEL_GRACE_SECONDS)
+        else:
+            log.warning("a cancelled task (%s) was still running after %.0f s: its worker was ended", ref.hex(),
+                        CANCEL_GRACE_SECONDS)
 
 
 # what our own code raises when it is wrong (a call with the wrong types, a missing attribute, a

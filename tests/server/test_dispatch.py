@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 import ray
 
 from actstore.errors import InvalidArgument, Unavailable
+from actstore.server import dispatch
 from actstore.server.dispatch import WorkerBug, gather, get_or_raise, run_windowed
 
 
@@ -103,3 +105,30 @@ def test_a_bug_inside_a_task_is_internal_and_anything_else_is_what_the_caller_sa
         get_or_raise(_raises.remote("store"), unavailable, bugs_internal=True)
     with pytest.raises(Unavailable, match="the task failed: .*has no len"):  # a user's model or file
         get_or_raise(_raises.remote("bug"), unavailable)
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _deaf_to_interrupts(seconds: float) -> str:
+    """A task that swallows Ray's cancel interrupt (as one stuck in a C call never sees it)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass
+    return "ran to the end"
+
+
+def test_a_cancelled_task_that_keeps_running_has_its_worker_ended(ray_cluster, monkeypatch, caplog):
+    """`cancel` interrupts; a task still running after the grace period is force-cancelled, so its
+    CPU is free in seconds, not when the task would have ended (120 s here)."""
+    monkeypatch.setattr(dispatch, "CANCEL_GRACE_SECONDS", 1.0)
+    ref = _deaf_to_interrupts.remote(120.0)
+    ray.wait([ref], timeout=2)  # let it start: an interrupt before it runs would simply drop it
+    with caplog.at_level(logging.INFO, logger="actstore.server.dispatch"):
+        dispatch.cancel([ref])
+        ready, _ = ray.wait([ref], timeout=30, fetch_local=False)
+    assert ready, "the cancelled task still runs 30 s later"
+    with pytest.raises((ray.exceptions.WorkerCrashedError, ray.exceptions.TaskCancelledError)):
+        ray.get(ref)
+    assert "was still running after 1 s: its worker was ended" in caplog.text
