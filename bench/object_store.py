@@ -7,7 +7,7 @@ and the layer sums it carries; opening the run), not the server's speed.
 
   * write: `ZarrArrayStore.write_shard` of synthetic float16 shards (rows=256, L+1=7, d=384, as a
     capture writes them, with their layer sums, chunk rows and statistics computed beforehand, as
-    the capture does: `workers.capture.write_prepared`),
+    the capture does: `workers.shard_writes.write_prepared`),
     `--concurrency` shards in flight (a capture keeps 2 per replica); baseline: `obstore.put` of
     random objects of exactly the sizes the shard objects have, same concurrency. Rate = stored
     shard bytes / s.
@@ -90,10 +90,9 @@ class Meter:
 def capture_details(run: str, shard: int, values: np.ndarray) -> tuple[dict, dict]:
     """The chunk rows and layer statistics a capture writes with a shard."""
     from actstore.metrics.layer_stats import LayerStats
-    from actstore.workers.capture import chunk_metadata
+    from actstore.workers.shard_writes import chunk_metadata
 
-    numbers = values.astype(np.float32)
-    return chunk_metadata(run, shard, values, numbers), LayerStats.empty(values.shape[1]).update(numbers).to_dict()
+    return chunk_metadata(run, shard, values), LayerStats.empty(values.shape[1]).update(values).to_dict()
 
 
 def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, meter: Meter) -> tuple[int, int]:

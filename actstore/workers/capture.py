@@ -20,18 +20,17 @@ import threading
 import time
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from actstore.metrics.layer_stats import LayerStats
 from actstore.modeling.adapter import Batch, ModelAdapter
-from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
+from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 from actstore.workers.cluster import unwrap
+from actstore.workers.shard_writes import PreparedShard, write_prepared, write_remotely
 
 _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -63,30 +62,16 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
     return cast.numpy()
 
 
-@dataclass(frozen=True)
-class PreparedShard:
-    """A shard in its storage dtype with the reductions torch makes of it (`prepare_shards`)."""
-
-    layers: np.ndarray  # (L+1, rows, d), each layer contiguous: as the store keeps it (an inner chunk per layer)
-    sums: np.ndarray  # (L+1, d) float64 sums of the stored numbers, exactly
-    extremes: tuple[list, list]  # per layer min and max of the stored numbers (NaN propagates)
-
-    @property
-    def stored(self) -> np.ndarray:
-        """(rows, L+1, d), each layer's numbers in one piece."""
-        return self.layers.transpose(1, 0, 2)
-
-
 def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str) -> list[PreparedShard]:
     """The part of storing shards that runs where their forward pass ran: the cast, the layer sums
     and the layer extremes of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each
     of ``bounds`` (on a GPU, there too: the reductions of all the shards come back at once, and
     only the storage dtype's bytes, half of float32's, come to the host). The rest of a shard's
-    write is `write_prepared`.
+    write is `shard_writes.write_prepared`.
 
     The values are laid out layer by layer here, as the store keeps them (an inner chunk and a
-    checksum per layer): the widening, checksums, statistics and compression after it then read
-    each layer in one piece instead of copying it out of interleaved rows."""
+    checksum per layer): the checksums, statistics and compression after it then read each layer
+    in one piece instead of copying it out of interleaved rows."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
     sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).cpu().numpy()
@@ -95,51 +80,6 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     on_host = storage_array(by_layer.cpu())
     return [PreparedShard(on_host[:, lo:hi], shard_sums, (low, high))
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
-
-
-def widened(stored: np.ndarray) -> np.ndarray:
-    """The stored numbers as float32: float16 through torch (several times faster than numpy's
-    conversion), bfloat16 (stored as its uint16 bits) by a shift."""
-    if stored.dtype == np.float16:
-        return torch.from_numpy(stored).float().numpy()
-    return decode_stored(stored, "bfloat16" if stored.dtype == np.uint16 else "float32")
-
-
-def layer_extremes(numbers: torch.Tensor) -> tuple[list, list]:
-    """One min and one max reduction over all layers at once, in the stored dtype (torch reduces
-    float16 and bfloat16 without a float32 copy, and propagates NaN)."""
-    return torch.amin(numbers, dim=(0, 2)).tolist(), torch.amax(numbers, dim=(0, 2)).tolist()
-
-
-def chunk_metadata(run_key: str, shard: int, stored: np.ndarray, numbers: np.ndarray | torch.Tensor,
-                   extremes: tuple[list, list] | None = None) -> dict[str, list]:
-    """One catalog row per layer of a shard: rows, crc32c of the stored bytes, and the finite
-    min/max and NaN/Inf counts of the stored numbers (an fp16 overflow shows up here as Inf).
-
-    ``extremes`` are the layers' min and max (`layer_extremes`, computed here when not given):
-    where both are finite, the layer has no NaN or Inf and they are its finite extremes; only
-    other layers are counted."""
-    lows, highs = extremes or layer_extremes(torch.as_tensor(numbers))
-    rows: dict[str, list] = {k: [] for k in
-                             ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
-    for layer in range(stored.shape[1]):
-        low, high, nans, infs = lows[layer], highs[layer], 0, 0
-        if not (np.isfinite(low) and np.isfinite(high)):
-            values = np.asarray(numbers[:, layer, :], dtype=np.float32)
-            finite = np.isfinite(values)
-            low = float(values[finite].min()) if finite.any() else float("nan")
-            high = float(values[finite].max()) if finite.any() else float("nan")
-            nans, infs = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-        rows["run_key"].append(run_key)
-        rows["shard"].append(shard)
-        rows["layer"].append(layer)
-        rows["rows"].append(stored.shape[0])
-        rows["checksum"].append(crc32c.crc32c(np.ascontiguousarray(stored[:, layer, :])))  # no copy if laid out so
-        rows["min"].append(low)
-        rows["max"].append(high)
-        rows["nan_count"].append(nans)
-        rows["inf_count"].append(infs)
-    return rows
 
 
 def task_samples(offsets: np.ndarray, start: int, stop: int) -> tuple[int, int, int]:
@@ -182,7 +122,7 @@ class ShardCapturer:
     Run as an actor with several calls at once (Settings.capture_concurrent_shards). A task first
     tokenises its batches, then computes them (at most ``forwards`` tasks at once: `_compute`,
     which also covers the cast and reductions of their shards, `prepare_shards`), then writes its
-    shards (`write_prepared`: widening, checksums, statistics, compression and I/O) while the
+    shards (`shard_writes.write_prepared`: checksums, statistics, compression and I/O) while the
     others tokenise and compute, so the model does not wait on the store.
 
     A CPU replica (the pool's choice) runs as many forwards at once as it runs tasks, each on its
@@ -326,20 +266,11 @@ class ShardCapturer:
         if not self.remote_writes:
             return [write_prepared(self.arrays, *write) for write in writes]
         here = NodeAffinitySchedulingStrategy(self.node_id(), soft=True)
-        refs = [_write_remotely.options(scheduling_strategy=here).remote(self.store, *write) for write in writes]
+        refs = [write_remotely.options(scheduling_strategy=here).remote(self.store, *write) for write in writes]
         try:
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:  # the writer's own error, as an inline write raises it
             raise unwrap(exc) from None
-
-
-def _write_on_worker(store: StoreHandle, run_key: str, shard: int, prepared: PreparedShard,
-                     token_ids: np.ndarray | None) -> dict[str, list]:
-    return write_prepared(store.open(), run_key, shard, prepared, token_ids)
-
-
-# a whole shard, so a retry (its worker lost) writes the same object again
-_write_remotely = ray.remote(num_cpus=1, max_retries=2)(_write_on_worker)
 
 
 def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
@@ -348,16 +279,3 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
     catalog records (a capture's and an import's shards take this one path)."""
     return write_prepared(arrays, run_key, shard, prepare_shards(values, [(0, len(values))], dtype)[0], token_ids)
-
-
-def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: PreparedShard,
-                   token_ids: np.ndarray | None = None) -> dict[str, list]:
-    """`store_shard` after `prepare_shards`, on the host: the float32 widening (in the calling
-    thread's torch team, which is the forward's own in a capture task), checksums, statistics,
-    compression and the store's write."""
-    stored = prepared.stored
-    numbers = widened(stored)
-    rows = chunk_metadata(run_key, shard, stored, numbers, prepared.extremes)
-    stats = LayerStats.empty(stored.shape[1]).update(numbers).to_dict()
-    arrays.write_shard(run_key, shard, stored, prepared.sums, token_ids, rows, stats)  # in the shard object
-    return rows

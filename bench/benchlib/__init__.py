@@ -176,7 +176,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     Path: a RunLayout (actstore.store.arrays) and a RunRecord (catalog) with placeholder model
     and dataset records (the query path reads only the run record and the arrays); each shard
     goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
-    (`actstore.workers.capture.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
+    (`actstore.workers.shard_writes.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
     `service.catalog.record_shard`, then the layer means are written and `catalog.commit_run`
     checks every shard is recorded and marks the run committed, as a capture job does."""
     import pyarrow as pa
@@ -184,7 +184,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     from actstore.store.arrays import RunLayout
     from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
     from actstore.store.keys import run_key, run_spec
-    from actstore.workers.capture import chunk_metadata
+    from actstore.workers.shard_writes import chunk_metadata
 
     service = client._server.service
     shard_rows = service.settings.shard_rows
@@ -230,7 +230,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
             stored = values.astype(np.float16)
             numbers = stored.astype(np.float32)
             service.arrays.write_shard(key, shard, stored, numbers.sum(axis=0, dtype=np.float64))
-            for column, cells in chunk_metadata(key, shard, stored, numbers).items():
+            for column, cells in chunk_metadata(key, shard, stored).items():
                 pending.setdefault(column, []).extend(cells)
             if shard % 64 == 63 or shard == layout.num_shards - 1:
                 service.catalog.record_shard(pa.table(pending))
