@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run: the GPU benchmarks (metric device, token-level and pooled
-# capture throughput), then the CUDA tests (last: on a lent machine with minutes of device time,
-# the numbers come back first). CI has no GPU, and these tests skip there; run this
-# on a machine with one (`make gpu-check`, or `bash scripts/gpu_check.sh OUT_DIR` where the
-# project is already installed) and put the numbers in the closing note.
+# capture throughput, a token-level task's steps), then the CUDA tests (last: on a lent machine
+# with minutes of device time, the numbers come back first). CI has no GPU, and these tests skip
+# there; run this on a machine with one (`make gpu-check`, or `bash scripts/gpu_check.sh OUT_DIR`
+# where the project is already installed) and put the numbers in the closing note.
 #
 # Every step writes its own log under OUT_DIR (default bench/out/gpu-check) and runs under a time
 # limit, so a hang costs one step, not the session. Output goes to files, never through a pipe:
@@ -48,6 +48,9 @@ cp bench/out/metric_device.json "$OUT_DIR/" 2>/dev/null
 step capture_tokens "ratio|stored:|baseline|bare forward|capture,|job:|replica [0-9]" \
     "$PYTHON" bench/capture_throughput.py --pooling tokens --n "$CAPTURE_N"
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_tokens.json" 2>/dev/null
+# where a token-level capture task's time goes beyond the forward: the host's steps on a GPU
+step capture_steps "bare forward|of bare" "$PYTHON" bench/capture_steps.py
+cp bench/out/capture_steps.json "$OUT_DIR/" 2>/dev/null
 step capture_pooled "ratio|baseline" "$PYTHON" bench/capture_throughput.py
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_pooled.json" 2>/dev/null
 
