@@ -1,11 +1,13 @@
 """The windowed dispatcher with real Ray actors: a task lost with its worker is submitted again
-(a bounded number of times), an error the task raised itself never is."""
+(a bounded number of times), an error the task raised itself never is; a cancelled task that
+keeps running has its worker ended."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -108,8 +110,10 @@ def test_a_bug_inside_a_task_is_internal_and_anything_else_is_what_the_caller_sa
 
 
 @ray.remote(num_cpus=1, max_retries=0)
-def _deaf_to_interrupts(seconds: float) -> str:
-    """A task that swallows Ray's cancel interrupt (as one stuck in a C call never sees it)."""
+def _deaf_to_interrupts(seconds: float, started: str) -> str:
+    """A task that swallows Ray's cancel interrupt (as one stuck in a C call never sees it); it
+    creates the file `started` once it runs."""
+    Path(started).touch()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
@@ -119,12 +123,16 @@ def _deaf_to_interrupts(seconds: float) -> str:
     return "ran to the end"
 
 
-def test_a_cancelled_task_that_keeps_running_has_its_worker_ended(ray_cluster, monkeypatch, caplog):
+def test_a_cancelled_task_that_keeps_running_has_its_worker_ended(ray_cluster, monkeypatch, caplog, tmp_path):
     """`cancel` interrupts; a task still running after the grace period is force-cancelled, so its
     CPU is free in seconds, not when the task would have ended (120 s here)."""
     monkeypatch.setattr(dispatch, "CANCEL_GRACE_SECONDS", 1.0)
-    ref = _deaf_to_interrupts.remote(120.0)
-    ray.wait([ref], timeout=2)  # let it start: an interrupt before it runs would simply drop it
+    started = tmp_path / "started"
+    ref = _deaf_to_interrupts.remote(120.0, str(started))
+    deadline = time.monotonic() + 60  # running, not queued: a task cancelled before it runs simply never runs
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the task did not start within 60 s"
     with caplog.at_level(logging.INFO, logger="actstore.server.dispatch"):
         dispatch.cancel([ref])
         ready, _ = ray.wait([ref], timeout=30, fetch_local=False)
