@@ -90,9 +90,19 @@ class ResourceExhausted(ActStoreError):
 
 
 class DataLoss(ActStoreError):
-    """Stored bytes are corrupt (a checksum mismatch) or missing."""
+    """Stored bytes are corrupt (a checksum mismatch) or missing. ``damage`` says which bytes and
+    why, without the advice the message goes on with (what a report lists, such as `catalog
+    rebuild`'s); where nothing narrower was given, the message itself. It survives pickling (a
+    DataLoss raised in a Ray task reaches the server whole)."""
 
     code = "DATA_LOSS"
+
+    def __init__(self, message: str, damage: str | None = None) -> None:
+        super().__init__(message)
+        self.damage = message if damage is None else damage
+
+    def __reduce__(self):
+        return type(self), (str(self), self.damage)
 
 
 class Cancelled(ActStoreError):

@@ -115,3 +115,19 @@ def test_the_client_raises_the_class_of_the_status():
     with pytest.raises(ActStoreError) as info:
         _raise_as_ours(FakeRpcError(grpc.StatusCode.INTERNAL))
     assert type(info.value) is ActStoreError and info.value.code == "INTERNAL"
+
+
+def test_a_data_loss_keeps_what_is_damaged_apart_from_its_advice_through_pickling():
+    """`damage` is what a report lists (catalog rebuild); a DataLoss raised in a Ray task is
+    pickled to the server, and keeps it."""
+    import pickle
+
+    from actstore.store.damage import damaged
+
+    exc = damaged("a" * 64, "acts", "failed its crc32c check", shard=2, layer=1, rows=(512, 768))
+    assert exc.damage == "shard 2 layer 1 of array 'acts' (rows 512..768) failed its crc32c check"
+    assert str(exc).startswith(f"run {'a' * 12}: {exc.damage}; `actstore verify")
+    again = pickle.loads(pickle.dumps(exc))
+    assert type(again) is DataLoss and str(again) == str(exc) and again.damage == exc.damage
+    plain = DataLoss("the bytes are gone")
+    assert plain.damage == "the bytes are gone" and pickle.loads(pickle.dumps(plain)).damage == plain.damage

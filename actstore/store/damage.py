@@ -24,4 +24,5 @@ def damaged(run_key: str, array: str, why: str, *, shard: int | None = None, lay
                      "of " if shard is not None or layer is not None else "", f"array {array!r}",
                      f" (rows {rows[0]}..{rows[1]})" if rows else ""])
     return DataLoss(f"run {run_key[:12]}: {where} {why}; `actstore verify {run_key[:12]} --repair` "
-                    "drops the damaged shards, then submit the same capture again to rewrite them")
+                    "drops the damaged shards, then submit the same capture again to rewrite them",
+                    damage=f"{where} {why}")

@@ -143,8 +143,7 @@ def _readable_chunk_rows(arrays: ArrayStore, run_key: str, num_shards: int) -> t
         try:
             kept, _ = arrays.shard_details(run_key, shard)
         except DataLoss as exc:
-            # "run R: shard S of array A failed ...; `actstore verify ...`": the middle names it
-            damaged[shard] = str(exc).removeprefix(f"run {run_key[:12]}: ").partition("; `actstore verify")[0]
+            damaged[shard] = exc.damage  # "shard S of array A failed ...", without the advice
             continue
         for column, cells in (kept or {}).items():
             rows.setdefault(column, []).extend(cells)
