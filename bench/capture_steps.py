@@ -7,8 +7,8 @@ batches (`length_batches`), each step timed on its own:
 
 * tokenise: `adapter.encode` of the task's texts (the replica's own; the run's layout is the
   `TokenLayouts` process's, not counted)
-* hidden states: `adapter.site_states` (the forward with every layer kept), minus the bare forward
-* gather: `pool_tokens` (the non-pad tokens) and the cast to float16
+* hidden states: `adapter.site_layers` (the forward with every layer kept), minus the bare forward
+* gather: each layer's non-pad tokens copied out and cast to float16 (`layer_tokens`)
 * order: the tokens back in sample order (`token_order`), the task's rows in one array
 * prepare: `prepare_shards` (layer-major layout, float64 layer sums, extremes)
 * write: `shard_writes.write_prepared` of every whole 256-token shard (chunk rows, statistics,
@@ -52,7 +52,7 @@ def timed(device: str):
 
 
 def one_round(adapter, texts: list[str], args, arrays, run_key: str, first_shard: int) -> tuple[dict, int]:
-    from actstore.workers.capture import length_batches, prepare_shards, token_order
+    from actstore.workers.capture import layer_tokens, length_batches, prepare_shards, token_order
     from actstore.workers.shard_writes import write_prepared
 
     now = timed(str(adapter.device))
@@ -69,11 +69,11 @@ def one_round(adapter, texts: list[str], args, arrays, run_key: str, first_shard
                 adapter.model(**{name: tensor.to(adapter.device) for name, tensor in batch.inputs.items()})
             spent["bare"] += now() - t
             t = now()
-            states = [adapter.site_states(batch, ["resid_post"])["resid_post"] for batch, _ in batches]
+            states = [adapter.site_layers(batch, ["resid_post"])["resid_post"] for batch, _ in batches]
             spent["hidden states"] += now() - t
         t = now()
-        pooled = [adapter.pool_tokens(hidden, batch.mask) for (batch, _), hidden in zip(batches, states)]
-        parts, counts = [tokens.to(torch.float16) for tokens, _ in pooled], [c for _, c in pooled]
+        taken = [layer_tokens(layers, batch.mask, torch.float16) for (batch, _), layers in zip(batches, states)]
+        parts, counts = [tokens for tokens, _ in taken], [batch_counts for _, batch_counts in taken]
         spent["gather"] += now() - t
         t = now()
         order = token_order(np.concatenate([members for _, members in batches]), np.concatenate(counts))

@@ -7,7 +7,8 @@ Modules (each importable on its own):
 - ``loading``: ``load_folder``, a strict float32 / eval-mode load of a Hugging Face folder.
 - ``introspection``: ``model_digest``, ``decide_kind``, ``find_blocks``, ``find_final_norm``,
   ``find_head_module``, ``replaced_layer``.
-- ``pooling``: ``pool``, ``pool_tokens`` (the poolings of ``actstore.store.keys.POOLINGS``).
+- ``pooling``: ``pool``, ``pool_tokens`` (the poolings of ``actstore.store.keys.POOLINGS``),
+  ``token_positions`` (which tokens ``pool_tokens`` keeps).
 - ``lens_head``: ``describe_lens_head`` (a torch model's head as a ``metrics.lens.LensHead``) and
   ``TorchLensHead`` (that head applied in torch).
 - ``adapter``: ``ModelAdapter`` and ``Batch``.

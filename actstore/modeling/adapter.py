@@ -246,7 +246,14 @@ class ModelAdapter:
     @torch.no_grad()
     def hidden_states(self, batch: Batch) -> torch.Tensor:
         """(L+1, b, s, d) float32 on the model's device: the embedding output, then the output of
-        every block. Layer L is the last block's raw output, before any final norm.
+        every block. Layer L is the last block's raw output, before any final norm."""
+        return torch.stack(self.hidden_layers(batch), dim=0).float()
+
+    @torch.no_grad()
+    def hidden_layers(self, batch: Batch) -> list[torch.Tensor]:
+        """`hidden_states` as L+1 separate (b, s, d) tensors in the model's dtype, not stacked (a
+        token-level capture copies each layer's tokens out on its own: stacking first copied every
+        padded position once more).
 
         Hooks are added to the last block for the duration of the call; each keeps only what the
         forward of its own thread passes (a capture replica runs forwards from several threads at
@@ -293,7 +300,7 @@ class ModelAdapter:
             raise InvalidArgument(
                 f"cannot align {self.arch}'s blocks ({self._blocks_name}) with its hidden states; not supported"
             )
-        return torch.stack([*hs[:L], seen["out"]], dim=0).float()
+        return [*hs[:L], seen["out"]]
 
     def site(self, site: str) -> ResolvedSite:
         """The modules of a capture site (``actstore.modeling.sites``) in this model."""
@@ -305,22 +312,28 @@ class ModelAdapter:
     def site_states(self, batch: Batch, sites: Sequence[str]) -> dict[str, torch.Tensor]:
         """{site: (L+1, b, s, d) float32} from one forward pass: layer 0 is the embedding output for
         every site, layer l the output of block l's module at the site (resid_post: ``hidden_states``)."""
+        return {site: torch.stack(layers, dim=0).float() for site, layers in self.site_layers(batch, sites).items()}
+
+    @torch.no_grad()
+    def site_layers(self, batch: Batch, sites: Sequence[str]) -> dict[str, list[torch.Tensor]]:
+        """`site_states` as L+1 separate (b, s, d) tensors a site, in the model's dtype (see
+        `hidden_layers`)."""
         resolved = [self.site(site) for site in sites]
         with collected(self.model, resolved) as outputs:
-            hidden = self.hidden_states(batch)
+            hidden = self.hidden_layers(batch)
         states = {}
         for r in resolved:
             if r.site == RESID_POST:
                 states[r.site] = hidden
                 continue
             outs = outputs[r.site]
-            bad = [o for o in outs if not isinstance(o, torch.Tensor) or o.shape != hidden.shape[1:]]
+            bad = [o for o in outs if not isinstance(o, torch.Tensor) or o.shape != hidden[0].shape]
             if bad:
                 first = bad[0]
                 got = "no output" if first is None else f"{type(first).__name__} {tuple(getattr(first, 'shape', ()))}"
-                raise InvalidArgument(f"site {r.site!r} ({r.pattern}) gave {got}, not the {tuple(hidden.shape[1:])} "
+                raise InvalidArgument(f"site {r.site!r} ({r.pattern}) gave {got}, not the {tuple(hidden[0].shape)} "
                                       "(batch, positions, hidden size) a layer stores: pick another module")
-            states[r.site] = torch.stack([hidden[0], *outs], dim=0).float()
+            states[r.site] = [hidden[0], *outs]
         return states
 
     pool = staticmethod(pool)

@@ -13,25 +13,32 @@ import torch
 from actstore.errors import InvalidArgument
 from actstore.store.keys import POOLINGS
 
-__all__ = ["TOKEN_POOLING", "VECTOR_POOLINGS", "pool", "pool_tokens"]
+__all__ = ["TOKEN_POOLING", "VECTOR_POOLINGS", "pool", "pool_tokens", "token_positions"]
 
 TOKEN_POOLING = "tokens"
 VECTOR_POOLINGS = tuple(p for p in POOLINGS if p != TOKEN_POOLING)  # one vector per sample
 
 
-def _full_mask(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _check_hidden(hidden: torch.Tensor) -> None:
     if hidden.dim() != 4:
         raise InvalidArgument(
             f"hidden must be (L+1, batch, seq, d), got shape {tuple(hidden.shape)}"
         )
-    _, b, s, _ = hidden.shape
+
+
+def _full_mask(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    _check_hidden(hidden)
+    return _batch_mask(mask, hidden.shape[1], hidden.shape[2], hidden.device)
+
+
+def _batch_mask(mask: torch.Tensor | None, b: int, s: int, device: torch.device) -> torch.Tensor:
     if mask is None:
-        return torch.ones(b, s, dtype=torch.bool, device=hidden.device)
+        return torch.ones(b, s, dtype=torch.bool, device=device)
     if tuple(mask.shape) != (b, s):
         raise InvalidArgument(
             f"mask shape {tuple(mask.shape)} does not match hidden (batch={b}, seq={s})"
         )
-    mask = mask.to(device=hidden.device).bool()
+    mask = mask.to(device=device).bool()
     empty = (~mask.any(dim=1)).nonzero().flatten()
     if len(empty):
         raise InvalidArgument(f"samples {empty.tolist()} have no tokens in the mask")
@@ -65,7 +72,16 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor | None, pooling: str) -> torch
 def pool_tokens(hidden: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, np.ndarray]:
     """(L+1, b, s, d) -> ((L+1, T, d), counts (b,) int64): the non-pad tokens of every sample,
     concatenated in sample order then position order; T = counts.sum()."""
-    m = _full_mask(hidden, mask)
+    _check_hidden(hidden)
+    b_idx, s_idx, counts = token_positions(mask, hidden.shape[1], hidden.shape[2], hidden.device)
+    return hidden[:, b_idx, s_idx, :], counts
+
+
+def token_positions(mask: torch.Tensor | None, b: int, s: int, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The (sample, position) indices of the tokens `pool_tokens` keeps of a (b, s) batch, in its
+    order, and each sample's count: for taking the tokens out of one (b, s, d) layer at a time."""
+    m = _batch_mask(mask, b, s, device)
     counts = m.sum(dim=1).to("cpu").numpy().astype(np.int64)
     b_idx, s_idx = m.nonzero(as_tuple=True)  # row-major: sample order, then position order
-    return hidden[:, b_idx, s_idx, :], counts
+    return b_idx, s_idx, counts

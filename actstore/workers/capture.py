@@ -26,6 +26,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.modeling.adapter import Batch, ModelAdapter
+from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
@@ -80,6 +81,20 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     on_host = storage_array(by_layer.cpu())
     return [PreparedShard(on_host[:, lo:hi], shard_sums, (low, high))
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
+
+
+def layer_tokens(layers: list[torch.Tensor], mask: torch.Tensor | None, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, np.ndarray]:
+    """(L+1, T, d) in ``dtype``: the tokens `pool_tokens` keeps of one batch whose layers are the
+    (b, s, d) tensors ``layers``, each layer's taken out and cast in one copy, and each sample's
+    count. (Stacking the layers, gathering, then casting copied every token three times, the first
+    time with its padding: 2-3x the time, `bench/capture_steps.py`'s gather step.)"""
+    b, s, width = layers[0].shape
+    b_idx, s_idx, counts = token_positions(mask, b, s, layers[0].device)
+    tokens = torch.empty((len(layers), len(b_idx), width), dtype=dtype, device=layers[0].device)
+    for layer, states in enumerate(layers):
+        tokens[layer].copy_(states[b_idx, s_idx])
+    return tokens, counts
 
 
 def task_samples(offsets: np.ndarray, start: int, stop: int) -> tuple[int, int, int]:
@@ -218,11 +233,11 @@ class ShardCapturer:
         a shard out), and their token ids (text models)."""
         parts: dict[str, list] = {site: [] for site in sites}
         ids, counts = [], []
-        storage = _TORCH_STORAGE[dtype]  # each batch's rows cast at once: half the bytes to keep
+        storage = _TORCH_STORAGE[dtype]
         for batch, _ in batches:
-            for site, hidden in self.adapter.site_states(batch, sites).items():
-                tokens, batch_counts = self.adapter.pool_tokens(hidden, batch.mask)
-                parts[site].append(tokens.to(storage))
+            for site, layers in self.adapter.site_layers(batch, sites).items():
+                tokens, batch_counts = layer_tokens(layers, batch.mask, storage)
+                parts[site].append(tokens)
             counts.append(batch_counts)
             if batch.mask is not None and "input_ids" in batch.inputs:
                 ids.append(batch.inputs["input_ids"][batch.mask.bool()].numpy())

@@ -10,7 +10,15 @@ import ray
 import torch
 
 from actstore.modeling.adapter import ModelAdapter
-from actstore.workers.capture import CapturePlan, ShardCapturer, length_batches, prepare_shards, token_order
+from actstore.modeling.pooling import pool_tokens
+from actstore.workers.capture import (
+    CapturePlan,
+    ShardCapturer,
+    layer_tokens,
+    length_batches,
+    prepare_shards,
+    token_order,
+)
 from tests.factories import sentences
 
 
@@ -120,3 +128,22 @@ def test_prepared_shards_hold_each_shards_stored_numbers_sums_and_extremes(dtype
             part = cast[lo:hi, layer]
             expected = (np.nan, np.nan) if np.isnan(part).any() else (part.min(), part.max())
             np.testing.assert_array_equal([lows[layer], highs[layer]], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("masked", [True, False])
+def test_layer_tokens_are_the_pooled_tokens_in_the_storage_dtype(dtype, masked):
+    """Each layer's tokens taken out on its own equal `pool_tokens` of the stacked layers, cast:
+    the same rows in the same order (padding on either side; no mask: every position, as for
+    images), and the same counts."""
+    rng = np.random.default_rng(4)
+    layers = [torch.from_numpy(rng.standard_normal((5, 9, 6)).astype(np.float32) * 50) for _ in range(4)]
+    mask = None
+    if masked:
+        mask = torch.zeros(5, 9, dtype=torch.long)
+        for row, (lo, hi) in enumerate([(0, 9), (0, 3), (4, 9), (0, 1), (2, 7)]):
+            mask[row, lo:hi] = 1
+    tokens, counts = layer_tokens(layers, mask, dtype)
+    expected, expected_counts = pool_tokens(torch.stack(layers), mask)
+    assert tokens.dtype == dtype and torch.equal(tokens, expected.to(dtype))
+    np.testing.assert_array_equal(counts, expected_counts)
