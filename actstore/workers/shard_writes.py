@@ -48,15 +48,18 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray,
 
     ``extremes`` are the layers' min and max, NaN propagating (computed here when not given):
     where both are finite, the layer has no NaN or Inf and they are its finite extremes; only
-    other layers are counted."""
-    numbers = stored_numbers(stored)
-    lows, highs = extremes or (numbers.min(axis=(0, 2)).tolist(), numbers.max(axis=(0, 2)).tolist())
+    other layers are counted. (bfloat16 is decoded only where its numbers are needed: for the
+    extremes when not given, and for a layer with NaN or Inf.)"""
+    if extremes is None:
+        numbers = stored_numbers(stored)
+        extremes = numbers.min(axis=(0, 2)).tolist(), numbers.max(axis=(0, 2)).tolist()
+    lows, highs = extremes
     rows: dict[str, list] = {k: [] for k in
                              ("run_key", "shard", "layer", "rows", "checksum", "min", "max", "nan_count", "inf_count")}
     for layer in range(stored.shape[1]):
         low, high, nans, infs = lows[layer], highs[layer], 0, 0
         if not (np.isfinite(low) and np.isfinite(high)):
-            values = np.asarray(numbers[:, layer, :], dtype=np.float32)
+            values = np.asarray(stored_numbers(stored[:, layer, :]), dtype=np.float32)
             finite = np.isfinite(values)
             low = float(values[finite].min()) if finite.any() else float("nan")
             high = float(values[finite].max()) if finite.any() else float("nan")
