@@ -185,6 +185,12 @@ else
     "$PY" -m pip install -q -c "$CONSTRAINTS" --no-deps "${missing_wheels[@]}"
 fi
 
+# The pinned protoc generator (scripts/protoc-tools.txt) in its own venv under ~/.cache/actstore:
+# tests/test_generated_stubs.py regenerates the stubs with it and compares. Quick when present.
+if [[ $DEPS_ONLY == 0 ]]; then
+    say "protoc generator: $("$PY" "$ROOT/scripts/generate_protos.py" --tools-only)"
+fi
+
 # --- check -------------------------------------------------------------------------------------
 modules="torch, ray, zarr, duckdb, transformers"
 if [[ $DEPS_ONLY == 0 ]]; then

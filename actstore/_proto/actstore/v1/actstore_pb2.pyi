@@ -6,606 +6,534 @@ Errors travel as gRPC status codes (see actstore/errors.py for the mapping); a s
 answer never carries an error field.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.internal.enum_type_wrapper
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class NDArray(_message.Message):
+@typing.final
+class NDArray(google.protobuf.message.Message):
     """A dense array: little-endian bytes in C order."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    SHAPE_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
-    dtype: _builtins.str
+    SHAPE_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    DATA_FIELD_NUMBER: builtins.int
+    dtype: builtins.str
     """numpy dtype name: float64, float32, float16, int64, uint16 ..."""
-    data: _builtins.bytes
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    data: builtins.bytes
+    @property
+    def shape(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
-        dtype: _builtins.str = ...,
-        data: _builtins.bytes = ...,
+        shape: collections.abc.Iterable[builtins.int] | None = ...,
+        dtype: builtins.str = ...,
+        data: builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dtype", b"dtype", "shape", b"shape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["data", b"data", "dtype", b"dtype", "shape", b"shape"]) -> None: ...
 
-Global___NDArray: _TypeAlias = NDArray  # noqa: Y015
+Global___NDArray: typing_extensions.TypeAlias = NDArray
 
-@_typing.final
-class Model(_message.Message):
+@typing.final
+class Model(google.protobuf.message.Message):
     """---------------------------------------------------------------------------------- catalog"""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    DIGEST_FIELD_NUMBER: _builtins.int
-    ALIASES_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    ARCH_FIELD_NUMBER: _builtins.int
-    NUM_LAYERS_FIELD_NUMBER: _builtins.int
-    HIDDEN_SIZE_FIELD_NUMBER: _builtins.int
-    HAS_HEAD_FIELD_NUMBER: _builtins.int
-    LINEAGE_JSON_FIELD_NUMBER: _builtins.int
-    digest: _builtins.str
-    kind: _builtins.str
+    DIGEST_FIELD_NUMBER: builtins.int
+    ALIASES_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    ARCH_FIELD_NUMBER: builtins.int
+    NUM_LAYERS_FIELD_NUMBER: builtins.int
+    HIDDEN_SIZE_FIELD_NUMBER: builtins.int
+    HAS_HEAD_FIELD_NUMBER: builtins.int
+    LINEAGE_JSON_FIELD_NUMBER: builtins.int
+    digest: builtins.str
+    kind: builtins.str
     """encoder | causal-lm | vision"""
-    arch: _builtins.str
-    num_layers: _builtins.int
+    arch: builtins.str
+    num_layers: builtins.int
     """L: the run stores hidden states 0..L"""
-    hidden_size: _builtins.int
-    has_head: _builtins.bool
+    hidden_size: builtins.int
+    has_head: builtins.bool
     """a lens head (final norm + classifier/unembedding) is stored"""
-    lineage_json: _builtins.str
-    @_builtins.property
-    def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    lineage_json: builtins.str
+    @property
+    def aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        digest: _builtins.str = ...,
-        aliases: _abc.Iterable[_builtins.str] | None = ...,
-        kind: _builtins.str = ...,
-        arch: _builtins.str = ...,
-        num_layers: _builtins.int = ...,
-        hidden_size: _builtins.int = ...,
-        has_head: _builtins.bool = ...,
-        lineage_json: _builtins.str = ...,
+        digest: builtins.str = ...,
+        aliases: collections.abc.Iterable[builtins.str] | None = ...,
+        kind: builtins.str = ...,
+        arch: builtins.str = ...,
+        num_layers: builtins.int = ...,
+        hidden_size: builtins.int = ...,
+        has_head: builtins.bool = ...,
+        lineage_json: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "arch", b"arch", "digest", b"digest", "has_head", b"has_head", "hidden_size", b"hidden_size", "kind", b"kind", "lineage_json", b"lineage_json", "num_layers", b"num_layers"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["aliases", b"aliases", "arch", b"arch", "digest", b"digest", "has_head", b"has_head", "hidden_size", b"hidden_size", "kind", b"kind", "lineage_json", b"lineage_json", "num_layers", b"num_layers"]) -> None: ...
 
-Global___Model: _TypeAlias = Model  # noqa: Y015
+Global___Model: typing_extensions.TypeAlias = Model
 
-@_typing.final
-class Dataset(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Dataset(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    DIGEST_FIELD_NUMBER: _builtins.int
-    ALIASES_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    N_FIELD_NUMBER: _builtins.int
-    NUM_LABELS_FIELD_NUMBER: _builtins.int
-    HAS_GROUPS_FIELD_NUMBER: _builtins.int
-    SOURCE_JSON_FIELD_NUMBER: _builtins.int
-    digest: _builtins.str
-    kind: _builtins.str
+    DIGEST_FIELD_NUMBER: builtins.int
+    ALIASES_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    N_FIELD_NUMBER: builtins.int
+    NUM_LABELS_FIELD_NUMBER: builtins.int
+    HAS_GROUPS_FIELD_NUMBER: builtins.int
+    SOURCE_JSON_FIELD_NUMBER: builtins.int
+    digest: builtins.str
+    kind: builtins.str
     """text | image"""
-    n: _builtins.int
-    num_labels: _builtins.int
-    has_groups: _builtins.bool
-    source_json: _builtins.str
-    @_builtins.property
-    def aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    n: builtins.int
+    num_labels: builtins.int
+    has_groups: builtins.bool
+    source_json: builtins.str
+    @property
+    def aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        digest: _builtins.str = ...,
-        aliases: _abc.Iterable[_builtins.str] | None = ...,
-        kind: _builtins.str = ...,
-        n: _builtins.int = ...,
-        num_labels: _builtins.int = ...,
-        has_groups: _builtins.bool = ...,
-        source_json: _builtins.str = ...,
+        digest: builtins.str = ...,
+        aliases: collections.abc.Iterable[builtins.str] | None = ...,
+        kind: builtins.str = ...,
+        n: builtins.int = ...,
+        num_labels: builtins.int = ...,
+        has_groups: builtins.bool = ...,
+        source_json: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aliases", b"aliases", "digest", b"digest", "has_groups", b"has_groups", "kind", b"kind", "n", b"n", "num_labels", b"num_labels", "source_json", b"source_json"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["aliases", b"aliases", "digest", b"digest", "has_groups", b"has_groups", "kind", b"kind", "n", b"n", "num_labels", b"num_labels", "source_json", b"source_json"]) -> None: ...
 
-Global___Dataset: _TypeAlias = Dataset  # noqa: Y015
+Global___Dataset: typing_extensions.TypeAlias = Dataset
 
-@_typing.final
-class LayerHealth(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class LayerHealth(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    LAYER_FIELD_NUMBER: _builtins.int
-    NAN_COUNT_FIELD_NUMBER: _builtins.int
-    INF_COUNT_FIELD_NUMBER: _builtins.int
-    MIN_FIELD_NUMBER: _builtins.int
-    MAX_FIELD_NUMBER: _builtins.int
-    MEAN_FIELD_NUMBER: _builtins.int
-    STD_FIELD_NUMBER: _builtins.int
-    NORM_MEAN_FIELD_NUMBER: _builtins.int
-    NORM_STD_FIELD_NUMBER: _builtins.int
-    HAS_STATS_FIELD_NUMBER: _builtins.int
-    layer: _builtins.int
-    nan_count: _builtins.int
-    inf_count: _builtins.int
-    min: _builtins.float
-    max: _builtins.float
-    mean: _builtins.float
+    LAYER_FIELD_NUMBER: builtins.int
+    NAN_COUNT_FIELD_NUMBER: builtins.int
+    INF_COUNT_FIELD_NUMBER: builtins.int
+    MIN_FIELD_NUMBER: builtins.int
+    MAX_FIELD_NUMBER: builtins.int
+    MEAN_FIELD_NUMBER: builtins.int
+    STD_FIELD_NUMBER: builtins.int
+    NORM_MEAN_FIELD_NUMBER: builtins.int
+    NORM_STD_FIELD_NUMBER: builtins.int
+    HAS_STATS_FIELD_NUMBER: builtins.int
+    layer: builtins.int
+    nan_count: builtins.int
+    inf_count: builtins.int
+    min: builtins.float
+    max: builtins.float
+    mean: builtins.float
     """running statistics of the stored numbers, merged over every shard at capture
     over rows and features
     """
-    std: _builtins.float
+    std: builtins.float
     """over rows and features"""
-    norm_mean: _builtins.float
+    norm_mean: builtins.float
     """the L2 norm of a row: its mean over rows"""
-    norm_std: _builtins.float
+    norm_std: builtins.float
     """and its standard deviation"""
-    has_stats: _builtins.bool
+    has_stats: builtins.bool
     """false for runs captured before statistics existed"""
     def __init__(
         self,
         *,
-        layer: _builtins.int = ...,
-        nan_count: _builtins.int = ...,
-        inf_count: _builtins.int = ...,
-        min: _builtins.float = ...,
-        max: _builtins.float = ...,
-        mean: _builtins.float = ...,
-        std: _builtins.float = ...,
-        norm_mean: _builtins.float = ...,
-        norm_std: _builtins.float = ...,
-        has_stats: _builtins.bool = ...,
+        layer: builtins.int = ...,
+        nan_count: builtins.int = ...,
+        inf_count: builtins.int = ...,
+        min: builtins.float = ...,
+        max: builtins.float = ...,
+        mean: builtins.float = ...,
+        std: builtins.float = ...,
+        norm_mean: builtins.float = ...,
+        norm_std: builtins.float = ...,
+        has_stats: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["has_stats", b"has_stats", "inf_count", b"inf_count", "layer", b"layer", "max", b"max", "mean", b"mean", "min", b"min", "nan_count", b"nan_count", "norm_mean", b"norm_mean", "norm_std", b"norm_std", "std", b"std"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["has_stats", b"has_stats", "inf_count", b"inf_count", "layer", b"layer", "max", b"max", "mean", b"mean", "min", b"min", "nan_count", b"nan_count", "norm_mean", b"norm_mean", "norm_std", b"norm_std", "std", b"std"]) -> None: ...
 
-Global___LayerHealth: _TypeAlias = LayerHealth  # noqa: Y015
+Global___LayerHealth: typing_extensions.TypeAlias = LayerHealth
 
-@_typing.final
-class Run(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Run(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_KEY_FIELD_NUMBER: _builtins.int
-    MODEL_DIGEST_FIELD_NUMBER: _builtins.int
-    DATASET_DIGEST_FIELD_NUMBER: _builtins.int
-    POOLING_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    MAX_LEN_FIELD_NUMBER: _builtins.int
-    N_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    NUM_LAYERS_FIELD_NUMBER: _builtins.int
-    WIDTH_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    NUM_SHARDS_FIELD_NUMBER: _builtins.int
-    RECORDED_SHARDS_FIELD_NUMBER: _builtins.int
-    HEALTH_FIELD_NUMBER: _builtins.int
-    STORED_BYTES_FIELD_NUMBER: _builtins.int
-    MODEL_ALIASES_FIELD_NUMBER: _builtins.int
-    DATASET_ALIASES_FIELD_NUMBER: _builtins.int
-    SITE_FIELD_NUMBER: _builtins.int
-    SITE_MODULES_FIELD_NUMBER: _builtins.int
-    run_key: _builtins.str
-    model_digest: _builtins.str
-    dataset_digest: _builtins.str
-    pooling: _builtins.str
-    dtype: _builtins.str
-    max_len: _builtins.int
-    n: _builtins.int
-    rows: _builtins.int
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    MODEL_DIGEST_FIELD_NUMBER: builtins.int
+    DATASET_DIGEST_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    MAX_LEN_FIELD_NUMBER: builtins.int
+    N_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    NUM_LAYERS_FIELD_NUMBER: builtins.int
+    WIDTH_FIELD_NUMBER: builtins.int
+    STATUS_FIELD_NUMBER: builtins.int
+    NUM_SHARDS_FIELD_NUMBER: builtins.int
+    RECORDED_SHARDS_FIELD_NUMBER: builtins.int
+    HEALTH_FIELD_NUMBER: builtins.int
+    STORED_BYTES_FIELD_NUMBER: builtins.int
+    MODEL_ALIASES_FIELD_NUMBER: builtins.int
+    DATASET_ALIASES_FIELD_NUMBER: builtins.int
+    SITE_FIELD_NUMBER: builtins.int
+    SITE_MODULES_FIELD_NUMBER: builtins.int
+    run_key: builtins.str
+    model_digest: builtins.str
+    dataset_digest: builtins.str
+    pooling: builtins.str
+    dtype: builtins.str
+    max_len: builtins.int
+    n: builtins.int
+    rows: builtins.int
     """n for pooled runs, the number of tokens for token-level runs"""
-    num_layers: _builtins.int
-    width: _builtins.int
-    status: _builtins.str
+    num_layers: builtins.int
+    width: builtins.int
+    status: builtins.str
     """running | committed | failed"""
-    num_shards: _builtins.int
-    recorded_shards: _builtins.int
-    stored_bytes: _builtins.int
+    num_shards: builtins.int
+    recorded_shards: builtins.int
+    stored_bytes: builtins.int
     """filled by DescribeRun"""
-    site: _builtins.str
+    site: builtins.str
     """resid_post | attn_out | mlp_out | a module path pattern"""
-    site_modules: _builtins.str
+    site_modules: builtins.str
     """the modules the site resolved to (`*` = block index); empty for resid_post"""
-    @_builtins.property
-    def health(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerHealth]:
+    @property
+    def health(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___LayerHealth]:
         """filled by DescribeRun"""
 
-    @_builtins.property
-    def model_aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def dataset_aliases(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @property
+    def model_aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def dataset_aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        run_key: _builtins.str = ...,
-        model_digest: _builtins.str = ...,
-        dataset_digest: _builtins.str = ...,
-        pooling: _builtins.str = ...,
-        dtype: _builtins.str = ...,
-        max_len: _builtins.int = ...,
-        n: _builtins.int = ...,
-        rows: _builtins.int = ...,
-        num_layers: _builtins.int = ...,
-        width: _builtins.int = ...,
-        status: _builtins.str = ...,
-        num_shards: _builtins.int = ...,
-        recorded_shards: _builtins.int = ...,
-        health: _abc.Iterable[Global___LayerHealth] | None = ...,
-        stored_bytes: _builtins.int = ...,
-        model_aliases: _abc.Iterable[_builtins.str] | None = ...,
-        dataset_aliases: _abc.Iterable[_builtins.str] | None = ...,
-        site: _builtins.str = ...,
-        site_modules: _builtins.str = ...,
+        run_key: builtins.str = ...,
+        model_digest: builtins.str = ...,
+        dataset_digest: builtins.str = ...,
+        pooling: builtins.str = ...,
+        dtype: builtins.str = ...,
+        max_len: builtins.int = ...,
+        n: builtins.int = ...,
+        rows: builtins.int = ...,
+        num_layers: builtins.int = ...,
+        width: builtins.int = ...,
+        status: builtins.str = ...,
+        num_shards: builtins.int = ...,
+        recorded_shards: builtins.int = ...,
+        health: collections.abc.Iterable[Global___LayerHealth] | None = ...,
+        stored_bytes: builtins.int = ...,
+        model_aliases: collections.abc.Iterable[builtins.str] | None = ...,
+        dataset_aliases: collections.abc.Iterable[builtins.str] | None = ...,
+        site: builtins.str = ...,
+        site_modules: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
 
-Global___Run: _TypeAlias = Run  # noqa: Y015
+Global___Run: typing_extensions.TypeAlias = Run
 
-@_typing.final
-class ListModelsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListModelsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListModelsRequest: _TypeAlias = ListModelsRequest  # noqa: Y015
+Global___ListModelsRequest: typing_extensions.TypeAlias = ListModelsRequest
 
-@_typing.final
-class ListModelsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListModelsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MODELS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___Model]: ...
+    MODELS_FIELD_NUMBER: builtins.int
+    @property
+    def models(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Model]: ...
     def __init__(
         self,
         *,
-        models: _abc.Iterable[Global___Model] | None = ...,
+        models: collections.abc.Iterable[Global___Model] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["models", b"models"]) -> None: ...
 
-Global___ListModelsResponse: _TypeAlias = ListModelsResponse  # noqa: Y015
+Global___ListModelsResponse: typing_extensions.TypeAlias = ListModelsResponse
 
-@_typing.final
-class ListDatasetsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListDatasetsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListDatasetsRequest: _TypeAlias = ListDatasetsRequest  # noqa: Y015
+Global___ListDatasetsRequest: typing_extensions.TypeAlias = ListDatasetsRequest
 
-@_typing.final
-class ListDatasetsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListDatasetsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    DATASETS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def datasets(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dataset]: ...
+    DATASETS_FIELD_NUMBER: builtins.int
+    @property
+    def datasets(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Dataset]: ...
     def __init__(
         self,
         *,
-        datasets: _abc.Iterable[Global___Dataset] | None = ...,
+        datasets: collections.abc.Iterable[Global___Dataset] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["datasets", b"datasets"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["datasets", b"datasets"]) -> None: ...
 
-Global___ListDatasetsResponse: _TypeAlias = ListDatasetsResponse  # noqa: Y015
+Global___ListDatasetsResponse: typing_extensions.TypeAlias = ListDatasetsResponse
 
-@_typing.final
-class ListRunsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListRunsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MODEL_FIELD_NUMBER: _builtins.int
-    DATASET_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    SITE_FIELD_NUMBER: _builtins.int
-    model: _builtins.str
+    MODEL_FIELD_NUMBER: builtins.int
+    DATASET_FIELD_NUMBER: builtins.int
+    STATUS_FIELD_NUMBER: builtins.int
+    SITE_FIELD_NUMBER: builtins.int
+    model: builtins.str
     """alias or digest; empty: all"""
-    dataset: _builtins.str
-    status: _builtins.str
-    site: _builtins.str
+    dataset: builtins.str
+    status: builtins.str
+    site: builtins.str
     """empty: every site"""
     def __init__(
         self,
         *,
-        model: _builtins.str = ...,
-        dataset: _builtins.str = ...,
-        status: _builtins.str = ...,
-        site: _builtins.str = ...,
+        model: builtins.str = ...,
+        dataset: builtins.str = ...,
+        status: builtins.str = ...,
+        site: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "model", b"model", "site", b"site", "status", b"status"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset", b"dataset", "model", b"model", "site", b"site", "status", b"status"]) -> None: ...
 
-Global___ListRunsRequest: _TypeAlias = ListRunsRequest  # noqa: Y015
+Global___ListRunsRequest: typing_extensions.TypeAlias = ListRunsRequest
 
-@_typing.final
-class ListRunsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListRunsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUNS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Run]: ...
+    RUNS_FIELD_NUMBER: builtins.int
+    @property
+    def runs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Run]: ...
     def __init__(
         self,
         *,
-        runs: _abc.Iterable[Global___Run] | None = ...,
+        runs: collections.abc.Iterable[Global___Run] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["runs", b"runs"]) -> None: ...
 
-Global___ListRunsResponse: _TypeAlias = ListRunsResponse  # noqa: Y015
+Global___ListRunsResponse: typing_extensions.TypeAlias = ListRunsResponse
 
-@_typing.final
-class DescribeRunRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class DescribeRunRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
+    RUN_FIELD_NUMBER: builtins.int
+    run: builtins.str
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
+        run: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run", b"run"]) -> None: ...
 
-Global___DescribeRunRequest: _TypeAlias = DescribeRunRequest  # noqa: Y015
+Global___DescribeRunRequest: typing_extensions.TypeAlias = DescribeRunRequest
 
-@_typing.final
-class DeleteRunRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class DeleteRunRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
+    RUN_FIELD_NUMBER: builtins.int
+    run: builtins.str
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
+        run: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run", b"run"]) -> None: ...
 
-Global___DeleteRunRequest: _TypeAlias = DeleteRunRequest  # noqa: Y015
+Global___DeleteRunRequest: typing_extensions.TypeAlias = DeleteRunRequest
 
-@_typing.final
-class DeleteRunResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class DeleteRunResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_KEY_FIELD_NUMBER: _builtins.int
-    run_key: _builtins.str
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    run_key: builtins.str
     def __init__(
         self,
         *,
-        run_key: _builtins.str = ...,
+        run_key: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_key", b"run_key"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run_key", b"run_key"]) -> None: ...
 
-Global___DeleteRunResponse: _TypeAlias = DeleteRunResponse  # noqa: Y015
+Global___DeleteRunResponse: typing_extensions.TypeAlias = DeleteRunResponse
 
-@_typing.final
-class RegisterModelRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RegisterModelRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PATH_FIELD_NUMBER: _builtins.int
-    BUILTIN_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    path: _builtins.str
+    PATH_FIELD_NUMBER: builtins.int
+    BUILTIN_FIELD_NUMBER: builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    path: builtins.str
     """a Hugging Face folder on the server's file system"""
-    builtin: _builtins.str
+    builtin: builtins.str
     """minilm-l6 | smollm2-135m"""
-    name: _builtins.str
+    name: builtins.str
     """alias to point at the digest; default: the builtin name or folder name"""
     def __init__(
         self,
         *,
-        path: _builtins.str = ...,
-        builtin: _builtins.str = ...,
-        name: _builtins.str = ...,
+        path: builtins.str = ...,
+        builtin: builtins.str = ...,
+        name: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["builtin", b"builtin", "path", b"path", "source", b"source"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["builtin", b"builtin", "name", b"name", "path", b"path", "source", b"source"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["path", "builtin"]  # noqa: Y015
-    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+    def HasField(self, field_name: typing.Literal["builtin", b"builtin", "path", b"path", "source", b"source"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["builtin", b"builtin", "name", b"name", "path", b"path", "source", b"source"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["source", b"source"]) -> typing.Literal["path", "builtin"] | None: ...
 
-Global___RegisterModelRequest: _TypeAlias = RegisterModelRequest  # noqa: Y015
+Global___RegisterModelRequest: typing_extensions.TypeAlias = RegisterModelRequest
 
-@_typing.final
-class TextList(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class TextList(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    TEXTS_FIELD_NUMBER: _builtins.int
-    LABELS_FIELD_NUMBER: _builtins.int
-    SAMPLE_IDS_FIELD_NUMBER: _builtins.int
-    LABEL_NAMES_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    TEXTS_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
+    SAMPLE_IDS_FIELD_NUMBER: builtins.int
+    LABEL_NAMES_FIELD_NUMBER: builtins.int
+    @property
+    def texts(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty or one per text"""
 
-    @_builtins.property
-    def sample_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def sample_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """empty or one per text"""
 
-    @_builtins.property
-    def label_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @property
+    def label_names(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        texts: _abc.Iterable[_builtins.str] | None = ...,
-        labels: _abc.Iterable[_builtins.int] | None = ...,
-        sample_ids: _abc.Iterable[_builtins.str] | None = ...,
-        label_names: _abc.Iterable[_builtins.str] | None = ...,
+        texts: collections.abc.Iterable[builtins.str] | None = ...,
+        labels: collections.abc.Iterable[builtins.int] | None = ...,
+        sample_ids: collections.abc.Iterable[builtins.str] | None = ...,
+        label_names: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_names", b"label_names", "labels", b"labels", "sample_ids", b"sample_ids", "texts", b"texts"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["label_names", b"label_names", "labels", b"labels", "sample_ids", b"sample_ids", "texts", b"texts"]) -> None: ...
 
-Global___TextList: _TypeAlias = TextList  # noqa: Y015
+Global___TextList: typing_extensions.TypeAlias = TextList
 
-@_typing.final
-class RegisterDatasetRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RegisterDatasetRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PATH_FIELD_NUMBER: _builtins.int
-    BUILTIN_FIELD_NUMBER: _builtins.int
-    TEXTS_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    LIMIT_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    SPLIT_FIELD_NUMBER: _builtins.int
-    TEXT_COLUMN_FIELD_NUMBER: _builtins.int
-    LABEL_COLUMN_FIELD_NUMBER: _builtins.int
-    ID_COLUMN_FIELD_NUMBER: _builtins.int
-    GROUP_COLUMN_FIELD_NUMBER: _builtins.int
-    AUGMENT_VIEWS_FIELD_NUMBER: _builtins.int
-    AUGMENT_METHOD_FIELD_NUMBER: _builtins.int
-    path: _builtins.str
+    PATH_FIELD_NUMBER: builtins.int
+    BUILTIN_FIELD_NUMBER: builtins.int
+    TEXTS_FIELD_NUMBER: builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    LIMIT_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    SPLIT_FIELD_NUMBER: builtins.int
+    TEXT_COLUMN_FIELD_NUMBER: builtins.int
+    LABEL_COLUMN_FIELD_NUMBER: builtins.int
+    ID_COLUMN_FIELD_NUMBER: builtins.int
+    GROUP_COLUMN_FIELD_NUMBER: builtins.int
+    AUGMENT_VIEWS_FIELD_NUMBER: builtins.int
+    AUGMENT_METHOD_FIELD_NUMBER: builtins.int
+    path: builtins.str
     """.csv / .jsonl / .json / .npz / .parquet / .arrow or a save_to_disk folder on the server"""
-    builtin: _builtins.str
+    builtin: builtins.str
     """rotten-tomatoes | fashion-mnist | digits | mnist-5k | austen"""
-    name: _builtins.str
-    limit: _builtins.int
+    name: builtins.str
+    limit: builtins.int
     """rows kept (>= 1); unset: all"""
-    seed: _builtins.int
-    split: _builtins.str
-    text_column: _builtins.str
-    label_column: _builtins.str
-    id_column: _builtins.str
-    group_column: _builtins.str
-    augment_views: _builtins.int
+    seed: builtins.int
+    split: builtins.str
+    text_column: builtins.str
+    label_column: builtins.str
+    id_column: builtins.str
+    group_column: builtins.str
+    augment_views: builtins.int
     """> 1: seeded text augmentations, grouped per original"""
-    augment_method: _builtins.str
+    augment_method: builtins.str
     """word-dropout | word-swap"""
-    @_builtins.property
+    @property
     def texts(self) -> Global___TextList: ...
     def __init__(
         self,
         *,
-        path: _builtins.str = ...,
-        builtin: _builtins.str = ...,
+        path: builtins.str = ...,
+        builtin: builtins.str = ...,
         texts: Global___TextList | None = ...,
-        name: _builtins.str = ...,
-        limit: _builtins.int | None = ...,
-        seed: _builtins.int = ...,
-        split: _builtins.str = ...,
-        text_column: _builtins.str = ...,
-        label_column: _builtins.str = ...,
-        id_column: _builtins.str = ...,
-        group_column: _builtins.str = ...,
-        augment_views: _builtins.int = ...,
-        augment_method: _builtins.str = ...,
+        name: builtins.str = ...,
+        limit: builtins.int | None = ...,
+        seed: builtins.int = ...,
+        split: builtins.str = ...,
+        text_column: builtins.str = ...,
+        label_column: builtins.str = ...,
+        id_column: builtins.str = ...,
+        group_column: builtins.str = ...,
+        augment_views: builtins.int = ...,
+        augment_method: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "builtin", b"builtin", "limit", b"limit", "path", b"path", "source", b"source", "texts", b"texts"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "augment_method", b"augment_method", "augment_views", b"augment_views", "builtin", b"builtin", "group_column", b"group_column", "id_column", b"id_column", "label_column", b"label_column", "limit", b"limit", "name", b"name", "path", b"path", "seed", b"seed", "source", b"source", "split", b"split", "text_column", b"text_column", "texts", b"texts"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
-    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
-    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["path", "builtin", "texts"]  # noqa: Y015
-    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+    def HasField(self, field_name: typing.Literal["_limit", b"_limit", "builtin", b"builtin", "limit", b"limit", "path", b"path", "source", b"source", "texts", b"texts"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_limit", b"_limit", "augment_method", b"augment_method", "augment_views", b"augment_views", "builtin", b"builtin", "group_column", b"group_column", "id_column", b"id_column", "label_column", b"label_column", "limit", b"limit", "name", b"name", "path", b"path", "seed", b"seed", "source", b"source", "split", b"split", "text_column", b"text_column", "texts", b"texts"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_limit", b"_limit"]) -> typing.Literal["limit"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["source", b"source"]) -> typing.Literal["path", "builtin", "texts"] | None: ...
 
-Global___RegisterDatasetRequest: _TypeAlias = RegisterDatasetRequest  # noqa: Y015
+Global___RegisterDatasetRequest: typing_extensions.TypeAlias = RegisterDatasetRequest
 
-@_typing.final
-class CaptureRequest(_message.Message):
+@typing.final
+class CaptureRequest(google.protobuf.message.Message):
     """---------------------------------------------------------------------------------- capture"""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    MODEL_FIELD_NUMBER: _builtins.int
-    DATASET_FIELD_NUMBER: _builtins.int
-    POOLING_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    MAX_LEN_FIELD_NUMBER: _builtins.int
-    SITES_FIELD_NUMBER: _builtins.int
-    model: _builtins.str
+    MODEL_FIELD_NUMBER: builtins.int
+    DATASET_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    MAX_LEN_FIELD_NUMBER: builtins.int
+    SITES_FIELD_NUMBER: builtins.int
+    model: builtins.str
     """alias or digest"""
-    dataset: _builtins.str
-    pooling: _builtins.str
+    dataset: builtins.str
+    pooling: builtins.str
     """cls | last | mean | tokens (default: cls for encoders/vision, last for LMs)"""
-    dtype: _builtins.str
+    dtype: builtins.str
     """float16 (default) | float32 | bfloat16"""
-    max_len: _builtins.int
+    max_len: builtins.int
     """token limit (>= 2); unset: the server default"""
-    @_builtins.property
-    def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def sites(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """resid_post (default) | attn_out | mlp_out | a module path pattern (`*` = block index); several
         sites come from one forward pass, one run per site
         """
@@ -613,99 +541,91 @@ class CaptureRequest(_message.Message):
     def __init__(
         self,
         *,
-        model: _builtins.str = ...,
-        dataset: _builtins.str = ...,
-        pooling: _builtins.str = ...,
-        dtype: _builtins.str = ...,
-        max_len: _builtins.int | None = ...,
-        sites: _abc.Iterable[_builtins.str] | None = ...,
+        model: builtins.str = ...,
+        dataset: builtins.str = ...,
+        pooling: builtins.str = ...,
+        dtype: builtins.str = ...,
+        max_len: builtins.int | None = ...,
+        sites: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_len", b"_max_len", "max_len", b"max_len"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_len", b"_max_len", "dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__max_len: _TypeAlias = _typing.Literal["max_len"]  # noqa: Y015
-    _WhichOneofArgType__max_len: _TypeAlias = _typing.Literal["_max_len", b"_max_len"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_len) -> _WhichOneofReturnType__max_len | None: ...
+    def HasField(self, field_name: typing.Literal["_max_len", b"_max_len", "max_len", b"max_len"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_max_len", b"_max_len", "dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_max_len", b"_max_len"]) -> typing.Literal["max_len"] | None: ...
 
-Global___CaptureRequest: _TypeAlias = CaptureRequest  # noqa: Y015
+Global___CaptureRequest: typing_extensions.TypeAlias = CaptureRequest
 
-@_typing.final
-class Job(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Job(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    TARGET_FIELD_NUMBER: _builtins.int
-    DONE_FIELD_NUMBER: _builtins.int
-    TOTAL_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
-    CACHE_HIT_FIELD_NUMBER: _builtins.int
-    JOINED_FIELD_NUMBER: _builtins.int
-    UNIT_FIELD_NUMBER: _builtins.int
-    ERROR_CODE_FIELD_NUMBER: _builtins.int
-    RUN_KEYS_FIELD_NUMBER: _builtins.int
-    SITES_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
-    kind: _builtins.str
+    JOB_ID_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    STATUS_FIELD_NUMBER: builtins.int
+    TARGET_FIELD_NUMBER: builtins.int
+    DONE_FIELD_NUMBER: builtins.int
+    TOTAL_FIELD_NUMBER: builtins.int
+    ERROR_FIELD_NUMBER: builtins.int
+    CACHE_HIT_FIELD_NUMBER: builtins.int
+    JOINED_FIELD_NUMBER: builtins.int
+    UNIT_FIELD_NUMBER: builtins.int
+    ERROR_CODE_FIELD_NUMBER: builtins.int
+    RUN_KEYS_FIELD_NUMBER: builtins.int
+    SITES_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
+    kind: builtins.str
     """capture | similarity-matrix"""
-    status: _builtins.str
+    status: builtins.str
     """queued | running | done | failed | cancelled"""
-    target: _builtins.str
+    target: builtins.str
     """the run key (capture) or result key"""
-    done: _builtins.int
-    total: _builtins.int
-    error: _builtins.str
-    cache_hit: _builtins.bool
+    done: builtins.int
+    total: builtins.int
+    error: builtins.str
+    cache_hit: builtins.bool
     """the run already existed: nothing was computed"""
-    joined: _builtins.bool
+    joined: builtins.bool
     """an identical job was already running: this request joined it"""
-    unit: _builtins.str
+    unit: builtins.str
     """what done/total count: shards, tasks ..."""
-    error_code: _builtins.str
+    error_code: builtins.str
     """the gRPC status name the error would carry (NOT_FOUND, ...)"""
-    @_builtins.property
-    def run_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def run_keys(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """a capture: the run of each site, in the order of `sites`"""
 
-    @_builtins.property
-    def sites(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @property
+    def sites(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
-        kind: _builtins.str = ...,
-        status: _builtins.str = ...,
-        target: _builtins.str = ...,
-        done: _builtins.int = ...,
-        total: _builtins.int = ...,
-        error: _builtins.str = ...,
-        cache_hit: _builtins.bool = ...,
-        joined: _builtins.bool = ...,
-        unit: _builtins.str = ...,
-        error_code: _builtins.str = ...,
-        run_keys: _abc.Iterable[_builtins.str] | None = ...,
-        sites: _abc.Iterable[_builtins.str] | None = ...,
+        job_id: builtins.str = ...,
+        kind: builtins.str = ...,
+        status: builtins.str = ...,
+        target: builtins.str = ...,
+        done: builtins.int = ...,
+        total: builtins.int = ...,
+        error: builtins.str = ...,
+        cache_hit: builtins.bool = ...,
+        joined: builtins.bool = ...,
+        unit: builtins.str = ...,
+        error_code: builtins.str = ...,
+        run_keys: collections.abc.Iterable[builtins.str] | None = ...,
+        sites: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "error_code", b"error_code", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "run_keys", b"run_keys", "sites", b"sites", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cache_hit", b"cache_hit", "done", b"done", "error", b"error", "error_code", b"error_code", "job_id", b"job_id", "joined", b"joined", "kind", b"kind", "run_keys", b"run_keys", "sites", b"sites", "status", b"status", "target", b"target", "total", b"total", "unit", b"unit"]) -> None: ...
 
-Global___Job: _TypeAlias = Job  # noqa: Y015
+Global___Job: typing_extensions.TypeAlias = Job
 
-@_typing.final
-class JobEvent(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class JobEvent(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     class _Kind:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
+        ValueType = typing.NewType("ValueType", builtins.int)
+        V: typing_extensions.TypeAlias = ValueType
 
-    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[JobEvent._Kind.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
+    class _KindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[JobEvent._Kind.ValueType], builtins.type):
+        DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
         KIND_UNSPECIFIED: JobEvent._Kind.ValueType  # 0
         PROGRESS: JobEvent._Kind.ValueType  # 1
         DONE: JobEvent._Kind.ValueType  # 2
@@ -719,254 +639,217 @@ class JobEvent(_message.Message):
     FAILED: JobEvent.Kind.ValueType  # 3
     CANCELLED: JobEvent.Kind.ValueType  # 4
 
-    KIND_FIELD_NUMBER: _builtins.int
-    JOB_FIELD_NUMBER: _builtins.int
-    MESSAGE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    JOB_FIELD_NUMBER: builtins.int
+    MESSAGE_FIELD_NUMBER: builtins.int
     kind: Global___JobEvent.Kind.ValueType
-    message: _builtins.str
-    @_builtins.property
+    message: builtins.str
+    @property
     def job(self) -> Global___Job: ...
     def __init__(
         self,
         *,
         kind: Global___JobEvent.Kind.ValueType = ...,
         job: Global___Job | None = ...,
-        message: _builtins.str = ...,
+        message: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "kind", b"kind", "message", b"message"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["job", b"job"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["job", b"job", "kind", b"kind", "message", b"message"]) -> None: ...
 
-Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
+Global___JobEvent: typing_extensions.TypeAlias = JobEvent
 
-@_typing.final
-class WatchJobRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class WatchJobRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
+    JOB_ID_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
+        job_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job_id", b"job_id"]) -> None: ...
 
-Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
+Global___WatchJobRequest: typing_extensions.TypeAlias = WatchJobRequest
 
-@_typing.final
-class CancelJobRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CancelJobRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
+    JOB_ID_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
+        job_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job_id", b"job_id"]) -> None: ...
 
-Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
+Global___CancelJobRequest: typing_extensions.TypeAlias = CancelJobRequest
 
-@_typing.final
-class GetJobRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class GetJobRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
+    JOB_ID_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
+        job_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job_id", b"job_id"]) -> None: ...
 
-Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
+Global___GetJobRequest: typing_extensions.TypeAlias = GetJobRequest
 
-@_typing.final
-class ListJobsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListJobsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    STATUS_FIELD_NUMBER: _builtins.int
-    status: _builtins.str
+    STATUS_FIELD_NUMBER: builtins.int
+    status: builtins.str
     def __init__(
         self,
         *,
-        status: _builtins.str = ...,
+        status: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["status", b"status"]) -> None: ...
 
-Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+Global___ListJobsRequest: typing_extensions.TypeAlias = ListJobsRequest
 
-@_typing.final
-class ListJobsResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListJobsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOBS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Job]: ...
+    JOBS_FIELD_NUMBER: builtins.int
+    @property
+    def jobs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Job]: ...
     def __init__(
         self,
         *,
-        jobs: _abc.Iterable[Global___Job] | None = ...,
+        jobs: collections.abc.Iterable[Global___Job] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["jobs", b"jobs"]) -> None: ...
 
-Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+Global___ListJobsResponse: typing_extensions.TypeAlias = ListJobsResponse
 
-@_typing.final
-class Provenance(_message.Message):
+@typing.final
+class Provenance(google.protobuf.message.Message):
     """------------------------------------------------------------------------------------ query
     Every answer carries where it came from.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    METRIC_FIELD_NUMBER: _builtins.int
-    DEFINITION_VERSION_FIELD_NUMBER: _builtins.int
-    OPTIONS_JSON_FIELD_NUMBER: _builtins.int
-    RUN_KEYS_FIELD_NUMBER: _builtins.int
-    CACHED_FIELD_NUMBER: _builtins.int
-    SECONDS_FIELD_NUMBER: _builtins.int
-    RESULT_KEY_FIELD_NUMBER: _builtins.int
-    metric: _builtins.str
-    definition_version: _builtins.int
-    options_json: _builtins.str
-    cached: _builtins.bool
-    seconds: _builtins.float
+    METRIC_FIELD_NUMBER: builtins.int
+    DEFINITION_VERSION_FIELD_NUMBER: builtins.int
+    OPTIONS_JSON_FIELD_NUMBER: builtins.int
+    RUN_KEYS_FIELD_NUMBER: builtins.int
+    CACHED_FIELD_NUMBER: builtins.int
+    SECONDS_FIELD_NUMBER: builtins.int
+    RESULT_KEY_FIELD_NUMBER: builtins.int
+    metric: builtins.str
+    definition_version: builtins.int
+    options_json: builtins.str
+    cached: builtins.bool
+    seconds: builtins.float
     """compute time of the stored result (not of this lookup)"""
-    result_key: _builtins.str
-    @_builtins.property
-    def run_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    result_key: builtins.str
+    @property
+    def run_keys(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        metric: _builtins.str = ...,
-        definition_version: _builtins.int = ...,
-        options_json: _builtins.str = ...,
-        run_keys: _abc.Iterable[_builtins.str] | None = ...,
-        cached: _builtins.bool = ...,
-        seconds: _builtins.float = ...,
-        result_key: _builtins.str = ...,
+        metric: builtins.str = ...,
+        definition_version: builtins.int = ...,
+        options_json: builtins.str = ...,
+        run_keys: collections.abc.Iterable[builtins.str] | None = ...,
+        cached: builtins.bool = ...,
+        seconds: builtins.float = ...,
+        result_key: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached", b"cached", "definition_version", b"definition_version", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "seconds", b"seconds"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cached", b"cached", "definition_version", b"definition_version", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "seconds", b"seconds"]) -> None: ...
 
-Global___Provenance: _TypeAlias = Provenance  # noqa: Y015
+Global___Provenance: typing_extensions.TypeAlias = Provenance
 
-@_typing.final
-class QueryResult(_message.Message):
+@typing.final
+class QueryResult(google.protobuf.message.Message):
     """A metric's answer: named arrays and scalars. The client turns it into a typed dataclass."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    @_typing.final
-    class ArraysEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class ArraysEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        @_builtins.property
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        @property
         def value(self) -> Global___NDArray: ...
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
+            key: builtins.str = ...,
             value: Global___NDArray | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def HasField(self, field_name: typing.Literal["value", b"value"]) -> builtins.bool: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    @_typing.final
-    class ScalarsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
+    @typing.final
+    class ScalarsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.float
         def __init__(
             self,
             *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
+            key: builtins.str = ...,
+            value: builtins.float = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
-    ARRAYS_FIELD_NUMBER: _builtins.int
-    SCALARS_FIELD_NUMBER: _builtins.int
-    PROVENANCE_FIELD_NUMBER: _builtins.int
-    NOTES_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def arrays(self) -> _containers.MessageMap[_builtins.str, Global___NDArray]: ...
-    @_builtins.property
-    def scalars(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
-    @_builtins.property
+    ARRAYS_FIELD_NUMBER: builtins.int
+    SCALARS_FIELD_NUMBER: builtins.int
+    PROVENANCE_FIELD_NUMBER: builtins.int
+    NOTES_FIELD_NUMBER: builtins.int
+    @property
+    def arrays(self) -> google.protobuf.internal.containers.MessageMap[builtins.str, Global___NDArray]: ...
+    @property
+    def scalars(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.float]: ...
+    @property
     def provenance(self) -> Global___Provenance: ...
-    @_builtins.property
-    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def notes(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """what the user should know: flags, dropped batches ..."""
 
     def __init__(
         self,
         *,
-        arrays: _abc.Mapping[_builtins.str, Global___NDArray] | None = ...,
-        scalars: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        arrays: collections.abc.Mapping[builtins.str, Global___NDArray] | None = ...,
+        scalars: collections.abc.Mapping[builtins.str, builtins.float] | None = ...,
         provenance: Global___Provenance | None = ...,
-        notes: _abc.Iterable[_builtins.str] | None = ...,
+        notes: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrays", b"arrays", "notes", b"notes", "provenance", b"provenance", "scalars", b"scalars"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["provenance", b"provenance"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["arrays", b"arrays", "notes", b"notes", "provenance", b"provenance", "scalars", b"scalars"]) -> None: ...
 
-Global___QueryResult: _TypeAlias = QueryResult  # noqa: Y015
+Global___QueryResult: typing_extensions.TypeAlias = QueryResult
 
-@_typing.final
-class SimilarityRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SimilarityRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     class _Metric:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
+        ValueType = typing.NewType("ValueType", builtins.int)
+        V: typing_extensions.TypeAlias = ValueType
 
-    class _MetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[SimilarityRequest._Metric.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
+    class _MetricEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[SimilarityRequest._Metric.ValueType], builtins.type):
+        DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
         METRIC_UNSPECIFIED: SimilarityRequest._Metric.ValueType  # 0
         """rejected: name the metric"""
         CKA: SimilarityRequest._Metric.ValueType  # 1
@@ -994,107 +877,97 @@ class SimilarityRequest(_message.Message):
     MEASURE: SimilarityRequest.Metric.ValueType  # 5
     """the measure named by `measure` (a similarity-repository identifier)"""
 
-    METRIC_FIELD_NUMBER: _builtins.int
-    RUN_A_FIELD_NUMBER: _builtins.int
-    RUN_B_FIELD_NUMBER: _builtins.int
-    LAYERS_A_FIELD_NUMBER: _builtins.int
-    LAYERS_B_FIELD_NUMBER: _builtins.int
-    CENTER_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    BATCH_SIZE_FIELD_NUMBER: _builtins.int
-    REMAINDER_FIELD_NUMBER: _builtins.int
-    K_FIELD_NUMBER: _builtins.int
-    MEASURE_FIELD_NUMBER: _builtins.int
-    ALPHA_FIELD_NUMBER: _builtins.int
-    SIGMA_FRACTION_FIELD_NUMBER: _builtins.int
-    ALIGN_FIELD_NUMBER: _builtins.int
-    WORD_POOL_FIELD_NUMBER: _builtins.int
+    METRIC_FIELD_NUMBER: builtins.int
+    RUN_A_FIELD_NUMBER: builtins.int
+    RUN_B_FIELD_NUMBER: builtins.int
+    LAYERS_A_FIELD_NUMBER: builtins.int
+    LAYERS_B_FIELD_NUMBER: builtins.int
+    CENTER_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    BATCH_SIZE_FIELD_NUMBER: builtins.int
+    REMAINDER_FIELD_NUMBER: builtins.int
+    K_FIELD_NUMBER: builtins.int
+    MEASURE_FIELD_NUMBER: builtins.int
+    ALPHA_FIELD_NUMBER: builtins.int
+    SIGMA_FRACTION_FIELD_NUMBER: builtins.int
+    ALIGN_FIELD_NUMBER: builtins.int
+    WORD_POOL_FIELD_NUMBER: builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
-    run_a: _builtins.str
-    run_b: _builtins.str
+    run_a: builtins.str
+    run_b: builtins.str
     """empty: run_a (within-model)"""
-    center: _builtins.str
+    center: builtins.str
     """COS only: global-mean (default) | none"""
-    refresh: _builtins.bool
+    refresh: builtins.bool
     """recompute even if a stored result exists"""
-    batch_size: _builtins.int
+    batch_size: builtins.int
     """MINIBATCH_CKA: rows per batch (>= 4)"""
-    remainder: _builtins.str
+    remainder: builtins.str
     """MINIBATCH_CKA: drop (default) | merge the short final batch"""
-    k: _builtins.int
+    k: builtins.int
     """MUTUAL_KNN and the MEASURE kNN family (mutual_knn, cycle_knn, cknna): neighbours (default 10)"""
-    measure: _builtins.str
+    measure: builtins.str
     """MEASURE: e.g. procrustes-distance=angular, cca-squared_score (docs/metrics.md)"""
-    alpha: _builtins.float
+    alpha: builtins.float
     """MEASURE shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
-    sigma_fraction: _builtins.float
+    sigma_fraction: builtins.float
     """MEASURE RBF CKA: bandwidth / median distance; unset: the default"""
-    align: _builtins.str
+    align: builtins.str
     """CKA, COS: none (default) | words | spans: token runs of different tokenizers, rows ="""
-    word_pool: _builtins.str
+    word_pool: builtins.str
     """the words both share, or the finest character spans both can be cut at
     align: mean (default) | last token of each word (span)
     """
-    @_builtins.property
-    def layers_a(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def layers_a(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all layers 0..L"""
 
-    @_builtins.property
-    def layers_b(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @property
+    def layers_b(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
         metric: Global___SimilarityRequest.Metric.ValueType = ...,
-        run_a: _builtins.str = ...,
-        run_b: _builtins.str = ...,
-        layers_a: _abc.Iterable[_builtins.int] | None = ...,
-        layers_b: _abc.Iterable[_builtins.int] | None = ...,
-        center: _builtins.str = ...,
-        refresh: _builtins.bool = ...,
-        batch_size: _builtins.int | None = ...,
-        remainder: _builtins.str = ...,
-        k: _builtins.int | None = ...,
-        measure: _builtins.str = ...,
-        alpha: _builtins.float | None = ...,
-        sigma_fraction: _builtins.float | None = ...,
-        align: _builtins.str = ...,
-        word_pool: _builtins.str = ...,
+        run_a: builtins.str = ...,
+        run_b: builtins.str = ...,
+        layers_a: collections.abc.Iterable[builtins.int] | None = ...,
+        layers_b: collections.abc.Iterable[builtins.int] | None = ...,
+        center: builtins.str = ...,
+        refresh: builtins.bool = ...,
+        batch_size: builtins.int | None = ...,
+        remainder: builtins.str = ...,
+        k: builtins.int | None = ...,
+        measure: builtins.str = ...,
+        alpha: builtins.float | None = ...,
+        sigma_fraction: builtins.float | None = ...,
+        align: builtins.str = ...,
+        word_pool: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "alpha", b"alpha", "batch_size", b"batch_size", "k", b"k", "sigma_fraction", b"sigma_fraction"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
-    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
-    _WhichOneofReturnType__batch_size: _TypeAlias = _typing.Literal["batch_size"]  # noqa: Y015
-    _WhichOneofArgType__batch_size: _TypeAlias = _typing.Literal["_batch_size", b"_batch_size"]  # noqa: Y015
-    _WhichOneofReturnType__k: _TypeAlias = _typing.Literal["k"]  # noqa: Y015
-    _WhichOneofArgType__k: _TypeAlias = _typing.Literal["_k", b"_k"]  # noqa: Y015
-    _WhichOneofReturnType__sigma_fraction: _TypeAlias = _typing.Literal["sigma_fraction"]  # noqa: Y015
-    _WhichOneofArgType__sigma_fraction: _TypeAlias = _typing.Literal["_sigma_fraction", b"_sigma_fraction"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__batch_size) -> _WhichOneofReturnType__batch_size | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__k) -> _WhichOneofReturnType__k | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__sigma_fraction) -> _WhichOneofReturnType__sigma_fraction | None: ...
+    def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "alpha", b"alpha", "batch_size", b"batch_size", "k", b"k", "sigma_fraction", b"sigma_fraction"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_batch_size", b"_batch_size"]) -> typing.Literal["batch_size"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_k", b"_k"]) -> typing.Literal["k"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_sigma_fraction", b"_sigma_fraction"]) -> typing.Literal["sigma_fraction"] | None: ...
 
-Global___SimilarityRequest: _TypeAlias = SimilarityRequest  # noqa: Y015
+Global___SimilarityRequest: typing_extensions.TypeAlias = SimilarityRequest
 
-@_typing.final
-class EntropyRequest(_message.Message):
+@typing.final
+class EntropyRequest(google.protobuf.message.Message):
     """Matrix-entropy family ("Layer by Layer", Skean et al. 2025), one value per layer."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     class _Metric:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
+        ValueType = typing.NewType("ValueType", builtins.int)
+        V: typing_extensions.TypeAlias = ValueType
 
-    class _MetricEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[EntropyRequest._Metric.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
+    class _MetricEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[EntropyRequest._Metric.ValueType], builtins.type):
+        DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
         METRIC_UNSPECIFIED: EntropyRequest._Metric.ValueType  # 0
         """rejected: name the metric"""
         DATASET_ENTROPY: EntropyRequest._Metric.ValueType  # 1
@@ -1130,422 +1003,377 @@ class EntropyRequest(_message.Message):
     LIDAR: EntropyRequest.Metric.ValueType  # 7
     """pooled run of an augmented dataset (all views)"""
 
-    METRIC_FIELD_NUMBER: _builtins.int
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYERS_FIELD_NUMBER: _builtins.int
-    ALPHA_FIELD_NUMBER: _builtins.int
-    NORMALIZATION_FIELD_NUMBER: _builtins.int
-    CLAMP_FIELD_NUMBER: _builtins.int
-    CONVENTION_FIELD_NUMBER: _builtins.int
-    ABS_COS_FIELD_NUMBER: _builtins.int
-    PERMUTATIONS_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    EXP_FIELD_NUMBER: _builtins.int
-    TEMPERATURE_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    PRESET_FIELD_NUMBER: _builtins.int
-    ALIGN_FIELD_NUMBER: _builtins.int
-    WORD_POOL_FIELD_NUMBER: _builtins.int
+    METRIC_FIELD_NUMBER: builtins.int
+    RUN_FIELD_NUMBER: builtins.int
+    LAYERS_FIELD_NUMBER: builtins.int
+    ALPHA_FIELD_NUMBER: builtins.int
+    NORMALIZATION_FIELD_NUMBER: builtins.int
+    CLAMP_FIELD_NUMBER: builtins.int
+    CONVENTION_FIELD_NUMBER: builtins.int
+    ABS_COS_FIELD_NUMBER: builtins.int
+    PERMUTATIONS_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    EXP_FIELD_NUMBER: builtins.int
+    TEMPERATURE_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    PRESET_FIELD_NUMBER: builtins.int
+    ALIGN_FIELD_NUMBER: builtins.int
+    WORD_POOL_FIELD_NUMBER: builtins.int
     metric: Global___EntropyRequest.Metric.ValueType
-    run: _builtins.str
-    alpha: _builtins.float
+    run: builtins.str
+    alpha: builtins.float
     """Renyi order (> 0); unset: 1"""
-    normalization: _builtins.str
+    normalization: builtins.str
     """raw (default) | maxEntropy | logN | logD"""
-    clamp: _builtins.bool
+    clamp: builtins.bool
     """clamp the Gram at 0 (reproduces the reference code)"""
-    convention: _builtins.str
+    convention: builtins.str
     """EFFECTIVE_RANK: diff-erank (default) | roy-vetterli"""
-    abs_cos: _builtins.bool
+    abs_cos: builtins.bool
     """CURVATURE: |cos| inside the arccos"""
-    permutations: _builtins.int
+    permutations: builtins.int
     """DIME: unset: 10"""
-    seed: _builtins.int
+    seed: builtins.int
     """DIME permutations"""
-    exp: _builtins.bool
+    exp: builtins.bool
     """LIDAR: report exp(S)"""
-    temperature: _builtins.float
+    temperature: builtins.float
     """INFONCE: unset: 0.1"""
-    refresh: _builtins.bool
-    preset: _builtins.str
+    refresh: builtins.bool
+    preset: builtins.str
     """none (default) | skean2025: a reference pipeline by name, from a token-level run"""
-    align: _builtins.str
+    align: builtins.str
     """none (default) | words: a token-level run's tokens pooled to the words of the text first"""
-    word_pool: _builtins.str
+    word_pool: builtins.str
     """align words: mean (default) | last token of each word"""
-    @_builtins.property
-    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def layers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all"""
 
     def __init__(
         self,
         *,
         metric: Global___EntropyRequest.Metric.ValueType = ...,
-        run: _builtins.str = ...,
-        layers: _abc.Iterable[_builtins.int] | None = ...,
-        alpha: _builtins.float | None = ...,
-        normalization: _builtins.str = ...,
-        clamp: _builtins.bool = ...,
-        convention: _builtins.str = ...,
-        abs_cos: _builtins.bool = ...,
-        permutations: _builtins.int | None = ...,
-        seed: _builtins.int = ...,
-        exp: _builtins.bool = ...,
-        temperature: _builtins.float | None = ...,
-        refresh: _builtins.bool = ...,
-        preset: _builtins.str = ...,
-        align: _builtins.str = ...,
-        word_pool: _builtins.str = ...,
+        run: builtins.str = ...,
+        layers: collections.abc.Iterable[builtins.int] | None = ...,
+        alpha: builtins.float | None = ...,
+        normalization: builtins.str = ...,
+        clamp: builtins.bool = ...,
+        convention: builtins.str = ...,
+        abs_cos: builtins.bool = ...,
+        permutations: builtins.int | None = ...,
+        seed: builtins.int = ...,
+        exp: builtins.bool = ...,
+        temperature: builtins.float | None = ...,
+        refresh: builtins.bool = ...,
+        preset: builtins.str = ...,
+        align: builtins.str = ...,
+        word_pool: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "alpha", b"alpha", "permutations", b"permutations", "temperature", b"temperature"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "abs_cos", b"abs_cos", "align", b"align", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature", "word_pool", b"word_pool"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
-    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
-    _WhichOneofReturnType__permutations: _TypeAlias = _typing.Literal["permutations"]  # noqa: Y015
-    _WhichOneofArgType__permutations: _TypeAlias = _typing.Literal["_permutations", b"_permutations"]  # noqa: Y015
-    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
-    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__permutations) -> _WhichOneofReturnType__permutations | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "alpha", b"alpha", "permutations", b"permutations", "temperature", b"temperature"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_permutations", b"_permutations", "_temperature", b"_temperature", "abs_cos", b"abs_cos", "align", b"align", "alpha", b"alpha", "clamp", b"clamp", "convention", b"convention", "exp", b"exp", "layers", b"layers", "metric", b"metric", "normalization", b"normalization", "permutations", b"permutations", "preset", b"preset", "refresh", b"refresh", "run", b"run", "seed", b"seed", "temperature", b"temperature", "word_pool", b"word_pool"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_permutations", b"_permutations"]) -> typing.Literal["permutations"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_temperature", b"_temperature"]) -> typing.Literal["temperature"] | None: ...
 
-Global___EntropyRequest: _TypeAlias = EntropyRequest  # noqa: Y015
+Global___EntropyRequest: typing_extensions.TypeAlias = EntropyRequest
 
-@_typing.final
-class ResidualNormRequest(_message.Message):
+@typing.final
+class ResidualNormRequest(google.protobuf.message.Message):
     """||h_l|| / ||h_{l+1} - h_l|| per sample ("Tracing Representation Progression", App. B.2)."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYERS_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
-    refresh: _builtins.bool
-    @_builtins.property
-    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    RUN_FIELD_NUMBER: builtins.int
+    LAYERS_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    run: builtins.str
+    refresh: builtins.bool
+    @property
+    def layers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """l in 0..L-1; empty: all"""
 
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        layers: _abc.Iterable[_builtins.int] | None = ...,
-        refresh: _builtins.bool = ...,
+        run: builtins.str = ...,
+        layers: collections.abc.Iterable[builtins.int] | None = ...,
+        refresh: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layers", b"layers", "refresh", b"refresh", "run", b"run"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["layers", b"layers", "refresh", b"refresh", "run", b"run"]) -> None: ...
 
-Global___ResidualNormRequest: _TypeAlias = ResidualNormRequest  # noqa: Y015
+Global___ResidualNormRequest: typing_extensions.TypeAlias = ResidualNormRequest
 
-@_typing.final
-class StitchRequest(_message.Message):
+@typing.final
+class StitchRequest(google.protobuf.message.Message):
     """Model stitching (Brown et al. 2023): run A layer i -> affine map -> run B's model at layer j."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_A_FIELD_NUMBER: _builtins.int
-    LAYER_A_FIELD_NUMBER: _builtins.int
-    RUN_B_FIELD_NUMBER: _builtins.int
-    LAYER_B_FIELD_NUMBER: _builtins.int
-    TEST_FRACTION_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    TUNE_STEPS_FIELD_NUMBER: _builtins.int
-    TUNE_LR_FIELD_NUMBER: _builtins.int
-    run_a: _builtins.str
+    RUN_A_FIELD_NUMBER: builtins.int
+    LAYER_A_FIELD_NUMBER: builtins.int
+    RUN_B_FIELD_NUMBER: builtins.int
+    LAYER_B_FIELD_NUMBER: builtins.int
+    TEST_FRACTION_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    TUNE_STEPS_FIELD_NUMBER: builtins.int
+    TUNE_LR_FIELD_NUMBER: builtins.int
+    run_a: builtins.str
     """token-level runs of the same dataset with identical tokenisation"""
-    layer_a: _builtins.int
-    run_b: _builtins.str
-    layer_b: _builtins.int
-    test_fraction: _builtins.float
+    layer_a: builtins.int
+    run_b: builtins.str
+    layer_b: builtins.int
+    test_fraction: builtins.float
     """held-out prompts for the penalty, in (0, 1); unset: 0.25"""
-    seed: _builtins.int
-    refresh: _builtins.bool
-    tune_steps: _builtins.int
+    seed: builtins.int
+    refresh: builtins.bool
+    tune_steps: builtins.int
     """Adam steps of the map on B's task loss after the least-squares fit; 0: none"""
-    tune_lr: _builtins.float
+    tune_lr: builtins.float
     """their learning rate; 0 means the default 1e-3"""
     def __init__(
         self,
         *,
-        run_a: _builtins.str = ...,
-        layer_a: _builtins.int = ...,
-        run_b: _builtins.str = ...,
-        layer_b: _builtins.int = ...,
-        test_fraction: _builtins.float | None = ...,
-        seed: _builtins.int = ...,
-        refresh: _builtins.bool = ...,
-        tune_steps: _builtins.int = ...,
-        tune_lr: _builtins.float = ...,
+        run_a: builtins.str = ...,
+        layer_a: builtins.int = ...,
+        run_b: builtins.str = ...,
+        layer_b: builtins.int = ...,
+        test_fraction: builtins.float | None = ...,
+        seed: builtins.int = ...,
+        refresh: builtins.bool = ...,
+        tune_steps: builtins.int = ...,
+        tune_lr: builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction", "test_fraction", b"test_fraction"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction", "layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__test_fraction: _TypeAlias = _typing.Literal["test_fraction"]  # noqa: Y015
-    _WhichOneofArgType__test_fraction: _TypeAlias = _typing.Literal["_test_fraction", b"_test_fraction"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__test_fraction) -> _WhichOneofReturnType__test_fraction | None: ...
+    def HasField(self, field_name: typing.Literal["_test_fraction", b"_test_fraction", "test_fraction", b"test_fraction"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_test_fraction", b"_test_fraction", "layer_a", b"layer_a", "layer_b", b"layer_b", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b", "seed", b"seed", "test_fraction", b"test_fraction", "tune_lr", b"tune_lr", "tune_steps", b"tune_steps"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_test_fraction", b"_test_fraction"]) -> typing.Literal["test_fraction"] | None: ...
 
-Global___StitchRequest: _TypeAlias = StitchRequest  # noqa: Y015
+Global___StitchRequest: typing_extensions.TypeAlias = StitchRequest
 
-@_typing.final
-class CKAMatrixRequest(_message.Message):
+@typing.final
+class CKAMatrixRequest(google.protobuf.message.Message):
     """The cross-model comparison job: the full (sum of L+1) x (sum of L+1) CKA matrix of M runs."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUNS_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    MEASURE_FIELD_NUMBER: _builtins.int
-    ALPHA_FIELD_NUMBER: _builtins.int
-    refresh: _builtins.bool
-    measure: _builtins.str
+    RUNS_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    MEASURE_FIELD_NUMBER: builtins.int
+    ALPHA_FIELD_NUMBER: builtins.int
+    refresh: builtins.bool
+    measure: builtins.str
     """empty: linear CKA; else a streamed measure (procrustes-distance=angular, ...)"""
-    alpha: _builtins.float
+    alpha: builtins.float
     """shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
-    @_builtins.property
-    def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def runs(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """run keys or prefixes, same samples in the same order"""
 
     def __init__(
         self,
         *,
-        runs: _abc.Iterable[_builtins.str] | None = ...,
-        refresh: _builtins.bool = ...,
-        measure: _builtins.str = ...,
-        alpha: _builtins.float | None = ...,
+        runs: collections.abc.Iterable[builtins.str] | None = ...,
+        refresh: builtins.bool = ...,
+        measure: builtins.str = ...,
+        alpha: builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "refresh", b"refresh", "runs", b"runs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__alpha: _TypeAlias = _typing.Literal["alpha"]  # noqa: Y015
-    _WhichOneofArgType__alpha: _TypeAlias = _typing.Literal["_alpha", b"_alpha"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__alpha) -> _WhichOneofReturnType__alpha | None: ...
+    def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "refresh", b"refresh", "runs", b"runs"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
 
-Global___CKAMatrixRequest: _TypeAlias = CKAMatrixRequest  # noqa: Y015
+Global___CKAMatrixRequest: typing_extensions.TypeAlias = CKAMatrixRequest
 
-@_typing.final
-class GetResultRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class GetResultRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RESULT_KEY_FIELD_NUMBER: _builtins.int
-    result_key: _builtins.str
+    RESULT_KEY_FIELD_NUMBER: builtins.int
+    result_key: builtins.str
     def __init__(
         self,
         *,
-        result_key: _builtins.str = ...,
+        result_key: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_key", b"result_key"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["result_key", b"result_key"]) -> None: ...
 
-Global___GetResultRequest: _TypeAlias = GetResultRequest  # noqa: Y015
+Global___GetResultRequest: typing_extensions.TypeAlias = GetResultRequest
 
-@_typing.final
-class LensRequest(_message.Message):
+@typing.final
+class LensRequest(google.protobuf.message.Message):
     """Logit lens on stored activations with the model's stored head (final norm + classifier or
     unembedding), one pass over the run: layer accuracy, saturation, effective depth, exit sweep.
     Pooled runs use the dataset labels; token-level runs of causal LMs use next-token labels.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    EPSILON_FIELD_NUMBER: _builtins.int
-    TAUS_FIELD_NUMBER: _builtins.int
-    HEADS_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
-    epsilon: _builtins.float
+    RUN_FIELD_NUMBER: builtins.int
+    EPSILON_FIELD_NUMBER: builtins.int
+    TAUS_FIELD_NUMBER: builtins.int
+    HEADS_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    run: builtins.str
+    epsilon: builtins.float
     """effective depth: default 0.1"""
-    heads: _builtins.str
+    heads: builtins.str
     """shared (default: the model's one head at every layer) | exits (a multi-exit model's own)"""
-    refresh: _builtins.bool
-    @_builtins.property
-    def taus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+    refresh: builtins.bool
+    @property
+    def taus(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]:
         """exit sweep confidence thresholds; empty: 0.5, 0.6, ..., 0.99"""
 
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        epsilon: _builtins.float = ...,
-        taus: _abc.Iterable[_builtins.float] | None = ...,
-        heads: _builtins.str = ...,
-        refresh: _builtins.bool = ...,
+        run: builtins.str = ...,
+        epsilon: builtins.float = ...,
+        taus: collections.abc.Iterable[builtins.float] | None = ...,
+        heads: builtins.str = ...,
+        refresh: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epsilon", b"epsilon", "heads", b"heads", "refresh", b"refresh", "run", b"run", "taus", b"taus"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["epsilon", b"epsilon", "heads", b"heads", "refresh", b"refresh", "run", b"run", "taus", b"taus"]) -> None: ...
 
-Global___LensRequest: _TypeAlias = LensRequest  # noqa: Y015
+Global___LensRequest: typing_extensions.TypeAlias = LensRequest
 
-@_typing.final
-class NeuralCollapseRequest(_message.Message):
+@typing.final
+class NeuralCollapseRequest(google.protobuf.message.Message):
     """NC1 within-class variability collapse per layer (Papyan et al. 2020), labelled pooled runs."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYERS_FIELD_NUMBER: _builtins.int
-    RCOND_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
-    rcond: _builtins.float
+    RUN_FIELD_NUMBER: builtins.int
+    LAYERS_FIELD_NUMBER: builtins.int
+    RCOND_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    run: builtins.str
+    rcond: builtins.float
     """pseudo-inverse threshold, relative; default 1e-10"""
-    refresh: _builtins.bool
-    @_builtins.property
-    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    refresh: builtins.bool
+    @property
+    def layers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        layers: _abc.Iterable[_builtins.int] | None = ...,
-        rcond: _builtins.float = ...,
-        refresh: _builtins.bool = ...,
+        run: builtins.str = ...,
+        layers: collections.abc.Iterable[builtins.int] | None = ...,
+        rcond: builtins.float = ...,
+        refresh: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layers", b"layers", "rcond", b"rcond", "refresh", b"refresh", "run", b"run"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["layers", b"layers", "rcond", b"rcond", "refresh", b"refresh", "run", b"run"]) -> None: ...
 
-Global___NeuralCollapseRequest: _TypeAlias = NeuralCollapseRequest  # noqa: Y015
+Global___NeuralCollapseRequest: typing_extensions.TypeAlias = NeuralCollapseRequest
 
-@_typing.final
-class TrainRequest(_message.Message):
+@typing.final
+class TrainRequest(google.protobuf.message.Message):
     """Training (standard vs aligned, "Tracing Representation Progression"): a job whose checkpoints
     are registered as models with their lineage.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RECIPE_FIELD_NUMBER: _builtins.int
-    METHOD_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    STEPS_FIELD_NUMBER: _builtins.int
-    SMOKE_FIELD_NUMBER: _builtins.int
-    ALTERNATING_FIELD_NUMBER: _builtins.int
-    WEIGHTS_FIELD_NUMBER: _builtins.int
-    BETA_FIELD_NUMBER: _builtins.int
-    recipe: _builtins.str
+    RECIPE_FIELD_NUMBER: builtins.int
+    METHOD_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    STEPS_FIELD_NUMBER: builtins.int
+    SMOKE_FIELD_NUMBER: builtins.int
+    ALTERNATING_FIELD_NUMBER: builtins.int
+    WEIGHTS_FIELD_NUMBER: builtins.int
+    BETA_FIELD_NUMBER: builtins.int
+    recipe: builtins.str
     """vit-fmnist | minilm-rt | gpt2-austen"""
-    method: _builtins.str
+    method: builtins.str
     """standard | aligned | multi-exit | ce-reg"""
-    seed: _builtins.int
-    steps: _builtins.int
+    seed: builtins.int
+    steps: builtins.int
     """>= 1; unset: the recipe's"""
-    smoke: _builtins.bool
+    smoke: builtins.bool
     """the recipe's tiny size, for tests"""
-    alternating: _builtins.bool
+    alternating: builtins.bool
     """aligned: last-layer CE on odd steps, aligned loss on even steps"""
-    weights: _builtins.str
+    weights: builtins.str
     """aligned layer weights: linear (default) | uniform"""
-    beta: _builtins.float
+    beta: builtins.float
     """ce-reg: weight of the cosine regulariser; unset: the recipe's"""
     def __init__(
         self,
         *,
-        recipe: _builtins.str = ...,
-        method: _builtins.str = ...,
-        seed: _builtins.int = ...,
-        steps: _builtins.int | None = ...,
-        smoke: _builtins.bool = ...,
-        alternating: _builtins.bool = ...,
-        weights: _builtins.str = ...,
-        beta: _builtins.float | None = ...,
+        recipe: builtins.str = ...,
+        method: builtins.str = ...,
+        seed: builtins.int = ...,
+        steps: builtins.int | None = ...,
+        smoke: builtins.bool = ...,
+        alternating: builtins.bool = ...,
+        weights: builtins.str = ...,
+        beta: builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "_steps", b"_steps", "beta", b"beta", "steps", b"steps"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_beta", b"_beta", "_steps", b"_steps", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__beta: _TypeAlias = _typing.Literal["beta"]  # noqa: Y015
-    _WhichOneofArgType__beta: _TypeAlias = _typing.Literal["_beta", b"_beta"]  # noqa: Y015
-    _WhichOneofReturnType__steps: _TypeAlias = _typing.Literal["steps"]  # noqa: Y015
-    _WhichOneofArgType__steps: _TypeAlias = _typing.Literal["_steps", b"_steps"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__beta) -> _WhichOneofReturnType__beta | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__steps) -> _WhichOneofReturnType__steps | None: ...
+    def HasField(self, field_name: typing.Literal["_beta", b"_beta", "_steps", b"_steps", "beta", b"beta", "steps", b"steps"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_beta", b"_beta", "_steps", b"_steps", "alternating", b"alternating", "beta", b"beta", "method", b"method", "recipe", b"recipe", "seed", b"seed", "smoke", b"smoke", "steps", b"steps", "weights", b"weights"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_beta", b"_beta"]) -> typing.Literal["beta"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_steps", b"_steps"]) -> typing.Literal["steps"] | None: ...
 
-Global___TrainRequest: _TypeAlias = TrainRequest  # noqa: Y015
+Global___TrainRequest: typing_extensions.TypeAlias = TrainRequest
 
-@_typing.final
-class ReadActivationsRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ReadActivationsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYER_FIELD_NUMBER: _builtins.int
-    START_FIELD_NUMBER: _builtins.int
-    STOP_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
-    layer: _builtins.int
-    start: _builtins.int
-    stop: _builtins.int
+    RUN_FIELD_NUMBER: builtins.int
+    LAYER_FIELD_NUMBER: builtins.int
+    START_FIELD_NUMBER: builtins.int
+    STOP_FIELD_NUMBER: builtins.int
+    run: builtins.str
+    layer: builtins.int
+    start: builtins.int
+    stop: builtins.int
     """0: to the end"""
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        layer: _builtins.int = ...,
-        start: _builtins.int = ...,
-        stop: _builtins.int = ...,
+        run: builtins.str = ...,
+        layer: builtins.int = ...,
+        start: builtins.int = ...,
+        stop: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layer", b"layer", "run", b"run", "start", b"start", "stop", b"stop"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["layer", b"layer", "run", b"run", "start", b"start", "stop", b"stop"]) -> None: ...
 
-Global___ReadActivationsRequest: _TypeAlias = ReadActivationsRequest  # noqa: Y015
+Global___ReadActivationsRequest: typing_extensions.TypeAlias = ReadActivationsRequest
 
-@_typing.final
-class ActivationChunk(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ActivationChunk(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    START_FIELD_NUMBER: _builtins.int
-    VALUES_FIELD_NUMBER: _builtins.int
-    SAMPLE_IDS_FIELD_NUMBER: _builtins.int
-    start: _builtins.int
-    @_builtins.property
+    START_FIELD_NUMBER: builtins.int
+    VALUES_FIELD_NUMBER: builtins.int
+    SAMPLE_IDS_FIELD_NUMBER: builtins.int
+    start: builtins.int
+    @property
     def values(self) -> Global___NDArray:
         """(rows, d) as stored (bfloat16 widened to float32)"""
 
-    @_builtins.property
-    def sample_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def sample_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """pooled runs only"""
 
     def __init__(
         self,
         *,
-        start: _builtins.int = ...,
+        start: builtins.int = ...,
         values: Global___NDArray | None = ...,
-        sample_ids: _abc.Iterable[_builtins.str] | None = ...,
+        sample_ids: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sample_ids", b"sample_ids", "start", b"start", "values", b"values"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["values", b"values"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["sample_ids", b"sample_ids", "start", b"start", "values", b"values"]) -> None: ...
 
-Global___ActivationChunk: _TypeAlias = ActivationChunk  # noqa: Y015
+Global___ActivationChunk: typing_extensions.TypeAlias = ActivationChunk
 
-@_typing.final
-class VerifyRequest(_message.Message):
+@typing.final
+class VerifyRequest(google.protobuf.message.Message):
     """-------------------------------------------------------------------------------- integrity
     A scrub of the store: every chunk of the named runs is read (in Ray tasks), its crc32c checked,
     its shape and dtype compared with the run's spec, and the catalog's chunk rows compared with the
@@ -1554,288 +1382,247 @@ class VerifyRequest(_message.Message):
     marks the run failed, so submitting the same capture again recaptures only those shards.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUNS_FIELD_NUMBER: _builtins.int
-    ALL_FIELD_NUMBER: _builtins.int
-    all: _builtins.bool
+    RUNS_FIELD_NUMBER: builtins.int
+    ALL_FIELD_NUMBER: builtins.int
+    all: builtins.bool
     """every run in the catalog (runs must then be empty)"""
-    @_builtins.property
-    def runs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def runs(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """run keys or prefixes"""
 
     def __init__(
         self,
         *,
-        runs: _abc.Iterable[_builtins.str] | None = ...,
-        all: _builtins.bool = ...,
+        runs: collections.abc.Iterable[builtins.str] | None = ...,
+        all: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "runs", b"runs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["all", b"all", "runs", b"runs"]) -> None: ...
 
-Global___VerifyRequest: _TypeAlias = VerifyRequest  # noqa: Y015
+Global___VerifyRequest: typing_extensions.TypeAlias = VerifyRequest
 
-@_typing.final
-class Damage(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Damage(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    ARRAY_FIELD_NUMBER: _builtins.int
-    SHARD_FIELD_NUMBER: _builtins.int
-    LAYER_FIELD_NUMBER: _builtins.int
-    REASON_FIELD_NUMBER: _builtins.int
-    array: _builtins.str
+    ARRAY_FIELD_NUMBER: builtins.int
+    SHARD_FIELD_NUMBER: builtins.int
+    LAYER_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    array: builtins.str
     """acts | tokens | layer_sums | token_ids | means | sample_ids | ... | catalog"""
-    shard: _builtins.int
+    shard: builtins.int
     """-1: the whole array (a run-wide array or its metadata)"""
-    layer: _builtins.int
+    layer: builtins.int
     """-1: every layer, or not per layer"""
-    reason: _builtins.str
+    reason: builtins.str
     """what is wrong, in words"""
     def __init__(
         self,
         *,
-        array: _builtins.str = ...,
-        shard: _builtins.int = ...,
-        layer: _builtins.int = ...,
-        reason: _builtins.str = ...,
+        array: builtins.str = ...,
+        shard: builtins.int = ...,
+        layer: builtins.int = ...,
+        reason: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "layer", b"layer", "reason", b"reason", "shard", b"shard"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["array", b"array", "layer", b"layer", "reason", b"reason", "shard", b"shard"]) -> None: ...
 
-Global___Damage: _TypeAlias = Damage  # noqa: Y015
+Global___Damage: typing_extensions.TypeAlias = Damage
 
-@_typing.final
-class RunVerdict(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RunVerdict(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_KEY_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    SHARDS_FIELD_NUMBER: _builtins.int
-    DAMAGE_FIELD_NUMBER: _builtins.int
-    DAMAGED_SHARDS_FIELD_NUMBER: _builtins.int
-    RECAPTURE_FIELD_NUMBER: _builtins.int
-    RUN_STATUS_FIELD_NUMBER: _builtins.int
-    run_key: _builtins.str
-    status: _builtins.str
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    STATUS_FIELD_NUMBER: builtins.int
+    SHARDS_FIELD_NUMBER: builtins.int
+    DAMAGE_FIELD_NUMBER: builtins.int
+    DAMAGED_SHARDS_FIELD_NUMBER: builtins.int
+    RECAPTURE_FIELD_NUMBER: builtins.int
+    RUN_STATUS_FIELD_NUMBER: builtins.int
+    run_key: builtins.str
+    status: builtins.str
     """ok | damaged | repaired"""
-    shards: _builtins.int
+    shards: builtins.int
     """shards checked"""
-    recapture: _builtins.bool
+    recapture: builtins.bool
     """the run must be captured again (after a repair, only its damaged shards)"""
-    run_status: _builtins.str
+    run_status: builtins.str
     """the catalog's status of the run after the job"""
-    @_builtins.property
-    def damage(self) -> _containers.RepeatedCompositeFieldContainer[Global___Damage]: ...
-    @_builtins.property
-    def damaged_shards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def damage(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Damage]: ...
+    @property
+    def damaged_shards(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """what a repair drops and a capture then rewrites"""
 
     def __init__(
         self,
         *,
-        run_key: _builtins.str = ...,
-        status: _builtins.str = ...,
-        shards: _builtins.int = ...,
-        damage: _abc.Iterable[Global___Damage] | None = ...,
-        damaged_shards: _abc.Iterable[_builtins.int] | None = ...,
-        recapture: _builtins.bool = ...,
-        run_status: _builtins.str = ...,
+        run_key: builtins.str = ...,
+        status: builtins.str = ...,
+        shards: builtins.int = ...,
+        damage: collections.abc.Iterable[Global___Damage] | None = ...,
+        damaged_shards: collections.abc.Iterable[builtins.int] | None = ...,
+        recapture: builtins.bool = ...,
+        run_status: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["damage", b"damage", "damaged_shards", b"damaged_shards", "recapture", b"recapture", "run_key", b"run_key", "run_status", b"run_status", "shards", b"shards", "status", b"status"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["damage", b"damage", "damaged_shards", b"damaged_shards", "recapture", b"recapture", "run_key", b"run_key", "run_status", b"run_status", "shards", b"shards", "status", b"status"]) -> None: ...
 
-Global___RunVerdict: _TypeAlias = RunVerdict  # noqa: Y015
+Global___RunVerdict: typing_extensions.TypeAlias = RunVerdict
 
-@_typing.final
-class VerifyReport(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class VerifyReport(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    REPAIR_FIELD_NUMBER: _builtins.int
-    RUNS_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
-    repair: _builtins.bool
-    @_builtins.property
-    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunVerdict]: ...
+    JOB_ID_FIELD_NUMBER: builtins.int
+    REPAIR_FIELD_NUMBER: builtins.int
+    RUNS_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
+    repair: builtins.bool
+    @property
+    def runs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___RunVerdict]: ...
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
-        repair: _builtins.bool = ...,
-        runs: _abc.Iterable[Global___RunVerdict] | None = ...,
+        job_id: builtins.str = ...,
+        repair: builtins.bool = ...,
+        runs: collections.abc.Iterable[Global___RunVerdict] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "repair", b"repair", "runs", b"runs"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job_id", b"job_id", "repair", b"repair", "runs", b"runs"]) -> None: ...
 
-Global___VerifyReport: _TypeAlias = VerifyReport  # noqa: Y015
+Global___VerifyReport: typing_extensions.TypeAlias = VerifyReport
 
-@_typing.final
-class GetVerifyReportRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class GetVerifyReportRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
+    JOB_ID_FIELD_NUMBER: builtins.int
+    job_id: builtins.str
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
+        job_id: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job_id", b"job_id"]) -> None: ...
 
-Global___GetVerifyReportRequest: _TypeAlias = GetVerifyReportRequest  # noqa: Y015
+Global___GetVerifyReportRequest: typing_extensions.TypeAlias = GetVerifyReportRequest
 
-@_typing.final
-class BackupCatalogRequest(_message.Message):
+@typing.final
+class BackupCatalogRequest(google.protobuf.message.Message):
     """----------------------------------------------------------------------- housekeeping (admin)"""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___BackupCatalogRequest: _TypeAlias = BackupCatalogRequest  # noqa: Y015
+Global___BackupCatalogRequest: typing_extensions.TypeAlias = BackupCatalogRequest
 
-@_typing.final
-class BackupCatalogResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class BackupCatalogResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PATH_FIELD_NUMBER: _builtins.int
-    BYTES_FIELD_NUMBER: _builtins.int
-    KEPT_FIELD_NUMBER: _builtins.int
-    path: _builtins.str
+    PATH_FIELD_NUMBER: builtins.int
+    BYTES_FIELD_NUMBER: builtins.int
+    KEPT_FIELD_NUMBER: builtins.int
+    path: builtins.str
     """the new backup, on the server's file system"""
-    bytes: _builtins.int
-    @_builtins.property
-    def kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    bytes: builtins.int
+    @property
+    def kept(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """every backup kept, oldest first"""
 
     def __init__(
         self,
         *,
-        path: _builtins.str = ...,
-        bytes: _builtins.int = ...,
-        kept: _abc.Iterable[_builtins.str] | None = ...,
+        path: builtins.str = ...,
+        bytes: builtins.int = ...,
+        kept: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "kept", b"kept", "path", b"path"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "kept", b"kept", "path", b"path"]) -> None: ...
 
-Global___BackupCatalogResponse: _TypeAlias = BackupCatalogResponse  # noqa: Y015
+Global___BackupCatalogResponse: typing_extensions.TypeAlias = BackupCatalogResponse
 
-@_typing.final
-class CollectGarbageRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CollectGarbageRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    OLDER_THAN_FIELD_NUMBER: _builtins.int
-    MAX_BYTES_FIELD_NUMBER: _builtins.int
-    APPLY_FIELD_NUMBER: _builtins.int
-    older_than: _builtins.str
+    OLDER_THAN_FIELD_NUMBER: builtins.int
+    MAX_BYTES_FIELD_NUMBER: builtins.int
+    APPLY_FIELD_NUMBER: builtins.int
+    older_than: builtins.str
     """an age: 30m, 12h, 7d ...; empty: the default (7d)"""
-    max_bytes: _builtins.int
+    max_bytes: builtins.int
     """size budget of the cached results (>= 1); unset: none"""
-    apply: _builtins.bool
+    apply: builtins.bool
     """false: only list what would be removed"""
     def __init__(
         self,
         *,
-        older_than: _builtins.str = ...,
-        max_bytes: _builtins.int | None = ...,
-        apply: _builtins.bool = ...,
+        older_than: builtins.str = ...,
+        max_bytes: builtins.int | None = ...,
+        apply: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "max_bytes", b"max_bytes"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "apply", b"apply", "max_bytes", b"max_bytes", "older_than", b"older_than"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__max_bytes: _TypeAlias = _typing.Literal["max_bytes"]  # noqa: Y015
-    _WhichOneofArgType__max_bytes: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_bytes) -> _WhichOneofReturnType__max_bytes | None: ...
+    def HasField(self, field_name: typing.Literal["_max_bytes", b"_max_bytes", "max_bytes", b"max_bytes"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_max_bytes", b"_max_bytes", "apply", b"apply", "max_bytes", b"max_bytes", "older_than", b"older_than"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_max_bytes", b"_max_bytes"]) -> typing.Literal["max_bytes"] | None: ...
 
-Global___CollectGarbageRequest: _TypeAlias = CollectGarbageRequest  # noqa: Y015
+Global___CollectGarbageRequest: typing_extensions.TypeAlias = CollectGarbageRequest
 
-@_typing.final
-class Garbage(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Garbage(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    KIND_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    BYTES_FIELD_NUMBER: _builtins.int
-    REASON_FIELD_NUMBER: _builtins.int
-    kind: _builtins.str
+    KIND_FIELD_NUMBER: builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    BYTES_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    kind: builtins.str
     """result | partials | orphaned-run | failed-run"""
-    name: _builtins.str
+    name: builtins.str
     """result key or run key"""
-    bytes: _builtins.int
-    reason: _builtins.str
+    bytes: builtins.int
+    reason: builtins.str
     def __init__(
         self,
         *,
-        kind: _builtins.str = ...,
-        name: _builtins.str = ...,
-        bytes: _builtins.int = ...,
-        reason: _builtins.str = ...,
+        kind: builtins.str = ...,
+        name: builtins.str = ...,
+        bytes: builtins.int = ...,
+        reason: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "kind", b"kind", "name", b"name", "reason", b"reason"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "kind", b"kind", "name", b"name", "reason", b"reason"]) -> None: ...
 
-Global___Garbage: _TypeAlias = Garbage  # noqa: Y015
+Global___Garbage: typing_extensions.TypeAlias = Garbage
 
-@_typing.final
-class CollectGarbageResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CollectGarbageResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    ITEMS_FIELD_NUMBER: _builtins.int
-    APPLIED_FIELD_NUMBER: _builtins.int
-    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
-    KEPT_FIELD_NUMBER: _builtins.int
-    applied: _builtins.bool
-    total_bytes: _builtins.int
-    @_builtins.property
-    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Garbage]:
+    ITEMS_FIELD_NUMBER: builtins.int
+    APPLIED_FIELD_NUMBER: builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: builtins.int
+    KEPT_FIELD_NUMBER: builtins.int
+    applied: builtins.bool
+    total_bytes: builtins.int
+    @property
+    def items(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Garbage]:
         """removed (apply) or removable (dry run)"""
 
-    @_builtins.property
-    def kept(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def kept(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """found, looked like garbage, kept on purpose (and why)"""
 
     def __init__(
         self,
         *,
-        items: _abc.Iterable[Global___Garbage] | None = ...,
-        applied: _builtins.bool = ...,
-        total_bytes: _builtins.int = ...,
-        kept: _abc.Iterable[_builtins.str] | None = ...,
+        items: collections.abc.Iterable[Global___Garbage] | None = ...,
+        applied: builtins.bool = ...,
+        total_bytes: builtins.int = ...,
+        kept: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "items", b"items", "kept", b"kept", "total_bytes", b"total_bytes"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["applied", b"applied", "items", b"items", "kept", b"kept", "total_bytes", b"total_bytes"]) -> None: ...
 
-Global___CollectGarbageResponse: _TypeAlias = CollectGarbageResponse  # noqa: Y015
+Global___CollectGarbageResponse: typing_extensions.TypeAlias = CollectGarbageResponse

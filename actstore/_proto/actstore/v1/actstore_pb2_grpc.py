@@ -5,7 +5,7 @@ import warnings
 
 from actstore._proto.actstore.v1 import actstore_pb2 as actstore_dot_v1_dot_actstore__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in actstore/v1/actstore_pb2_grpc.py depends on'
+        + f' but the generated code in actstore/v1/actstore_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class CatalogStub:
+class CatalogStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -71,7 +71,7 @@ class CatalogStub:
                 _registered_method=True)
 
 
-class CatalogServicer:
+class CatalogServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ListModels(self, request, context):
@@ -162,7 +162,7 @@ def add_CatalogServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Catalog:
+class Catalog(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -355,7 +355,7 @@ class Catalog:
             _registered_method=True)
 
 
-class CaptureStub:
+class CaptureStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -396,7 +396,7 @@ class CaptureStub:
                 _registered_method=True)
 
 
-class CaptureServicer:
+class CaptureServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def SubmitCapture(self, request, context):
@@ -476,7 +476,7 @@ def add_CaptureServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Capture:
+class Capture(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -642,7 +642,7 @@ class Capture:
             _registered_method=True)
 
 
-class QueryStub:
+class QueryStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -698,7 +698,7 @@ class QueryStub:
                 _registered_method=True)
 
 
-class QueryServicer:
+class QueryServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Similarity(self, request, context):
@@ -812,7 +812,7 @@ def add_QueryServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Query:
+class Query(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -1059,7 +1059,7 @@ class Query:
             _registered_method=True)
 
 
-class IntegrityStub:
+class IntegrityStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -1085,7 +1085,7 @@ class IntegrityStub:
                 _registered_method=True)
 
 
-class IntegrityServicer:
+class IntegrityServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def SubmitVerify(self, request, context):
@@ -1135,7 +1135,7 @@ def add_IntegrityServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Integrity:
+class Integrity(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -1220,7 +1220,7 @@ class Integrity:
             _registered_method=True)
 
 
-class HousekeepingStub:
+class HousekeepingStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -1241,7 +1241,7 @@ class HousekeepingStub:
                 _registered_method=True)
 
 
-class HousekeepingServicer:
+class HousekeepingServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def BackupCatalog(self, request, context):
@@ -1279,7 +1279,7 @@ def add_HousekeepingServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Housekeeping:
+class Housekeeping(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -7,162 +7,146 @@ per-layer outlier / massive-activation report. Kept in its own file and service 
 data-plane contract; definitions in docs/metrics.md ("Uncertainty", "Outlier diagnostics").
 """
 
-from actstore._proto.actstore.v1 import actstore_pb2 as _actstore_pb2
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-import builtins as _builtins
+import actstore.v1.actstore_pb2
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
 if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class FeatureOptions(_message.Message):
+@typing.final
+class FeatureOptions(google.protobuf.message.Message):
     """What is done to every layer's features before a similarity is computed."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    STANDARDIZE_FIELD_NUMBER: _builtins.int
-    EXCLUDE_DIMS_FIELD_NUMBER: _builtins.int
-    EXCLUDE_OUTLIERS_FIELD_NUMBER: _builtins.int
-    OUTLIER_SIGMAS_FIELD_NUMBER: _builtins.int
-    standardize: _builtins.bool
+    STANDARDIZE_FIELD_NUMBER: builtins.int
+    EXCLUDE_DIMS_FIELD_NUMBER: builtins.int
+    EXCLUDE_OUTLIERS_FIELD_NUMBER: builtins.int
+    OUTLIER_SIGMAS_FIELD_NUMBER: builtins.int
+    standardize: builtins.bool
     """z-score each dimension over all samples (a first pass computes mean and std)"""
-    exclude_outliers: _builtins.bool
+    exclude_outliers: builtins.bool
     """also leave out each layer's outlier dimensions (docs/metrics.md rule)"""
-    outlier_sigmas: _builtins.float
+    outlier_sigmas: builtins.float
     """the rule's threshold; unset: 3"""
-    @_builtins.property
-    def exclude_dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def exclude_dims(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """dimensions left out of every compared layer"""
 
     def __init__(
         self,
         *,
-        standardize: _builtins.bool = ...,
-        exclude_dims: _abc.Iterable[_builtins.int] | None = ...,
-        exclude_outliers: _builtins.bool = ...,
-        outlier_sigmas: _builtins.float | None = ...,
+        standardize: builtins.bool = ...,
+        exclude_dims: collections.abc.Iterable[builtins.int] | None = ...,
+        exclude_outliers: builtins.bool = ...,
+        outlier_sigmas: builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "outlier_sigmas", b"outlier_sigmas"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "exclude_dims", b"exclude_dims", "exclude_outliers", b"exclude_outliers", "outlier_sigmas", b"outlier_sigmas", "standardize", b"standardize"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__outlier_sigmas: _TypeAlias = _typing.Literal["outlier_sigmas"]  # noqa: Y015
-    _WhichOneofArgType__outlier_sigmas: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__outlier_sigmas) -> _WhichOneofReturnType__outlier_sigmas | None: ...
+    def HasField(self, field_name: typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "outlier_sigmas", b"outlier_sigmas"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "exclude_dims", b"exclude_dims", "exclude_outliers", b"exclude_outliers", "outlier_sigmas", b"outlier_sigmas", "standardize", b"standardize"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]) -> typing.Literal["outlier_sigmas"] | None: ...
 
-Global___FeatureOptions: _TypeAlias = FeatureOptions  # noqa: Y015
+Global___FeatureOptions: typing_extensions.TypeAlias = FeatureOptions
 
-@_typing.final
-class SimilarityStatsRequest(_message.Message):
+@typing.final
+class SimilarityStatsRequest(google.protobuf.message.Message):
     """A CKA or COS query (`query`: metric, runs, layers, center, refresh) with uncertainty."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    QUERY_FIELD_NUMBER: _builtins.int
-    BOOTSTRAP_FIELD_NUMBER: _builtins.int
-    CI_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    NULL_PERMUTATIONS_FIELD_NUMBER: _builtins.int
-    FEATURES_FIELD_NUMBER: _builtins.int
-    BOOTSTRAP_METHOD_FIELD_NUMBER: _builtins.int
-    BOOTSTRAP_GROUPS_FIELD_NUMBER: _builtins.int
-    bootstrap: _builtins.int
+    QUERY_FIELD_NUMBER: builtins.int
+    BOOTSTRAP_FIELD_NUMBER: builtins.int
+    CI_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    NULL_PERMUTATIONS_FIELD_NUMBER: builtins.int
+    FEATURES_FIELD_NUMBER: builtins.int
+    BOOTSTRAP_METHOD_FIELD_NUMBER: builtins.int
+    BOOTSTRAP_GROUPS_FIELD_NUMBER: builtins.int
+    bootstrap: builtins.int
     """Poisson-bootstrap replicates; 0: none"""
-    ci: _builtins.float
+    ci: builtins.float
     """interval level in (0, 1); unset: 0.95"""
-    seed: _builtins.int
+    seed: builtins.int
     """of the bootstrap weights and the permutations"""
-    null_permutations: _builtins.int
+    null_permutations: builtins.int
     """CKA only: permutations of B's rows; 0: none"""
-    bootstrap_method: _builtins.str
+    bootstrap_method: builtins.str
     """CKA: "auto" (default when empty), "exact" or "grouped" """
-    bootstrap_groups: _builtins.int
+    bootstrap_groups: builtins.int
     """grouped bootstrap's random groups G; unset: 48"""
-    @_builtins.property
-    def query(self) -> _actstore_pb2.SimilarityRequest:
+    @property
+    def query(self) -> actstore.v1.actstore_pb2.SimilarityRequest:
         """metric CKA or COS"""
 
-    @_builtins.property
+    @property
     def features(self) -> Global___FeatureOptions: ...
     def __init__(
         self,
         *,
-        query: _actstore_pb2.SimilarityRequest | None = ...,
-        bootstrap: _builtins.int = ...,
-        ci: _builtins.float | None = ...,
-        seed: _builtins.int = ...,
-        null_permutations: _builtins.int = ...,
+        query: actstore.v1.actstore_pb2.SimilarityRequest | None = ...,
+        bootstrap: builtins.int = ...,
+        ci: builtins.float | None = ...,
+        seed: builtins.int = ...,
+        null_permutations: builtins.int = ...,
         features: Global___FeatureOptions | None = ...,
-        bootstrap_method: _builtins.str = ...,
-        bootstrap_groups: _builtins.int | None = ...,
+        bootstrap_method: builtins.str = ...,
+        bootstrap_groups: builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap_groups", b"bootstrap_groups", "ci", b"ci", "features", b"features", "query", b"query"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap", b"bootstrap", "bootstrap_groups", b"bootstrap_groups", "bootstrap_method", b"bootstrap_method", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__bootstrap_groups: _TypeAlias = _typing.Literal["bootstrap_groups"]  # noqa: Y015
-    _WhichOneofArgType__bootstrap_groups: _TypeAlias = _typing.Literal["_bootstrap_groups", b"_bootstrap_groups"]  # noqa: Y015
-    _WhichOneofReturnType__ci: _TypeAlias = _typing.Literal["ci"]  # noqa: Y015
-    _WhichOneofArgType__ci: _TypeAlias = _typing.Literal["_ci", b"_ci"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__bootstrap_groups) -> _WhichOneofReturnType__bootstrap_groups | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__ci) -> _WhichOneofReturnType__ci | None: ...
+    def HasField(self, field_name: typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap_groups", b"bootstrap_groups", "ci", b"ci", "features", b"features", "query", b"query"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_bootstrap_groups", b"_bootstrap_groups", "_ci", b"_ci", "bootstrap", b"bootstrap", "bootstrap_groups", b"bootstrap_groups", "bootstrap_method", b"bootstrap_method", "ci", b"ci", "features", b"features", "null_permutations", b"null_permutations", "query", b"query", "seed", b"seed"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_bootstrap_groups", b"_bootstrap_groups"]) -> typing.Literal["bootstrap_groups"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_ci", b"_ci"]) -> typing.Literal["ci"] | None: ...
 
-Global___SimilarityStatsRequest: _TypeAlias = SimilarityStatsRequest  # noqa: Y015
+Global___SimilarityStatsRequest: typing_extensions.TypeAlias = SimilarityStatsRequest
 
-@_typing.final
-class OutliersRequest(_message.Message):
+@typing.final
+class OutliersRequest(google.protobuf.message.Message):
     """Per layer: outlier severity ||mean|| / ||std||, the top-k dimensions by |mean| / std, excess
     kurtosis (max and mean over dimensions) and the outlier dimensions.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYERS_FIELD_NUMBER: _builtins.int
-    TOP_K_FIELD_NUMBER: _builtins.int
-    OUTLIER_SIGMAS_FIELD_NUMBER: _builtins.int
-    REFRESH_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
-    top_k: _builtins.int
+    RUN_FIELD_NUMBER: builtins.int
+    LAYERS_FIELD_NUMBER: builtins.int
+    TOP_K_FIELD_NUMBER: builtins.int
+    OUTLIER_SIGMAS_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    run: builtins.str
+    top_k: builtins.int
     """unset: 5"""
-    outlier_sigmas: _builtins.float
+    outlier_sigmas: builtins.float
     """unset: 3"""
-    refresh: _builtins.bool
-    @_builtins.property
-    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    refresh: builtins.bool
+    @property
+    def layers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all"""
 
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        layers: _abc.Iterable[_builtins.int] | None = ...,
-        top_k: _builtins.int | None = ...,
-        outlier_sigmas: _builtins.float | None = ...,
-        refresh: _builtins.bool = ...,
+        run: builtins.str = ...,
+        layers: collections.abc.Iterable[builtins.int] | None = ...,
+        top_k: builtins.int | None = ...,
+        outlier_sigmas: builtins.float | None = ...,
+        refresh: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "outlier_sigmas", b"outlier_sigmas", "top_k", b"top_k"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "layers", b"layers", "outlier_sigmas", b"outlier_sigmas", "refresh", b"refresh", "run", b"run", "top_k", b"top_k"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__outlier_sigmas: _TypeAlias = _typing.Literal["outlier_sigmas"]  # noqa: Y015
-    _WhichOneofArgType__outlier_sigmas: _TypeAlias = _typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]  # noqa: Y015
-    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
-    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__outlier_sigmas) -> _WhichOneofReturnType__outlier_sigmas | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
+    def HasField(self, field_name: typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "outlier_sigmas", b"outlier_sigmas", "top_k", b"top_k"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_outlier_sigmas", b"_outlier_sigmas", "_top_k", b"_top_k", "layers", b"layers", "outlier_sigmas", b"outlier_sigmas", "refresh", b"refresh", "run", b"run", "top_k", b"top_k"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_outlier_sigmas", b"_outlier_sigmas"]) -> typing.Literal["outlier_sigmas"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_top_k", b"_top_k"]) -> typing.Literal["top_k"] | None: ...
 
-Global___OutliersRequest: _TypeAlias = OutliersRequest  # noqa: Y015
+Global___OutliersRequest: typing_extensions.TypeAlias = OutliersRequest

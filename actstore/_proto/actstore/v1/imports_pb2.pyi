@@ -5,57 +5,53 @@ actstore v1 imports: activations made elsewhere (vLLM, SAELens, numpy/safetensor
 a run with full identity. Kept in its own file and service beside the data-plane contract.
 """
 
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-import builtins as _builtins
+import builtins
+import google.protobuf.descriptor
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
 if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class ImportRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ImportRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PATH_FIELD_NUMBER: _builtins.int
-    MODEL_FIELD_NUMBER: _builtins.int
-    DATASET_FIELD_NUMBER: _builtins.int
-    FORMAT_FIELD_NUMBER: _builtins.int
-    POOLING_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    path: _builtins.str
+    PATH_FIELD_NUMBER: builtins.int
+    MODEL_FIELD_NUMBER: builtins.int
+    DATASET_FIELD_NUMBER: builtins.int
+    FORMAT_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    path: builtins.str
     """a folder or file on the server's file system (docs/import.md)"""
-    model: _builtins.str
+    model: builtins.str
     """alias or digest of the registered model the activations are of"""
-    dataset: _builtins.str
+    dataset: builtins.str
     """alias or digest of the registered dataset whose samples they are"""
-    format: _builtins.str
+    format: builtins.str
     """arrays | vllm | saelens; empty: detected from the files"""
-    pooling: _builtins.str
+    pooling: builtins.str
     """cls | last | mean | tokens; empty: as capture decides from the model"""
-    dtype: _builtins.str
+    dtype: builtins.str
     """float16 | float32 | bfloat16; empty: the source's"""
     def __init__(
         self,
         *,
-        path: _builtins.str = ...,
-        model: _builtins.str = ...,
-        dataset: _builtins.str = ...,
-        format: _builtins.str = ...,
-        pooling: _builtins.str = ...,
-        dtype: _builtins.str = ...,
+        path: builtins.str = ...,
+        model: builtins.str = ...,
+        dataset: builtins.str = ...,
+        format: builtins.str = ...,
+        pooling: builtins.str = ...,
+        dtype: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "source", b"source"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "dtype", b"dtype", "format", b"format", "model", b"model", "path", b"path", "pooling", b"pooling", "source", b"source"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["path"]  # noqa: Y015
-    _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_source) -> _WhichOneofReturnType_source | None: ...
+    def HasField(self, field_name: typing.Literal["path", b"path", "source", b"source"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["dataset", b"dataset", "dtype", b"dtype", "format", b"format", "model", b"model", "path", b"path", "pooling", b"pooling", "source", b"source"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["source", b"source"]) -> typing.Literal["path"] | None: ...
 
-Global___ImportRequest: _TypeAlias = ImportRequest  # noqa: Y015
+Global___ImportRequest: typing_extensions.TypeAlias = ImportRequest

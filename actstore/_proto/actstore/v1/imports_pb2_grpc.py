@@ -6,7 +6,7 @@ import warnings
 from actstore._proto.actstore.v1 import actstore_pb2 as actstore_dot_v1_dot_actstore__pb2
 from actstore._proto.actstore.v1 import imports_pb2 as actstore_dot_v1_dot_imports__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -19,14 +19,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in actstore/v1/imports_pb2_grpc.py depends on'
+        + f' but the generated code in actstore/v1/imports_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ImportsStub:
+class ImportsStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -42,7 +42,7 @@ class ImportsStub:
                 _registered_method=True)
 
 
-class ImportsServicer:
+class ImportsServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def SubmitImport(self, request, context):
@@ -68,7 +68,7 @@ def add_ImportsServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Imports:
+class Imports(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -5,173 +5,161 @@ actstore v1 planning: what a capture or a CKA matrix job would cost, answered wi
 (`--dry-run`). In its own file and service, beside the data-plane contract it builds on.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-import builtins as _builtins
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class SitePlan(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SitePlan(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    SITE_FIELD_NUMBER: _builtins.int
-    RUN_KEY_FIELD_NUMBER: _builtins.int
-    STORED_FIELD_NUMBER: _builtins.int
-    site: _builtins.str
-    run_key: _builtins.str
-    stored: _builtins.bool
+    SITE_FIELD_NUMBER: builtins.int
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    STORED_FIELD_NUMBER: builtins.int
+    site: builtins.str
+    run_key: builtins.str
+    stored: builtins.bool
     """the run is already committed: a cache hit, nothing to compute"""
     def __init__(
         self,
         *,
-        site: _builtins.str = ...,
-        run_key: _builtins.str = ...,
-        stored: _builtins.bool = ...,
+        site: builtins.str = ...,
+        run_key: builtins.str = ...,
+        stored: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_key", b"run_key", "site", b"site", "stored", b"stored"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run_key", b"run_key", "site", b"site", "stored", b"stored"]) -> None: ...
 
-Global___SitePlan: _TypeAlias = SitePlan  # noqa: Y015
+Global___SitePlan: typing_extensions.TypeAlias = SitePlan
 
-@_typing.final
-class CapturePlan(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CapturePlan(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    SITES_FIELD_NUMBER: _builtins.int
-    N_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    NUM_SHARDS_FIELD_NUMBER: _builtins.int
-    NUM_LAYERS_FIELD_NUMBER: _builtins.int
-    WIDTH_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    POOLING_FIELD_NUMBER: _builtins.int
-    MAX_LEN_FIELD_NUMBER: _builtins.int
-    RAW_BYTES_FIELD_NUMBER: _builtins.int
-    STORED_BYTES_FIELD_NUMBER: _builtins.int
-    COMPRESSION_FIELD_NUMBER: _builtins.int
-    COMPRESSION_BASIS_FIELD_NUMBER: _builtins.int
-    SECONDS_FIELD_NUMBER: _builtins.int
-    SECONDS_BASIS_FIELD_NUMBER: _builtins.int
-    n: _builtins.int
+    SITES_FIELD_NUMBER: builtins.int
+    N_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    NUM_SHARDS_FIELD_NUMBER: builtins.int
+    NUM_LAYERS_FIELD_NUMBER: builtins.int
+    WIDTH_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    MAX_LEN_FIELD_NUMBER: builtins.int
+    RAW_BYTES_FIELD_NUMBER: builtins.int
+    STORED_BYTES_FIELD_NUMBER: builtins.int
+    COMPRESSION_FIELD_NUMBER: builtins.int
+    COMPRESSION_BASIS_FIELD_NUMBER: builtins.int
+    SECONDS_FIELD_NUMBER: builtins.int
+    SECONDS_BASIS_FIELD_NUMBER: builtins.int
+    n: builtins.int
     """samples"""
-    rows: _builtins.int
+    rows: builtins.int
     """rows per run: n, or the number of tokens for pooling tokens"""
-    num_shards: _builtins.int
+    num_shards: builtins.int
     """per run"""
-    num_layers: _builtins.int
+    num_layers: builtins.int
     """L: layers 0..L are stored"""
-    width: _builtins.int
-    dtype: _builtins.str
-    pooling: _builtins.str
-    max_len: _builtins.int
-    raw_bytes: _builtins.int
+    width: builtins.int
+    dtype: builtins.str
+    pooling: builtins.str
+    max_len: builtins.int
+    raw_bytes: builtins.int
     """every run still to capture, uncompressed"""
-    stored_bytes: _builtins.int
+    stored_bytes: builtins.int
     """estimated, with `compression`"""
-    compression: _builtins.float
+    compression: builtins.float
     """stored / raw bytes"""
-    compression_basis: _builtins.str
+    compression_basis: builtins.str
     """the committed runs it was measured on, or "dtype only" """
-    seconds: _builtins.float
+    seconds: builtins.float
     """estimated wall time; 0: no basis"""
-    seconds_basis: _builtins.str
+    seconds_basis: builtins.str
     """the finished capture jobs the rate comes from"""
-    @_builtins.property
-    def sites(self) -> _containers.RepeatedCompositeFieldContainer[Global___SitePlan]: ...
+    @property
+    def sites(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___SitePlan]: ...
     def __init__(
         self,
         *,
-        sites: _abc.Iterable[Global___SitePlan] | None = ...,
-        n: _builtins.int = ...,
-        rows: _builtins.int = ...,
-        num_shards: _builtins.int = ...,
-        num_layers: _builtins.int = ...,
-        width: _builtins.int = ...,
-        dtype: _builtins.str = ...,
-        pooling: _builtins.str = ...,
-        max_len: _builtins.int = ...,
-        raw_bytes: _builtins.int = ...,
-        stored_bytes: _builtins.int = ...,
-        compression: _builtins.float = ...,
-        compression_basis: _builtins.str = ...,
-        seconds: _builtins.float = ...,
-        seconds_basis: _builtins.str = ...,
+        sites: collections.abc.Iterable[Global___SitePlan] | None = ...,
+        n: builtins.int = ...,
+        rows: builtins.int = ...,
+        num_shards: builtins.int = ...,
+        num_layers: builtins.int = ...,
+        width: builtins.int = ...,
+        dtype: builtins.str = ...,
+        pooling: builtins.str = ...,
+        max_len: builtins.int = ...,
+        raw_bytes: builtins.int = ...,
+        stored_bytes: builtins.int = ...,
+        compression: builtins.float = ...,
+        compression_basis: builtins.str = ...,
+        seconds: builtins.float = ...,
+        seconds_basis: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compression", b"compression", "compression_basis", b"compression_basis", "dtype", b"dtype", "max_len", b"max_len", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "raw_bytes", b"raw_bytes", "rows", b"rows", "seconds", b"seconds", "seconds_basis", b"seconds_basis", "sites", b"sites", "stored_bytes", b"stored_bytes", "width", b"width"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["compression", b"compression", "compression_basis", b"compression_basis", "dtype", b"dtype", "max_len", b"max_len", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "raw_bytes", b"raw_bytes", "rows", b"rows", "seconds", b"seconds", "seconds_basis", b"seconds_basis", "sites", b"sites", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
 
-Global___CapturePlan: _TypeAlias = CapturePlan  # noqa: Y015
+Global___CapturePlan: typing_extensions.TypeAlias = CapturePlan
 
-@_typing.final
-class CKAMatrixPlan(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CKAMatrixPlan(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_KEYS_FIELD_NUMBER: _builtins.int
-    BLOCKS_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    MODE_FIELD_NUMBER: _builtins.int
-    TILES_FIELD_NUMBER: _builtins.int
-    MAP_TASKS_FIELD_NUMBER: _builtins.int
-    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
-    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
-    FLOPS_FIELD_NUMBER: _builtins.int
-    READ_BYTES_FIELD_NUMBER: _builtins.int
-    CACHED_FIELD_NUMBER: _builtins.int
-    blocks: _builtins.int
+    RUN_KEYS_FIELD_NUMBER: builtins.int
+    BLOCKS_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    MODE_FIELD_NUMBER: builtins.int
+    TILES_FIELD_NUMBER: builtins.int
+    MAP_TASKS_FIELD_NUMBER: builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: builtins.int
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: builtins.int
+    FLOPS_FIELD_NUMBER: builtins.int
+    READ_BYTES_FIELD_NUMBER: builtins.int
+    CACHED_FIELD_NUMBER: builtins.int
+    blocks: builtins.int
     """layers of all runs together: the matrix is blocks x blocks"""
-    rows: _builtins.int
-    mode: _builtins.str
+    rows: builtins.int
+    mode: builtins.str
     """feature | gram"""
-    tiles: _builtins.int
-    map_tasks: _builtins.int
+    tiles: builtins.int
+    map_tasks: builtins.int
     """over all tiles"""
-    memory_bytes: _builtins.int
+    memory_bytes: builtins.int
     """peak accumulator of the largest tile"""
-    memory_limit_bytes: _builtins.int
+    memory_limit_bytes: builtins.int
     """ACTSTORE_MAX_ACCUMULATOR_BYTES"""
-    flops: _builtins.float
+    flops: builtins.float
     """2 x the multiply-adds of every tile's accumulation"""
-    read_bytes: _builtins.int
+    read_bytes: builtins.int
     """values read, decoded (each tile reads its blocks once)"""
-    cached: _builtins.bool
+    cached: builtins.bool
     """the result is stored already"""
-    @_builtins.property
-    def run_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @property
+    def run_keys(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     def __init__(
         self,
         *,
-        run_keys: _abc.Iterable[_builtins.str] | None = ...,
-        blocks: _builtins.int = ...,
-        rows: _builtins.int = ...,
-        mode: _builtins.str = ...,
-        tiles: _builtins.int = ...,
-        map_tasks: _builtins.int = ...,
-        memory_bytes: _builtins.int = ...,
-        memory_limit_bytes: _builtins.int = ...,
-        flops: _builtins.float = ...,
-        read_bytes: _builtins.int = ...,
-        cached: _builtins.bool = ...,
+        run_keys: collections.abc.Iterable[builtins.str] | None = ...,
+        blocks: builtins.int = ...,
+        rows: builtins.int = ...,
+        mode: builtins.str = ...,
+        tiles: builtins.int = ...,
+        map_tasks: builtins.int = ...,
+        memory_bytes: builtins.int = ...,
+        memory_limit_bytes: builtins.int = ...,
+        flops: builtins.float = ...,
+        read_bytes: builtins.int = ...,
+        cached: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "cached", b"cached", "flops", b"flops", "map_tasks", b"map_tasks", "memory_bytes", b"memory_bytes", "memory_limit_bytes", b"memory_limit_bytes", "mode", b"mode", "read_bytes", b"read_bytes", "rows", b"rows", "run_keys", b"run_keys", "tiles", b"tiles"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["blocks", b"blocks", "cached", b"cached", "flops", b"flops", "map_tasks", b"map_tasks", "memory_bytes", b"memory_bytes", "memory_limit_bytes", b"memory_limit_bytes", "mode", b"mode", "read_bytes", b"read_bytes", "rows", b"rows", "run_keys", b"run_keys", "tiles", b"tiles"]) -> None: ...
 
-Global___CKAMatrixPlan: _TypeAlias = CKAMatrixPlan  # noqa: Y015
+Global___CKAMatrixPlan: typing_extensions.TypeAlias = CKAMatrixPlan

@@ -6,7 +6,7 @@ import warnings
 from actstore._proto.actstore.v1 import actstore_pb2 as actstore_dot_v1_dot_actstore__pb2
 from actstore._proto.actstore.v1 import planning_pb2 as actstore_dot_v1_dot_planning__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -19,14 +19,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in actstore/v1/planning_pb2_grpc.py depends on'
+        + f' but the generated code in actstore/v1/planning_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class PlanningStub:
+class PlanningStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -47,7 +47,7 @@ class PlanningStub:
                 _registered_method=True)
 
 
-class PlanningServicer:
+class PlanningServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def PlanCapture(self, request, context):
@@ -85,7 +85,7 @@ def add_PlanningServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Planning:
+class Planning(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

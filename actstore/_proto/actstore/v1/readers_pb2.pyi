@@ -6,326 +6,295 @@ batches for training, where a run's arrays live (for readers that open Zarr them
 read-only SQL over the catalog. Its own file and service, beside the data-plane contract.
 """
 
-from actstore._proto.actstore.v1 import actstore_pb2 as _actstore_pb2
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-import builtins as _builtins
+import actstore.v1.actstore_pb2
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class BatchesRequest(_message.Message):
+@typing.final
+class BatchesRequest(google.protobuf.message.Message):
     """One epoch of one rank's share of a run, as batches. The run's shards are dealt to ranks
     round-robin in an order shuffled per (seed, epoch): every row is in exactly one rank's stream.
     """
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    LAYERS_FIELD_NUMBER: _builtins.int
-    BATCH_SIZE_FIELD_NUMBER: _builtins.int
-    SHUFFLE_FIELD_NUMBER: _builtins.int
-    SEED_FIELD_NUMBER: _builtins.int
-    EPOCH_FIELD_NUMBER: _builtins.int
-    RANK_FIELD_NUMBER: _builtins.int
-    WORLD_SIZE_FIELD_NUMBER: _builtins.int
-    BUFFER_SHARDS_FIELD_NUMBER: _builtins.int
-    DROP_LAST_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
+    RUN_FIELD_NUMBER: builtins.int
+    LAYERS_FIELD_NUMBER: builtins.int
+    BATCH_SIZE_FIELD_NUMBER: builtins.int
+    SHUFFLE_FIELD_NUMBER: builtins.int
+    SEED_FIELD_NUMBER: builtins.int
+    EPOCH_FIELD_NUMBER: builtins.int
+    RANK_FIELD_NUMBER: builtins.int
+    WORLD_SIZE_FIELD_NUMBER: builtins.int
+    BUFFER_SHARDS_FIELD_NUMBER: builtins.int
+    DROP_LAST_FIELD_NUMBER: builtins.int
+    run: builtins.str
     """run key or a unique prefix of >= 8 characters"""
-    batch_size: _builtins.int
+    batch_size: builtins.int
     """rows per batch (required)"""
-    shuffle: _builtins.bool
+    shuffle: builtins.bool
     """shuffle shard order and rows (through a buffer of buffer_shards shards)"""
-    seed: _builtins.int
-    epoch: _builtins.int
-    rank: _builtins.int
+    seed: builtins.int
+    epoch: builtins.int
+    rank: builtins.int
     """0 <= rank < world_size"""
-    world_size: _builtins.int
+    world_size: builtins.int
     """0: 1"""
-    buffer_shards: _builtins.int
+    buffer_shards: builtins.int
     """0: the default; shards held in the server's shuffle buffer"""
-    drop_last: _builtins.bool
+    drop_last: builtins.bool
     """drop the rank's short final batch"""
-    @_builtins.property
-    def layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def layers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all layers 0..L"""
 
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
-        layers: _abc.Iterable[_builtins.int] | None = ...,
-        batch_size: _builtins.int = ...,
-        shuffle: _builtins.bool = ...,
-        seed: _builtins.int = ...,
-        epoch: _builtins.int = ...,
-        rank: _builtins.int = ...,
-        world_size: _builtins.int = ...,
-        buffer_shards: _builtins.int = ...,
-        drop_last: _builtins.bool = ...,
+        run: builtins.str = ...,
+        layers: collections.abc.Iterable[builtins.int] | None = ...,
+        batch_size: builtins.int = ...,
+        shuffle: builtins.bool = ...,
+        seed: builtins.int = ...,
+        epoch: builtins.int = ...,
+        rank: builtins.int = ...,
+        world_size: builtins.int = ...,
+        buffer_shards: builtins.int = ...,
+        drop_last: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "buffer_shards", b"buffer_shards", "drop_last", b"drop_last", "epoch", b"epoch", "layers", b"layers", "rank", b"rank", "run", b"run", "seed", b"seed", "shuffle", b"shuffle", "world_size", b"world_size"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch_size", b"batch_size", "buffer_shards", b"buffer_shards", "drop_last", b"drop_last", "epoch", b"epoch", "layers", b"layers", "rank", b"rank", "run", b"run", "seed", b"seed", "shuffle", b"shuffle", "world_size", b"world_size"]) -> None: ...
 
-Global___BatchesRequest: _TypeAlias = BatchesRequest  # noqa: Y015
+Global___BatchesRequest: typing_extensions.TypeAlias = BatchesRequest
 
-@_typing.final
-class BatchPart(_message.Message):
+@typing.final
+class BatchPart(google.protobuf.message.Message):
     """A part of one batch: a batch larger than one message travels as several parts, in order."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    BATCH_FIELD_NUMBER: _builtins.int
-    BATCH_ROWS_FIELD_NUMBER: _builtins.int
-    OFFSET_FIELD_NUMBER: _builtins.int
-    VALUES_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    SAMPLE_IDS_FIELD_NUMBER: _builtins.int
-    LABELS_FIELD_NUMBER: _builtins.int
-    BUFFER_SHARDS_FIELD_NUMBER: _builtins.int
-    batch: _builtins.int
+    BATCH_FIELD_NUMBER: builtins.int
+    BATCH_ROWS_FIELD_NUMBER: builtins.int
+    OFFSET_FIELD_NUMBER: builtins.int
+    VALUES_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    SAMPLE_IDS_FIELD_NUMBER: builtins.int
+    LABELS_FIELD_NUMBER: builtins.int
+    BUFFER_SHARDS_FIELD_NUMBER: builtins.int
+    batch: builtins.int
     """index of the batch in this rank's stream"""
-    batch_rows: _builtins.int
+    batch_rows: builtins.int
     """rows of the whole batch"""
-    offset: _builtins.int
+    offset: builtins.int
     """first row of this part within the batch"""
-    buffer_shards: _builtins.int
+    buffer_shards: builtins.int
     """shards the server's buffer may hold for this stream (first part only)"""
-    @_builtins.property
-    def values(self) -> _actstore_pb2.NDArray:
+    @property
+    def values(self) -> actstore.v1.actstore_pb2.NDArray:
         """(part rows, layers, d) as stored (bfloat16 widened to float32)"""
 
-    @_builtins.property
-    def rows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def rows(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """the run's row index of each row"""
 
-    @_builtins.property
-    def sample_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def sample_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """the sample of each row (token-level runs: of each token)"""
 
-    @_builtins.property
-    def labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+    @property
+    def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """the sample's label of each row; empty if the dataset has none"""
 
     def __init__(
         self,
         *,
-        batch: _builtins.int = ...,
-        batch_rows: _builtins.int = ...,
-        offset: _builtins.int = ...,
-        values: _actstore_pb2.NDArray | None = ...,
-        rows: _abc.Iterable[_builtins.int] | None = ...,
-        sample_ids: _abc.Iterable[_builtins.str] | None = ...,
-        labels: _abc.Iterable[_builtins.int] | None = ...,
-        buffer_shards: _builtins.int = ...,
+        batch: builtins.int = ...,
+        batch_rows: builtins.int = ...,
+        offset: builtins.int = ...,
+        values: actstore.v1.actstore_pb2.NDArray | None = ...,
+        rows: collections.abc.Iterable[builtins.int] | None = ...,
+        sample_ids: collections.abc.Iterable[builtins.str] | None = ...,
+        labels: collections.abc.Iterable[builtins.int] | None = ...,
+        buffer_shards: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "buffer_shards", b"buffer_shards", "labels", b"labels", "offset", b"offset", "rows", b"rows", "sample_ids", b"sample_ids", "values", b"values"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def HasField(self, field_name: typing.Literal["values", b"values"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "buffer_shards", b"buffer_shards", "labels", b"labels", "offset", b"offset", "rows", b"rows", "sample_ids", b"sample_ids", "values", b"values"]) -> None: ...
 
-Global___BatchPart: _TypeAlias = BatchPart  # noqa: Y015
+Global___BatchPart: typing_extensions.TypeAlias = BatchPart
 
-@_typing.final
-class LocateRunRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class LocateRunRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_FIELD_NUMBER: _builtins.int
-    run: _builtins.str
+    RUN_FIELD_NUMBER: builtins.int
+    run: builtins.str
     def __init__(
         self,
         *,
-        run: _builtins.str = ...,
+        run: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["run", b"run"]) -> None: ...
 
-Global___LocateRunRequest: _TypeAlias = LocateRunRequest  # noqa: Y015
+Global___LocateRunRequest: typing_extensions.TypeAlias = LocateRunRequest
 
-@_typing.final
-class RunLocation(_message.Message):
+@typing.final
+class RunLocation(google.protobuf.message.Message):
     """Where a committed run's Zarr arrays are, for a reader with access to the same store."""
 
-    DESCRIPTOR: _descriptor.Descriptor
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    RUN_KEY_FIELD_NUMBER: _builtins.int
-    STORE_FIELD_NUMBER: _builtins.int
-    GROUP_FIELD_NUMBER: _builtins.int
-    ARRAY_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    POOLING_FIELD_NUMBER: _builtins.int
-    N_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    NUM_LAYERS_FIELD_NUMBER: _builtins.int
-    WIDTH_FIELD_NUMBER: _builtins.int
-    run_key: _builtins.str
-    store: _builtins.str
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    STORE_FIELD_NUMBER: builtins.int
+    GROUP_FIELD_NUMBER: builtins.int
+    ARRAY_FIELD_NUMBER: builtins.int
+    DTYPE_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    N_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    NUM_LAYERS_FIELD_NUMBER: builtins.int
+    WIDTH_FIELD_NUMBER: builtins.int
+    run_key: builtins.str
+    store: builtins.str
     """the store root: a local absolute path, or s3://bucket/prefix"""
-    group: _builtins.str
+    group: builtins.str
     """the run's Zarr group under the root: runs/<run_key>"""
-    array: _builtins.str
+    array: builtins.str
     """acts (pooled: n x (L+1) x d) | tokens (token-level: T x (L+1) x d)"""
-    dtype: _builtins.str
+    dtype: builtins.str
     """float16 | float32 | bfloat16 (stored as the upper 16 bits, uint16)"""
-    pooling: _builtins.str
-    n: _builtins.int
-    rows: _builtins.int
-    num_layers: _builtins.int
-    width: _builtins.int
+    pooling: builtins.str
+    n: builtins.int
+    rows: builtins.int
+    num_layers: builtins.int
+    width: builtins.int
     def __init__(
         self,
         *,
-        run_key: _builtins.str = ...,
-        store: _builtins.str = ...,
-        group: _builtins.str = ...,
-        array: _builtins.str = ...,
-        dtype: _builtins.str = ...,
-        pooling: _builtins.str = ...,
-        n: _builtins.int = ...,
-        rows: _builtins.int = ...,
-        num_layers: _builtins.int = ...,
-        width: _builtins.int = ...,
+        run_key: builtins.str = ...,
+        store: builtins.str = ...,
+        group: builtins.str = ...,
+        array: builtins.str = ...,
+        dtype: builtins.str = ...,
+        pooling: builtins.str = ...,
+        n: builtins.int = ...,
+        rows: builtins.int = ...,
+        num_layers: builtins.int = ...,
+        width: builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["array", b"array", "dtype", b"dtype", "group", b"group", "n", b"n", "num_layers", b"num_layers", "pooling", b"pooling", "rows", b"rows", "run_key", b"run_key", "store", b"store", "width", b"width"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["array", b"array", "dtype", b"dtype", "group", b"group", "n", b"n", "num_layers", b"num_layers", "pooling", b"pooling", "rows", b"rows", "run_key", b"run_key", "store", b"store", "width", b"width"]) -> None: ...
 
-Global___RunLocation: _TypeAlias = RunLocation  # noqa: Y015
+Global___RunLocation: typing_extensions.TypeAlias = RunLocation
 
-@_typing.final
-class SqlRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SqlRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    QUERY_FIELD_NUMBER: _builtins.int
-    LIMIT_FIELD_NUMBER: _builtins.int
-    query: _builtins.str
+    QUERY_FIELD_NUMBER: builtins.int
+    LIMIT_FIELD_NUMBER: builtins.int
+    query: builtins.str
     """one SELECT statement over the catalog tables (docs/sql.md)"""
-    limit: _builtins.int
+    limit: builtins.int
     """rows returned at most (>= 1); unset: the server's ACTSTORE_SQL_MAX_ROWS"""
     def __init__(
         self,
         *,
-        query: _builtins.str = ...,
-        limit: _builtins.int | None = ...,
+        query: builtins.str = ...,
+        limit: builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "limit", b"limit"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "limit", b"limit", "query", b"query"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
-    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
+    def HasField(self, field_name: typing.Literal["_limit", b"_limit", "limit", b"limit"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_limit", b"_limit", "limit", b"limit", "query", b"query"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_limit", b"_limit"]) -> typing.Literal["limit"] | None: ...
 
-Global___SqlRequest: _TypeAlias = SqlRequest  # noqa: Y015
+Global___SqlRequest: typing_extensions.TypeAlias = SqlRequest
 
-@_typing.final
-class SqlValue(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SqlValue(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    IS_NULL_FIELD_NUMBER: _builtins.int
-    INT_FIELD_NUMBER: _builtins.int
-    UINT_FIELD_NUMBER: _builtins.int
-    FLOAT_FIELD_NUMBER: _builtins.int
-    TEXT_FIELD_NUMBER: _builtins.int
-    FLAG_FIELD_NUMBER: _builtins.int
-    BLOB_FIELD_NUMBER: _builtins.int
-    is_null: _builtins.bool
-    int: _builtins.int
-    uint: _builtins.int
-    float: _builtins.float
-    text: _builtins.str
-    flag: _builtins.bool
-    blob: _builtins.bytes
+    IS_NULL_FIELD_NUMBER: builtins.int
+    INT_FIELD_NUMBER: builtins.int
+    UINT_FIELD_NUMBER: builtins.int
+    FLOAT_FIELD_NUMBER: builtins.int
+    TEXT_FIELD_NUMBER: builtins.int
+    FLAG_FIELD_NUMBER: builtins.int
+    BLOB_FIELD_NUMBER: builtins.int
+    is_null: builtins.bool
+    int: builtins.int
+    uint: builtins.int
+    float: builtins.float
+    text: builtins.str
+    flag: builtins.bool
+    blob: builtins.bytes
     def __init__(
         self,
         *,
-        is_null: _builtins.bool = ...,
-        int: _builtins.int = ...,
-        uint: _builtins.int = ...,
-        float: _builtins.float = ...,
-        text: _builtins.str = ...,
-        flag: _builtins.bool = ...,
-        blob: _builtins.bytes = ...,
+        is_null: builtins.bool = ...,
+        int: builtins.int = ...,
+        uint: builtins.int = ...,
+        float: builtins.float = ...,
+        text: builtins.str = ...,
+        flag: builtins.bool = ...,
+        blob: builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "flag", b"flag", "float", b"float", "int", b"int", "is_null", b"is_null", "text", b"text", "uint", b"uint", "value", b"value"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "flag", b"flag", "float", b"float", "int", b"int", "is_null", b"is_null", "text", b"text", "uint", b"uint", "value", b"value"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["is_null", "int", "uint", "float", "text", "flag", "blob"]  # noqa: Y015
-    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+    def HasField(self, field_name: typing.Literal["blob", b"blob", "flag", b"flag", "float", b"float", "int", b"int", "is_null", b"is_null", "text", b"text", "uint", b"uint", "value", b"value"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["blob", b"blob", "flag", b"flag", "float", b"float", "int", b"int", "is_null", b"is_null", "text", b"text", "uint", b"uint", "value", b"value"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["value", b"value"]) -> typing.Literal["is_null", "int", "uint", "float", "text", "flag", "blob"] | None: ...
 
-Global___SqlValue: _TypeAlias = SqlValue  # noqa: Y015
+Global___SqlValue: typing_extensions.TypeAlias = SqlValue
 
-@_typing.final
-class SqlRow(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SqlRow(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    VALUES_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def values(self) -> _containers.RepeatedCompositeFieldContainer[Global___SqlValue]: ...
+    VALUES_FIELD_NUMBER: builtins.int
+    @property
+    def values(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___SqlValue]: ...
     def __init__(
         self,
         *,
-        values: _abc.Iterable[Global___SqlValue] | None = ...,
+        values: collections.abc.Iterable[Global___SqlValue] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["values", b"values"]) -> None: ...
 
-Global___SqlRow: _TypeAlias = SqlRow  # noqa: Y015
+Global___SqlRow: typing_extensions.TypeAlias = SqlRow
 
-@_typing.final
-class SqlResult(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class SqlResult(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    COLUMNS_FIELD_NUMBER: _builtins.int
-    TYPES_FIELD_NUMBER: _builtins.int
-    ROWS_FIELD_NUMBER: _builtins.int
-    TRUNCATED_FIELD_NUMBER: _builtins.int
-    truncated: _builtins.bool
+    COLUMNS_FIELD_NUMBER: builtins.int
+    TYPES_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    TRUNCATED_FIELD_NUMBER: builtins.int
+    truncated: builtins.bool
     """more rows matched than were returned (the limit)"""
-    @_builtins.property
-    def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+    @property
+    def columns(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def types(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """DuckDB type names"""
 
-    @_builtins.property
-    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___SqlRow]: ...
+    @property
+    def rows(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___SqlRow]: ...
     def __init__(
         self,
         *,
-        columns: _abc.Iterable[_builtins.str] | None = ...,
-        types: _abc.Iterable[_builtins.str] | None = ...,
-        rows: _abc.Iterable[Global___SqlRow] | None = ...,
-        truncated: _builtins.bool = ...,
+        columns: collections.abc.Iterable[builtins.str] | None = ...,
+        types: collections.abc.Iterable[builtins.str] | None = ...,
+        rows: collections.abc.Iterable[Global___SqlRow] | None = ...,
+        truncated: builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "rows", b"rows", "truncated", b"truncated", "types", b"types"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["columns", b"columns", "rows", b"rows", "truncated", b"truncated", "types", b"types"]) -> None: ...
 
-Global___SqlResult: _TypeAlias = SqlResult  # noqa: Y015
+Global___SqlResult: typing_extensions.TypeAlias = SqlResult

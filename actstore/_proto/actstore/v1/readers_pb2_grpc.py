@@ -5,7 +5,7 @@ import warnings
 
 from actstore._proto.actstore.v1 import readers_pb2 as actstore_dot_v1_dot_readers__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in actstore/v1/readers_pb2_grpc.py depends on'
+        + f' but the generated code in actstore/v1/readers_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ReadersStub:
+class ReadersStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -51,7 +51,7 @@ class ReadersStub:
                 _registered_method=True)
 
 
-class ReadersServicer:
+class ReadersServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ReadBatches(self, request, context):
@@ -98,7 +98,7 @@ def add_ReadersServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Readers:
+class Readers(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

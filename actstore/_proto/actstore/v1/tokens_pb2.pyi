@@ -5,162 +5,133 @@ actstore v1 tokens: an admin creates, lists and revokes access tokens on a runni
 Kept in its own file and service so it stays one block beside the data-plane contract.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-import builtins as _builtins
+import builtins
+import collections.abc
+import google.protobuf.descriptor
+import google.protobuf.internal.containers
+import google.protobuf.message
 import sys
-import typing as _typing
+import typing
 
-if sys.version_info >= (3, 11):
-    from typing import TypeAlias as _TypeAlias, Never as _Never
+if sys.version_info >= (3, 10):
+    import typing as typing_extensions
 else:
-    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
+    import typing_extensions
 
-DESCRIPTOR: _descriptor.FileDescriptor
+DESCRIPTOR: google.protobuf.descriptor.FileDescriptor
 
-@_typing.final
-class CreateTokenRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CreateTokenRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
+    NAME_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    name: builtins.str
     """the principal the token stands for (unique)"""
-    role: _builtins.str
+    role: builtins.str
     """reader | writer | admin"""
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
-        role: _builtins.str = ...,
+        name: builtins.str = ...,
+        role: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["name", b"name", "role", b"role"]) -> None: ...
 
-Global___CreateTokenRequest: _TypeAlias = CreateTokenRequest  # noqa: Y015
+Global___CreateTokenRequest: typing_extensions.TypeAlias = CreateTokenRequest
 
-@_typing.final
-class CreatedToken(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class CreatedToken(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    TOKEN_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    role: _builtins.str
-    token: _builtins.str
+    NAME_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    TOKEN_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    role: builtins.str
+    token: builtins.str
     """shown once; the server keeps only its sha256"""
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
-        role: _builtins.str = ...,
-        token: _builtins.str = ...,
+        name: builtins.str = ...,
+        role: builtins.str = ...,
+        token: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role", "token", b"token"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["name", b"name", "role", b"role", "token", b"token"]) -> None: ...
 
-Global___CreatedToken: _TypeAlias = CreatedToken  # noqa: Y015
+Global___CreatedToken: typing_extensions.TypeAlias = CreatedToken
 
-@_typing.final
-class Principal(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class Principal(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    ROLE_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    role: _builtins.str
+    NAME_FIELD_NUMBER: builtins.int
+    ROLE_FIELD_NUMBER: builtins.int
+    name: builtins.str
+    role: builtins.str
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
-        role: _builtins.str = ...,
+        name: builtins.str = ...,
+        role: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["name", b"name", "role", b"role"]) -> None: ...
 
-Global___Principal: _TypeAlias = Principal  # noqa: Y015
+Global___Principal: typing_extensions.TypeAlias = Principal
 
-@_typing.final
-class ListTokensRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListTokensRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListTokensRequest: _TypeAlias = ListTokensRequest  # noqa: Y015
+Global___ListTokensRequest: typing_extensions.TypeAlias = ListTokensRequest
 
-@_typing.final
-class ListTokensResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class ListTokensResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    PRINCIPALS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def principals(self) -> _containers.RepeatedCompositeFieldContainer[Global___Principal]: ...
+    PRINCIPALS_FIELD_NUMBER: builtins.int
+    @property
+    def principals(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___Principal]: ...
     def __init__(
         self,
         *,
-        principals: _abc.Iterable[Global___Principal] | None = ...,
+        principals: collections.abc.Iterable[Global___Principal] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["principals", b"principals"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["principals", b"principals"]) -> None: ...
 
-Global___ListTokensResponse: _TypeAlias = ListTokensResponse  # noqa: Y015
+Global___ListTokensResponse: typing_extensions.TypeAlias = ListTokensResponse
 
-@_typing.final
-class RevokeTokenRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RevokeTokenRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
+    NAME_FIELD_NUMBER: builtins.int
+    name: builtins.str
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
+        name: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["name", b"name"]) -> None: ...
 
-Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
+Global___RevokeTokenRequest: typing_extensions.TypeAlias = RevokeTokenRequest
 
-@_typing.final
-class RevokeTokenResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
+@typing.final
+class RevokeTokenResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
-    NAME_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
+    NAME_FIELD_NUMBER: builtins.int
+    name: builtins.str
     def __init__(
         self,
         *,
-        name: _builtins.str = ...,
+        name: builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    def ClearField(self, field_name: typing.Literal["name", b"name"]) -> None: ...
 
-Global___RevokeTokenResponse: _TypeAlias = RevokeTokenResponse  # noqa: Y015
+Global___RevokeTokenResponse: typing_extensions.TypeAlias = RevokeTokenResponse
