@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 
+import actstore
 from actstore.cli import (
     admin,
     catalog,
@@ -48,6 +49,8 @@ GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers,
 def build_parser() -> argparse.ArgumentParser:
     parser = connection_options(argparse.ArgumentParser(
         prog="actstore", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter), None)
+    parser.add_argument("--version", action="version", version=f"actstore {actstore.__version__}",
+                        help="print the installed actstore's version and exit")
     # the same options after the command name: `actstore serve --store DIR` works too
     common = connection_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
