@@ -25,9 +25,9 @@ import xarray as xr
 import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
-from zarr.core.sync import sync
 
 from actstore.errors import DataLoss, FailedPrecondition
+from actstore.store.event_loop import sync
 
 # what zarr and its codecs raise for bytes that fail their crc32c or do not decode
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)
@@ -67,7 +67,7 @@ class _StoredActivations(BackendArray):
         async def present():
             return await asyncio.gather(*(store.exists(key) for key in keys))
 
-        # zarr's own runner: its stores' coroutines run on its event loop thread
+        # the store's coroutines, from this synchronous call (also inside a notebook's running loop)
         return [shard for shard, found in zip(shards, sync(present())) if not found]
 
     def _damaged(self, what: str) -> DataLoss:

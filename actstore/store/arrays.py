@@ -30,7 +30,6 @@ import numpy as np
 import zarr
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, Crc32cCodec
-from zarr.core.sync import sync
 from zarr.errors import NodeNotFoundError
 from zarr.storage import LocalStore
 
@@ -39,6 +38,7 @@ from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.codecs import ChunkCodec
 from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.event_loop import sync
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 

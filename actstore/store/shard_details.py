@@ -166,7 +166,7 @@ class ShardEnds:
             decoded = []
             for (name, _), data in zip(parts, [next(found), next(found)]):
                 try:
-                    decoded.append(None if data is None else json.loads(data.to_bytes()))
+                    decoded.append(None if data is None else json.loads(bytes(data)))
                 except ValueError as exc:
                     raise damaged(run_key, name, f"does not decode ({exc})", shard=shard) from None
             kept.append((decoded[0], decoded[1]))

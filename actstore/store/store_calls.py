@@ -10,25 +10,48 @@ makes (`obstore.put` / `obstore.get` of the key on its obstore store). A single 
 local store is read in the calling thread too, as zarr's LocalStore reads it (the file's bytes;
 absent: None): a map task's one-shard read spent ~1 ms a shard in the hop to the loop's thread
 and back, against ~0.3 ms for the read itself. A local store's writes are made in the calling
-thread as well, by the function LocalStore's own `set` hands to a worker thread (zarr's atomic
-write: a temporary file, then a rename), for the same reason: a capture's shard write waited
-~1.2 ms in the two hops (the loop's thread, then its executor's)."""
+thread as well, as LocalStore's own `set` makes them in a worker thread (a temporary file beside
+the target, then a rename: `write_file`), for the same reason: a capture's shard write waited
+~1.2 ms in the two hops (the loop's thread, then its executor's).
+
+Only zarr's public interface is used (`zarr.abc.store`, `zarr.buffer`, `zarr.storage`); the
+store's coroutines run on the store's own event loop (`store.event_loop`). Objects come back as
+memoryviews (slices of them are not copies), and go in as any bytes-like object."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import obstore
 from obstore.exceptions import BaseError as ObjectStoreError
 from zarr.abc.store import ByteRequest, Store
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
+from zarr.buffer.cpu import Buffer
 from zarr.storage import LocalStore
-from zarr.storage._local import _put as write_file  # temporary file, then rename: what LocalStore.set runs
 
 from actstore.store import objects
+from actstore.store.event_loop import sync
+
+
+def write_file(path: Path, data) -> None:
+    """Replace the file at ``path`` with ``data`` (bytes-like) as zarr's LocalStore writes a
+    file: into a new temporary file beside it, then renamed over it, so a reader sees the old
+    bytes or the new, never a part (no fsync, as LocalStore: a killed process loses nothing the
+    kernel has; the store's writers rewrite what a crashed machine lost)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(staging, "xb") as f:  # a new file, with the process's umask (shared stores: 0644)
+            f.write(data)
+        os.replace(staging, path)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
 
 
 class StoreCalls:
@@ -54,30 +77,31 @@ class StoreCalls:
             return sync(self._zarr.exists(key))
 
     def _put(self, contents: dict[str, bytes]) -> None:
-        self._store({key: default_buffer_prototype().buffer.from_bytes(data) for key, data in contents.items()})
+        self._store(contents)
 
-    def _store(self, contents: dict[str, Buffer]) -> None:
+    def _store(self, contents: dict) -> None:
         """PUT whole objects, all at once (one call into zarr's event loop; one object on an
-        object store: obstore's blocking call, in this thread; a local store's files: zarr's
-        LocalStore's own atomic write, in this thread, one after another)."""
+        object store: obstore's blocking call, in this thread; a local store's files: written
+        as LocalStore writes them, in this thread, one after another). Values are bytes-like."""
         if isinstance(self._zarr, LocalStore):
-            self._zarr._check_writable()  # as its `set` does first (a read-only store refuses)
+            if self._zarr.read_only:  # as LocalStore's `set` refuses
+                raise ValueError("store was opened in read-only mode and does not support writing")
             for key, value in contents.items():
                 write_file(self._zarr.root / key, value)
             return
         if self._url and len(contents) == 1:
             [(key, value)] = contents.items()
             with self._reported():
-                obstore.put(self._zarr.store, key, value.as_buffer_like())
+                obstore.put(self._zarr.store, key, value)
             return
 
         async def put() -> None:
-            await asyncio.gather(*(self._zarr.set(key, value) for key, value in contents.items()))
+            await asyncio.gather(*(self._zarr.set(key, Buffer.from_bytes(value)) for key, value in contents.items()))
 
         with self._reported():
             sync(put())
 
-    def _fetch(self, requests: list[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
+    def _fetch(self, requests: list[tuple[str, ByteRequest | None]]) -> list[memoryview | None]:
         """GET objects or byte ranges of them, all at once; None for an absent object. One whole
         object: obstore's blocking call (an object store) or the file's bytes (a local store, as
         zarr's LocalStore reads them), in this thread."""
@@ -88,18 +112,19 @@ class StoreCalls:
                              else (self._zarr.root / requests[0][0]).read_bytes())
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 return [None]
-            return [default_buffer_prototype().buffer.from_bytes(found)]
+            return [memoryview(found)]
 
-        async def get() -> list[Buffer | None]:
+        async def get() -> list[memoryview | None]:
             prototype = default_buffer_prototype()
-            return await asyncio.gather(*(self._zarr.get(key, prototype, byte_range) for key, byte_range in requests))
+            found = await asyncio.gather(*(self._zarr.get(key, prototype, byte_range) for key, byte_range in requests))
+            return [None if data is None else memoryview(data.as_numpy_array()) for data in found]
 
         with self._reported():
             return sync(get()) if requests else []
 
     def _get(self, key: str) -> bytes | None:
         found = self._fetch([(key, None)])[0]
-        return None if found is None else found.to_bytes()
+        return None if found is None else bytes(found)
 
     def _listed(self, method: str, prefix: str) -> list[str]:
         """`list_dir` or `list_prefix` of the zarr store (made inside the event loop: the
