@@ -91,6 +91,8 @@ class Settings(BaseSettings):
                                     "may hold (buffer shards x shard rows x layers x width x item size)")
     sql_max_rows: int = Field(10_000, ge=1, description="rows one read-only SQL query may return")
     sql_timeout_seconds: float = Field(30.0, gt=0, description="a read-only SQL query running longer is interrupted")
+    sql_memory_bytes: int = Field(512 * MiB, ge=16 * MiB, description="memory the sandbox of one read-only SQL "
+                                  "query may hold: the copies of the tables it names and its own work")
 
     result_cache_bytes: int = Field(256 * MiB, ge=0, description="memory the server's cache of recent results may "
                                     "hold (every result also stays in the catalog)")

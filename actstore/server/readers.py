@@ -59,7 +59,7 @@ class Readers:
         self.arrays = arrays
         self.checks = checks
         self.settings = settings
-        self._sql = CatalogSql(catalog.cursor)
+        self._sql = CatalogSql(catalog.cursor, settings.sql_memory_bytes)
 
     # ---- batches ------------------------------------------------------------------------------
     def options(self, record: RunRecord, layers: list[int], **given) -> BatchOptions:

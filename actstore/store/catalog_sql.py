@@ -1,26 +1,34 @@
 """Read-only SQL over the catalog while the server holds it (docs/sql.md has the schema).
 
-Plain `duckdb` cannot open the catalog file while a server holds it, and a second read-only
-connection is impossible in the server's own process (DuckDB keeps one configuration per open
-database), so a query runs on a cursor of the server's connection, inside four walls:
+Plain `duckdb` cannot open the catalog file while a server holds it, so a query is answered in two
+steps: checked on a cursor of the server's connection, then run in a sandbox, a separate in-memory
+DuckDB database that holds copies of the tables the query names and the role may read, and nothing
+else. The sandbox is the wall; the checks are there to say clearly why a query is refused.
 
 1. DuckDB's own parser (`extract_statements`): exactly one statement, and it must be a SELECT.
    INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, ATTACH, DETACH, COPY, EXPORT, INSTALL, LOAD, SET,
    PRAGMA, CALL, BEGIN ... are other statement types: PERMISSION_DENIED.
 2. The SELECT's syntax tree (DuckDB's `json_serialize_sql`): every table it names must be one of
-   the readable catalog tables (or a CTE of the query); table functions (`read_csv`, `read_text`,
-   `glob`, `query`, `duckdb_*` ...), SHOW/DESCRIBE/SUMMARIZE and replacement scans of a path
-   (`FROM '/etc/passwd'`, which names a table) are refused; every function called must be one
-   DuckDB has loaded (no extension is installed or loaded on a query's behalf), and none that
-   reads server state rather than rows (`current_setting`, `getenv`, `version`, `nextval`,
-   `pg_*` ...: `_reads_server_state`). `principals` (token hashes) is never readable; `audit`
-   only by admins.
-3. A READ ONLY transaction on the cursor, with the cursor's Python replacement scans off:
-   a write that got past 1 and 2 would still fail.
-4. A timer interrupts the query after `timeout` seconds, and at most `limit` rows are fetched.
+   the role's readable catalog tables (or a CTE of the query); table functions (`read_csv`,
+   `read_text`, `glob`, `query`, `duckdb_*` ...), SHOW/DESCRIBE/SUMMARIZE and replacement scans of a
+   path (`FROM '/etc/passwd'`, which names a table) are refused; every function called must be one
+   DuckDB has loaded, and none that reads server state rather than rows (`current_setting`,
+   `getenv`, `version`, `nextval`, `pg_*` ...: `_reads_server_state`). `principals` (token hashes)
+   is never readable; `audit` only by admins.
+3. The sandbox. The readable tables the query names are copied, in one read-only transaction of the
+   catalog (a consistent snapshot), into a fresh in-memory database; then its external access is
+   switched off (no file, URL, extension or ATTACH: DuckDB's `enable_external_access = false`), its
+   Python replacement scans too, and its configuration is locked, before the query runs there. So
+   whatever a query's syntax hides from the checks in 2 (a CTE named like a path or like a hidden
+   table, a function the lists miss), it can read only those copies: `principals`, `audit` for a
+   non-admin, the server's files and its settings are not in the sandbox, and nothing the query
+   does there reaches the catalog. The sandbox has its own memory limit and one thread, and is
+   closed after the query.
+4. A timer interrupts the copy or the query after `timeout` seconds, and at most `limit` rows are
+   fetched.
 
-`SET enable_external_access = false` is not used: it is a database-wide setting that cannot be
-turned back on, and the server's own catalog backups `ATTACH` a new file (`store.backups`).
+The catalog itself keeps external access: it is a database-wide setting that cannot be turned back
+on, and the server's own catalog backups `ATTACH` a new file (`store.backups`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,18 +88,21 @@ def _first_line(exc: BaseException) -> str:
 
 
 class CatalogSql:
-    """Checks and runs one read-only query on a cursor of the catalog's connection."""
+    """Checks one read-only query on a cursor of the catalog's connection and runs it in a sandbox
+    holding copies of the readable tables it names."""
 
-    def __init__(self, cursor_factory) -> None:
+    def __init__(self, cursor_factory, sandbox_memory_bytes: int) -> None:
         self._cursor = cursor_factory
+        self._sandbox_memory_bytes = sandbox_memory_bytes
         with self._cursor() as cur:
             self._database = cur.execute("SELECT current_database()").fetchone()[0]
             self._functions = {name for (name,) in cur.execute(
                 "SELECT DISTINCT function_name FROM duckdb_functions() WHERE function_type IN "
                 f"({', '.join(repr(t) for t in _FUNCTION_TYPES)})").fetchall()}
 
-    def check(self, cur: duckdb.DuckDBPyConnection, query: str, tables: tuple[str, ...]) -> str:
-        """The one SELECT of `query`, or the error that says why it is refused."""
+    def check(self, cur: duckdb.DuckDBPyConnection, query: str, tables: tuple[str, ...]) -> tuple[str, set[str]]:
+        """The one SELECT of `query` and the readable tables it names, or the error that says why it
+        is refused."""
         try:
             statements = cur.extract_statements(query)
         except duckdb.Error as exc:
@@ -109,6 +121,7 @@ class CatalogSql:
         ctes = {entry["key"] for node in nodes if isinstance(node.get("cte_map"), dict)
                 for entry in node["cte_map"].get("map", [])}
         readable = ", ".join(tables)
+        named: set[str] = set()
         for node in nodes:
             kind = node.get("type")
             if kind == "TABLE_FUNCTION":
@@ -119,7 +132,7 @@ class CatalogSql:
                 raise PermissionDenied("SHOW, DESCRIBE and SUMMARIZE are refused: docs/sql.md lists every table "
                                        "and column")
             if kind == "BASE_TABLE":
-                self._check_table(node, tables, ctes, readable)
+                named |= self._check_table(node, tables, ctes, readable)
             if node.get("class") not in ("FUNCTION", "WINDOW"):
                 continue
             function = node.get("function_name", "?")
@@ -129,41 +142,120 @@ class CatalogSql:
             if _reads_server_state(function.lower()):
                 raise PermissionDenied(f"function {function}() is refused (it reads server settings or state, not "
                                        f"rows): query the catalog tables ({readable})")
-        return statement.query
+        return statement.query, named
 
-    def _check_table(self, node: dict, tables: tuple[str, ...], ctes: set[str], readable: str) -> None:
+    def _check_table(self, node: dict, tables: tuple[str, ...], ctes: set[str], readable: str) -> set[str]:
+        """The readable table `node` names (none for a CTE), or PermissionDenied."""
         name, schema, database = node.get("table_name", ""), node.get("schema_name", ""), node.get("catalog_name", "")
         if name in ctes and not schema and not database:
-            return
+            # A CTE's scope is not checked here: where the name is also a readable table the sandbox
+            # gets its copy; anything else so named (a path, `principals`) is simply not there.
+            return {name} if name in tables else set()
         if database not in ("", self._database) or schema not in ("", "main") or name not in tables:
             shown = ".".join(part for part in (database, schema, name) if part)
             why = " (token hashes are never readable)" if name == "principals" else ""
             raise PermissionDenied(f"table {shown!r} is not readable{why}: the readable tables are {readable}")
+        return {name}
 
     def run(self, query: str, tables: tuple[str, ...], limit: int, timeout: float) -> SqlAnswer:
-        with self._cursor() as cur:
-            statement = self.check(cur, query, tables)
-            cur.execute("SET python_enable_replacements = false")  # this cursor only
-            cur.execute("BEGIN TRANSACTION READ ONLY")
-            timer = threading.Timer(timeout, cur.interrupt)
-            timer.start()
-            try:
-                cur.execute(statement)
-                columns = [d[0] for d in cur.description]
-                types = [str(d[1]) for d in cur.description]
-                rows = cur.fetchmany(limit + 1)
-            except duckdb.InterruptException:
-                raise DeadlineExceeded(f"the query ran longer than {timeout:g} s (ACTSTORE_SQL_TIMEOUT_SECONDS) and "
-                                       "was stopped: narrow it (WHERE, LIMIT) or aggregate") from None
-            except duckdb.OutOfMemoryException as exc:
-                raise ResourceExhausted(f"the query needs more memory than the catalog may use ({_first_line(exc)}): "
-                                        "narrow it or aggregate") from None
-            except duckdb.TransactionException as exc:
-                raise PermissionDenied(f"the query tried to write ({_first_line(exc)}): the SQL endpoint is "
-                                       "read-only") from None
-            except duckdb.Error as exc:
-                raise InvalidArgument(f"the query failed: {_first_line(exc)}") from None
-            finally:
-                timer.cancel()
-                cur.execute("ROLLBACK")
+        watch = _Watchdog(timeout)
+        try:
+            with self._cursor() as cur:
+                statement, named = self.check(cur, query, tables)
+                with watch.watching(cur):
+                    copies = copy_tables(cur, sorted(named))
+            with sandbox(copies, self._sandbox_memory_bytes) as box, watch.watching(box):
+                box.execute(statement)
+                columns = [d[0] for d in box.description]
+                types = [str(d[1]) for d in box.description]
+                rows = box.fetchmany(limit + 1)
+        except duckdb.InterruptException:
+            raise DeadlineExceeded(f"the query ran longer than {timeout:g} s (ACTSTORE_SQL_TIMEOUT_SECONDS) and "
+                                   "was stopped: narrow it (WHERE, LIMIT) or aggregate") from None
+        except duckdb.OutOfMemoryException as exc:
+            raise ResourceExhausted(f"the query needs more memory than a query may use ({_first_line(exc)}, "
+                                    "ACTSTORE_SQL_MEMORY_BYTES): narrow it or aggregate") from None
+        except duckdb.PermissionException as exc:
+            raise PermissionDenied(f"the query tried to reach outside the catalog tables ({_first_line(exc)}): the "
+                                   "SQL endpoint reads only the catalog tables (docs/sql.md)") from None
+        except duckdb.Error as exc:
+            raise InvalidArgument(f"the query failed: {_first_line(exc)}") from None
+        finally:
+            watch.cancel()
         return SqlAnswer(columns, types, rows[:limit], len(rows) > limit)
+
+
+class _Watchdog:
+    """Interrupts every connection handed to it once `timeout` seconds have passed since it was made."""
+
+    def __init__(self, timeout: float) -> None:
+        self._connections: list[duckdb.DuckDBPyConnection] = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._timer = threading.Timer(timeout, self._fire)
+        self._timer.start()
+
+    @contextmanager
+    def watching(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """Interrupts `con` when the time is up, while the block runs (never once it is closed)."""
+        with self._lock:
+            self._connections.append(con)
+            if self._fired:
+                con.interrupt()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._connections.remove(con)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            for con in self._connections:
+                con.interrupt()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def copy_tables(cur: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, tuple[str, Any]]:
+    """Each named catalog table as (its column list for CREATE TABLE, its rows as an Arrow table),
+    read in one read-only transaction so that the copies agree with each other."""
+    copies = {}
+    cur.execute("BEGIN TRANSACTION READ ONLY")
+    try:
+        for name in names:
+            columns = cur.execute(
+                "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND table_name = ? ORDER BY column_index", [name]).fetchall()
+            ddl = ", ".join(f"{_quoted(column)} {data_type}" for column, data_type in columns)
+            copies[name] = (ddl, cur.table(name).to_arrow_table())
+    finally:
+        cur.execute("ROLLBACK")
+    return copies
+
+
+@contextmanager
+def sandbox(copies: dict[str, tuple[str, Any]], memory_bytes: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory database holding `copies` and nothing else, with no way out: external access
+    (files, URLs, extensions, ATTACH) and Python replacement scans off, its configuration locked."""
+    config = {"threads": 1, "memory_limit": f"{max(memory_bytes // 2**20, 16)}MiB",
+              "autoload_known_extensions": False, "autoinstall_known_extensions": False}
+    box = duckdb.connect(":memory:", config=config)
+    try:
+        while copies:  # popped: each Arrow copy is freed once the sandbox holds its rows
+            name, (ddl, rows) = copies.popitem()
+            box.execute(f"CREATE TABLE {_quoted(name)} ({ddl})")
+            box.register("_catalog_copy", rows)
+            box.execute(f"INSERT INTO {_quoted(name)} SELECT * FROM _catalog_copy")
+            box.unregister("_catalog_copy")
+        box.execute("SET enable_external_access = false")
+        box.execute("SET python_enable_replacements = false")
+        box.execute("SET lock_configuration = true")
+        yield box
+    finally:
+        box.close()
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'

@@ -12,8 +12,9 @@ from actstore.cli import main
 from actstore.client import Client
 from actstore.errors import DeadlineExceeded, InvalidArgument, PermissionDenied, ResourceExhausted
 from actstore.server.app import start_server
-from actstore.server.auth import create_token
+from actstore.server.auth import create_token, hash_token
 from tests.conftest import make_settings
+from tests.sql_corpus import SECRET_FILE_TEXT, leaks, queries
 
 MiB = 2**20
 
@@ -127,6 +128,36 @@ def test_functions_that_read_server_settings_or_state_are_refused(reader, admin,
         with pytest.raises(PermissionDenied, match=r"\(\) is refused \(it reads server settings or state"):
             client.sql(query)
     assert reader.sql("SELECT pg_typeof(1) AS t, lower('A') AS a").rows == [("integer", "a")]
+
+
+def test_the_generated_corpus_reads_no_file_hidden_table_or_setting_for_any_role(server, tokens, admin,
+                                                                                tmp_path):
+    """tests/sql_corpus.py over gRPC, for each role (tests/store/test_catalog_sql.py runs every query of
+    it for the reader's and the admin's tables; here a fixed fifth of it and the issue's probes, per
+    role, through the server's role mapping)."""
+    secret = tmp_path / "secret.csv"
+    secret.write_text(f"a,b\n{SECRET_FILE_TEXT},42\n")
+    audited = "audit-row-sentinel-3b8e"
+    server.service.catalog.audit("someone", "Capture", audited, "OK")
+    with server.service.catalog.cursor() as cur:
+        database = cur.execute("SELECT current_database()").fetchone()[0]
+    corpus = queries(secret, database, ("principals", "audit"))
+    probes = [query for query in corpus if query.startswith("WITH principals") or "(WITH \"/" in query]
+    chosen = corpus[::5] + probes
+    hashes = [hash_token(token) for token in tokens.values()]
+    before = admin.sql("SELECT count(*) FROM runs").rows
+    for role, token in tokens.items():
+        hidden = [SECRET_FILE_TEXT, *hashes] + ([] if role == "admin" else [audited])
+        with Client(f"127.0.0.1:{server.port}", token=token) as client:
+            for query in chosen:
+                try:
+                    answer = client.sql(query)
+                except (PermissionDenied, InvalidArgument) as exc:
+                    assert not leaks(str(exc), hidden), (role, query, str(exc))
+                    continue
+                assert not leaks(repr(answer.rows), hidden), (role, query, answer.rows)
+    assert admin.sql("SELECT count(*) FROM runs").rows == before
+    assert admin.sql(f"SELECT target FROM audit WHERE target = '{audited}'").rows == [(audited,)]
 
 
 def test_rows_over_the_reply_size_budget_say_so(reader):
