@@ -1,0 +1,175 @@
+"""Installing actstore as a user does (issue 26): `python -m build` of the checkout's files, and
+`pip install actstore` with no extras into a fresh virtual environment, whose client and CLI then
+talk to a real server started here. Twice: with the newest versions the base requirements allow,
+and with each pinned to its declared floor (so the floors are tested, not just written down).
+
+Needs the package index (pip installs grpcio, protobuf, numpy, tqdm into each venv; pip's cache
+makes a second run quick)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tests.factories import sentences
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+STUBS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "actstore" / "_proto").rglob("*")
+               if p.suffix in {".py", ".pyi"} and "__pycache__" not in p.parts)
+# what a client-only install must not bring: the server's and the readers' packages
+HEAVY = ("torch", "ray", "zarr", "duckdb", "transformers", "pandas", "pyarrow", "xarray", "scipy")
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment of a user's shell: nothing pointing into this checkout or this venv."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+    return {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("ACTSTORE_")}
+
+
+def _run(cmd: list[str], cwd: Path, timeout: int = 300) -> str:
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=_clean_env(), capture_output=True, text=True,
+                          check=False, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory) -> dict[str, Path]:
+    """`python -m build` (sdist, then the wheel from the unpacked sdist) of the files a fresh clone
+    has: git's tracked files plus those it would track, copied out so nothing is built in the tree."""
+    root = tmp_path_factory.mktemp("build")
+    src = root / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_bytes((REPO / name).read_bytes())
+    # --no-isolation: the build backend is this environment's setuptools (build checks that it
+    # satisfies [build-system] requires), so no index is needed for the build itself
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", root / "dist", src], cwd=root)
+    [wheel] = (root / "dist").glob("*.whl")
+    [sdist] = (root / "dist").glob("*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist, "root": root}
+
+
+def test_build_makes_a_wheel_and_sdist_with_the_stubs_that_pass_twine_check(dists):
+    version = PROJECT["version"]
+    assert dists["wheel"].name == f"actstore-{version}-py3-none-any.whl"
+    assert dists["sdist"].name == f"actstore-{version}.tar.gz"
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        in_wheel = {name: wheel.read(name) for name in wheel.namelist()}
+    with tarfile.open(dists["sdist"]) as sdist:
+        prefix = f"actstore-{version}/"
+        in_sdist = {m.name.removeprefix(prefix): sdist.extractfile(m).read() for m in sdist.getmembers() if m.isfile()}
+    for stub in STUBS:  # every generated stub, byte for byte the committed one
+        committed = (REPO / stub).read_bytes()
+        assert in_wheel.get(stub) == committed, f"the wheel lacks or changes {stub}"
+        assert in_sdist.get(stub) == committed, f"the sdist lacks or changes {stub}"
+    # the sdist can regenerate them: the .proto sources and the pinned generator
+    for name in ("proto/actstore/v1/actstore.proto", "scripts/generate_protos.py", "scripts/protoc-tools.txt"):
+        assert name in in_sdist, f"the sdist lacks {name}"
+    metadata = in_wheel[f"actstore-{version}.dist-info/METADATA"].decode()
+    assert f"\nVersion: {version}\n" in metadata
+    # no heavy requirement outside an extra
+    base = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    unconditional = {Requirement(r).name for r in base if "extra ==" not in r}
+    assert unconditional == {Requirement(r).name for r in PROJECT["dependencies"]}, unconditional
+    out = _run([sys.executable, "-m", "twine", "check", "--strict", dists["wheel"], dists["sdist"]], cwd=dists["root"])
+    assert out.count("PASSED") == 2, out
+
+
+def _floors() -> list[str]:
+    """name==floor for each base requirement that applies to this Python."""
+    pins = []
+    for line in PROJECT["dependencies"]:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate():
+            [floor] = [spec.version for spec in req.specifier if spec.operator == ">="]
+            pins.append(f"{req.name}=={floor}")
+    return pins
+
+
+# Run in the fresh venv, from a folder outside the checkout: the installed client, on its own.
+CLIENT_SCRIPT = r"""
+import importlib.metadata as md, importlib.util, json, sys
+import actstore, actstore.client
+from actstore.client import Client
+
+address, model_path, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+report = {"file": actstore.__file__, "version": actstore.__version__,
+          "installed": {d.metadata["Name"].lower(): d.version for d in md.distributions()},
+          "findable": [m for m in HEAVY if importlib.util.find_spec(m) is not None]}
+with Client(address) as client:
+    client.register_model(model_path, name="tiny-bert-venv")
+    client.register_dataset(texts=texts, name="venv-texts")
+    run = client.capture("tiny-bert-venv", "venv-texts", pooling="mean").run_key
+    cka = client.cka(run)
+    report.update(run=run, biased=cka.biased.tolist(), runs=[r.run_key for r in client.runs()])
+report["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
+print(json.dumps(report))
+"""
+
+
+TEXTS = sentences(10, seed=11)
+
+
+@pytest.fixture(scope="module")
+def stored_run(module_client, tiny_models) -> str:
+    """The run the venv clients ask for, captured here first: their own capture of the same model
+    and texts is then answered from the store (the same run key), which keeps each venv test short."""
+    module_client.register_model(tiny_models["bert"], name="tiny-bert")
+    module_client.register_dataset(texts=TEXTS, name="texts")
+    return module_client.capture("tiny-bert", "texts", pooling="mean").run_key
+
+
+@pytest.mark.parametrize("versions", ["newest", "floors"])
+def test_client_only_install_talks_to_a_running_server(versions, dists, tmp_path, module_server, module_client,
+                                                       tiny_models, stored_run):
+    venv = tmp_path / "venv"
+    # a bare venv, filled by this environment's pip (`pip --python`): no system site-packages
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
+    python = venv / "bin" / "python"
+    constraints = []
+    if versions == "floors":
+        (tmp_path / "floors.txt").write_text("\n".join(_floors()) + "\n")
+        constraints = ["-c", tmp_path / "floors.txt"]
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check",
+          *constraints, dists["wheel"]], cwd=tmp_path, timeout=600)
+
+    address = f"127.0.0.1:{module_server.port}"
+    script = f"HEAVY = {HEAVY!r}\n" + CLIENT_SCRIPT
+    report = json.loads(_run([python, "-c", script, address, tiny_models["bert"], json.dumps(TEXTS)], cwd=tmp_path))
+    assert report["run"] == stored_run  # the same model and texts, registered over the wire: the same run
+
+    assert Path(report["file"]).is_relative_to(venv), report["file"]  # the installed package, not the checkout
+    assert report["version"] == PROJECT["version"]
+    installed = report["installed"]
+    assert not [name for name in HEAVY if name in installed], f"a client-only install brought {installed}"
+    assert report["findable"] == [] and report["loaded"] == []
+    if versions == "floors":
+        for pin in _floors():
+            name, floor = pin.split("==")
+            assert Version(installed[name]) == Version(floor), f"{name} {installed[name]}, not the floor {floor}"
+    # the venv client's answer is the server's: the same CKA as this environment's client gets
+    matrix = np.array(report["biased"])
+    np.testing.assert_allclose(matrix, module_client.cka(report["run"]).biased, rtol=1e-12)
+    np.testing.assert_allclose(np.diag(matrix), 1.0, atol=1e-6)
+    assert report["run"] in report["runs"]
+
+    # the console script: its version, and a command against the server
+    actstore = venv / "bin" / "actstore"
+    assert _run([actstore, "--version"], cwd=tmp_path) == f"actstore {PROJECT['version']}\n"
+    assert report["run"][:8] in _run([actstore, "--address", address, "runs"], cwd=tmp_path)
