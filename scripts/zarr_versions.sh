@@ -13,6 +13,9 @@
 #
 # zarr 3.2 and newer need Python >= 3.12 (PYTHON names one). The module needs only zarr,
 # numcodecs, crc32c and pytest, so it runs without the project's conftest (--noconftest: torch).
+# Passed: zarr 3.1.0 + numcodecs 0.15.1 (Python 3.11), zarr 3.1.6 + numcodecs 0.16.6 (the
+# project's environment), zarr 3.2.1, 3.3.0 and 3.4.2 + numcodecs 0.17.1 (Python 3.13).
+# tests/store/data/make_zarr_fixtures.py records arrays a release writes, for the suite itself.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -25,11 +28,17 @@ failed=0
 for spec in "$@"; do
     name=$("$PY" -c 'import sys; print("py%d%d" % sys.version_info[:2])')-$(echo "$spec" | tr -c 'A-Za-z0-9.\n' '-')
     venv="$VENVS/$name"
-    if [[ ! -x $venv/bin/python ]]; then
+    if [[ ! -e $venv/.installed ]]; then
+        rm -rf "$venv"
         "$PY" -m venv "$venv"
         IFS=, read -r -a requirements <<< "$spec"
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}" crc32c pytest \
-            pytest-timeout
+        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}" crc32c pytest \
+                pytest-timeout; then
+            echo "FAILED: cannot install $spec on $("$PY" --version)" >&2
+            failed=1
+            continue
+        fi
+        touch "$venv/.installed"
     fi
     versions=$("$venv/bin/python" -c 'import sys, zarr, numcodecs, numpy
 print(f"Python {sys.version.split()[0]}, zarr {zarr.__version__}, numcodecs {numcodecs.__version__}, numpy {numpy.__version__}")')

@@ -5,7 +5,8 @@ wrote (also shards zarr left inner chunks out of).
 zarr-python here is only the reference: it writes arrays through its public API into a real
 LocalStore, and the objects are the files. The module needs nothing but zarr, numcodecs, crc32c
 and pytest, so `scripts/zarr_versions.sh` runs it unchanged against other zarr (and numcodecs)
-releases in throwaway virtual environments: the oldest and newest the store supports."""
+releases in throwaway virtual environments: the oldest and newest the store supports. Arrays those
+releases wrote (tests/store/data/zarr-*, by make_zarr_fixtures.py there) are read here in any run."""
 
 from __future__ import annotations
 
@@ -257,3 +258,30 @@ def test_a_chunk_decodes_in_place_only_into_an_array_of_its_size(root):
         codec.decode_inner_into(data[start:stop], np.empty((ROWS + 1, 1, WIDTH), np.float16))
     with pytest.raises(ValueError, match="contiguous"):
         codec.decode_inner_into(data[start:stop], np.empty((ROWS, 2, WIDTH), np.float16)[:, :1])
+
+
+# ---- arrays other zarr releases wrote (tests/store/data/make_zarr_fixtures.py) ---------------------
+FIXTURES = sorted((Path(__file__).parent / "data").glob("zarr-*"))
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+@pytest.mark.parametrize("written_by", FIXTURES, ids=[path.name for path in FIXTURES])
+def test_what_other_zarr_releases_wrote_reads_here_and_codes_again(written_by, name):
+    from tests.store.data.make_zarr_fixtures import fixture_values
+
+    expected = fixture_values(name)
+    array = zarr.open_array(LocalStore(written_by, read_only=True), path=name, mode="r")
+    np.testing.assert_array_equal(array[:], expected)  # plain zarr here reads that release's objects
+    codec = ChunkCodec(array)
+    objects = [stored(written_by, codec.key((shard, 0, 0))) for shard in range(3)]
+    read = np.concatenate([codec.decode(data) for data in objects])
+    np.testing.assert_array_equal(read[:len(expected)], expected)
+    assert not read[len(expected):].any()  # the last shard's padding: the fill value
+    for shard, data in enumerate(objects):
+        ours = codec.encode(expected[shard * ROWS:(shard + 1) * ROWS])
+        if name == "bf16":  # uncompressed, so the bytes do not depend on the Blosc build: the same bytes
+            assert bytes(ours) == data
+        else:  # Blosc frames may differ between Blosc builds; what they code may not
+            np.testing.assert_array_equal(codec.decode(ours), codec.decode(data))
+    index = codec.index(objects[0][-codec.index_size:])
+    assert (codec.chunk_range(index, (0, 1, 0)) is None) == (name == "f16")  # f16's chunk of zeros: left out
