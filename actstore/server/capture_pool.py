@@ -14,6 +14,13 @@ one of them on the GPU, the others tokenising or waiting for their shards' write
 A token-level capture's layout (its token count per prompt) comes from this server's one warm
 `TokenLayouts` process, which keeps the tokenizers it loaded.
 
+On a CPU cluster the replicas of a model are placed by one Ray placement group with a bundle per
+replica and the SPREAD strategy: Ray's control store, which sees every node that has joined, places
+the bundles (one per node when there are as many replicas as nodes; more: dealt evenly) before any
+replica starts, and each replica starts in its bundle, so a replica is never started on a node it
+was not meant for and never killed to be moved. A bundle holds a token amount of Ray's logical
+"memory" resource (Ray refuses an empty bundle) and no CPU, so metric tasks keep every CPU.
+
 A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
 restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
 replica is started afresh, by the same placement rule over the nodes alive now.
@@ -28,7 +35,8 @@ import time
 from dataclasses import dataclass, field
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actstore.config import Settings
 from actstore.errors import Unavailable
@@ -38,7 +46,9 @@ from actstore.workers.layouts import TokenLayouts
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_TRIES = 3  # rounds of restarting replicas that Ray placed off their node
+# what each CPU replica's bundle holds: Ray needs some resource in a bundle, and no task of ours asks
+# for logical "memory", so 1 MiB of it reserves nothing that anything here waits for
+REPLICA_BUNDLE = {"memory": 2**20}
 GPU_RELEASE_SECONDS = 10.0  # how long `release_idle_gpus` waits for Ray to count the released GPUs free
 
 
@@ -56,6 +66,7 @@ class _Replicas:
     actors: list
     placed: list  # each replica's node_id() ref, asked once it started: the node it was placed on
     gpus: float  # the GPUs they hold together (0 on a CPU cluster)
+    group: PlacementGroup | None  # the bundles the CPU replicas are placed in (None on a GPU cluster)
     busy: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
@@ -101,14 +112,14 @@ class CapturePool:
                 # no logical CPU for a GPU replica either: its shards' writes are one-CPU tasks on its
                 # node, and replicas holding a node's CPUs would wait on writes that never start
                 gpu = {"num_gpus": 1 / self.replicas_per_gpu, "num_cpus": 0}
-                placements = [(gpu, None)] * (gpus * self.replicas_per_gpu) if gpus else self._cpu_placements()
+                group, placements = (None, [(gpu, None)] * (gpus * self.replicas_per_gpu)) if gpus \
+                    else self._cpu_placements(digest)
                 actors = [self._start(digest, i, model_path, resources, threads)
                           for i, (resources, threads) in enumerate(placements)]
                 if gpus:
                     self._await_gpu_replicas(digest, actors)
-                else:
-                    self._correct_placement(digest, model_path, actors, placements)
-                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors], gpus)
+                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors], gpus,
+                                                       group)
                 lost = [False] * len(actors)
             entry.busy += 1
             # in use by another job, the lost ones stay until it ends (its retries go around them)
@@ -179,30 +190,6 @@ class CapturePool:
                           "(or other work took their GPUs meanwhile): a larger ACTSTORE_REPLICA_START_SECONDS gives "
                           "them time; submit the capture again")
 
-    def _correct_placement(self, digest: str, model_path: str, actors: list, placements: list) -> None:
-        """Start again, on its node, each replica that Ray placed elsewhere while that node is alive.
-
-        A soft node affinity falls back to another node when the raylet deciding the placement
-        does not see the wanted node yet (raylets learn of new nodes with a lag, seconds on a busy
-        machine), and the replicas then crowd onto fewer nodes for as long as the pool keeps them.
-        Best effort: replicas that fail to start are left for the job to report, and after
-        `PLACEMENT_TRIES` the placement stands as it is."""
-        wanted = [resources["scheduling_strategy"].node_id for resources, _ in placements]
-        for _ in range(PLACEMENT_TRIES):
-            try:
-                placed = ray.get([actor.node_id.remote() for actor in actors], timeout=self.start_seconds)
-            except ray.exceptions.RayError:  # GetTimeoutError included: left for the job to report
-                return
-            alive = {node for node, _ in cluster.cpu_nodes()}
-            astray = [i for i, (node, want) in enumerate(zip(placed, wanted)) if node != want and want in alive]
-            if not astray:
-                return
-            for i in astray:
-                ray.kill(actors[i], no_restart=True)
-            for i in astray:
-                resources, threads = placements[i]
-                actors[i] = self._start(digest, i, model_path, resources, threads)
-
     @staticmethod
     def _await_name_free(name: str) -> None:
         """Wait (briefly) until a killed actor's name can be taken again."""
@@ -214,19 +201,31 @@ class CapturePool:
                 return
             time.sleep(0.1)
 
-    def _cpu_placements(self) -> list[tuple[dict, int]]:
+    def _cpu_placements(self, digest: str) -> tuple[PlacementGroup, list[tuple[dict, int]]]:
         """Replicas on a CPU cluster: at least one on every node with CPUs (more when
-        `capture_actors` asks, dealt round-robin), each using its share of its node's CPUs. CPU
-        replicas reserve no logical CPU, so metric tasks always find room beside them."""
-        nodes = cluster.cpu_nodes()
+        `capture_actors` asks), each in its bundle of one SPREAD placement group and using its
+        share of its node's CPUs. CPU replicas reserve no logical CPU, so metric tasks always find
+        room beside them."""
+        nodes = dict(cluster.cpu_nodes())
         count = max(self.replicas_per_model, len(nodes))
-        on_node = [nodes[i % len(nodes)] for i in range(count)]
+        group = placement_group([REPLICA_BUNDLE] * count, strategy="SPREAD", name=f"{self._prefix}-{digest[:12]}")
+        try:
+            ray.get(group.ready(), timeout=self.start_seconds)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise Unavailable(f"Ray could not place the {count} capture replicas of model {digest[:12]} within "
+                              f"{self.start_seconds:g} s (ACTSTORE_REPLICA_START_SECONDS): check that the cluster's "
+                              "nodes are alive (`ray status`), then submit the capture again") from None
+        on_node = placement_group_table(group)["bundles_to_node_id"]  # bundle index -> node id
         placements = []
-        for node_id, cpus in on_node:
-            sharing = sum(1 for other, _ in on_node if other == node_id)
-            strategy = NodeAffinitySchedulingStrategy(node_id, soft=True)
-            placements.append(({"num_cpus": 0, "scheduling_strategy": strategy}, max(1, cpus // sharing)))
-        return placements
+        for bundle in range(count):
+            node = on_node[bundle]
+            sharing = sum(1 for other in on_node.values() if other == node)
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+            placements.append(({"num_cpus": 0, "scheduling_strategy": strategy},
+                               max(1, nodes.get(node, 1) // sharing)))
+        log.info("capture replicas of model %s: %d, placed on %d nodes", digest[:12], count, len(set(on_node.values())))
+        return group, placements
 
     def actor_name(self, digest: str, replica: int) -> str:
         return f"{self._prefix}-{digest[:12]}-{replica}"
@@ -273,8 +272,11 @@ class CapturePool:
                 self._kill(digest)
 
     def _kill(self, digest: str) -> None:
-        for actor in self._pool.pop(digest).actors:
+        entry = self._pool.pop(digest)
+        for actor in entry.actors:
             ray.kill(actor)
+        if entry.group is not None:
+            remove_placement_group(entry.group)
 
     def _release_idle(self, keep: str | None, older_than: float) -> float:
         """Kill the idle replicas (but those of model `keep`) unused for `older_than` seconds; the

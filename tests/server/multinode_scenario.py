@@ -28,9 +28,15 @@ TEXTS = 96  # 12 shards of 8
 
 
 def _nodes_of(address: str, kind: str, name: str) -> list[str]:
-    """The nodes Ray's state API says the actors or tasks called `name` ran on. The API is
-    eventually consistent (workers report task events about once a second, and an actor is
-    listed before its node is known), so it is read until three reads a second apart agree."""
+    """The nodes Ray's state API says the actors or tasks called `name` ran on."""
+    return sorted({row[-1] for row in _rows_of(address, kind, name)})
+
+
+def _rows_of(address: str, kind: str, name: str) -> frozenset:
+    """(id, node) of every actor called `name` Ray ever started, live or dead, or (id, attempt,
+    node) of every such task. The state API is eventually consistent (workers report task events
+    about once a second, and an actor is listed before its node is known), so it is read until
+    three reads a second apart agree."""
     from ray.util import state
 
     def read() -> frozenset:
@@ -47,7 +53,7 @@ def _nodes_of(address: str, kind: str, name: str) -> list[str]:
             break
         time.sleep(1)
         seen.append(read())
-    return sorted({row[-1] for row in seen[-1] if row[-1]})
+    return frozenset(row for row in seen[-1] if row[-1])
 
 
 def _until_tasks_reach_every_node(timeout: float = 120) -> None:
@@ -125,7 +131,9 @@ def main() -> None:
             facts["run"] = {"key": run.run_key, "status": run.status, "num_shards": run.num_shards,
                             "recorded_shards": run.recorded_shards, "rows": run.rows}
             facts["rows_recorded"] = int(server.service.catalog.chunk_rows_total(run.run_key))
-            facts["capture_nodes"] = _nodes_of(cluster.address, "actor", "ShardCapturer")
+            replicas = _rows_of(cluster.address, "actor", "ShardCapturer")
+            facts["capture_nodes"] = sorted({node for _, node in replicas})
+            facts["replica_processes"] = len(replicas)  # every replica process started, killed ones too
             for layer in range(run.num_layers + 1):
                 np.save(out / f"layer{layer}.npy", client.read_activations(run.run_key, layer)[0])
             second = client.capture("bert", "toy", pooling="cls").run_key
