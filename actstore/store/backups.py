@@ -89,6 +89,29 @@ def publish(staged: Path, catalog_path: Path, keep: int) -> Path:
     return target
 
 
+def wal_path(catalog_path: Path) -> Path:
+    """DuckDB's write-ahead log of a database file: beside it, its name plus ``.wal``."""
+    return catalog_path.with_name(catalog_path.name + ".wal")
+
+
+def aside_path(catalog_path: Path) -> Path:
+    """Where a catalog file that is being replaced goes (its log: the same name plus ``.wal``)."""
+    return catalog_path.with_name(f"{catalog_path.name}.replaced-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
+
+
+def move_wal_aside(catalog_path: Path, aside: Path) -> Path | None:
+    """Move the catalog's write-ahead log, if there is one, to ``aside``'s (where it went, else
+    None). A log left by a server that died holds that file's last transactions: DuckDB replays it
+    onto whatever file has the catalog's name next, and refuses a file it does not belong to ("WAL
+    does not match database file"), so a new file must never meet it; kept, it opens with its file."""
+    wal = wal_path(catalog_path)
+    if not wal.exists():
+        return None
+    target = wal_path(aside)
+    os.replace(wal, target)
+    return target
+
+
 def _held_by_another_process(catalog_path: Path) -> str | None:
     """DuckDB's lock message if another process has the catalog open, else None."""
     try:
@@ -118,11 +141,8 @@ def restore(catalog_path: Path, backup: Path | None = None) -> tuple[Path, Path 
     if backup.resolve() == catalog_path.resolve():
         raise FailedPrecondition("the backup is the catalog itself: name a file in the backups folder")
     check_backup(backup)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    aside = catalog_path.with_name(f"{catalog_path.name}.replaced-{stamp}")
-    wal = catalog_path.with_name(catalog_path.name + ".wal")
-    if wal.exists():  # a stale log must never be replayed onto the restored file; it stays with its file
-        os.replace(wal, aside.with_name(aside.name + ".wal"))
+    aside = aside_path(catalog_path)
+    move_wal_aside(catalog_path, aside)  # a stale log must never be replayed onto the restored file
     if catalog_path.exists():
         os.replace(catalog_path, aside)
     else:

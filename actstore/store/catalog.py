@@ -55,9 +55,11 @@ def _open_failure(path: Path, exc: duckdb.Error | str) -> ActStoreError:
     restore = (f"restore its latest backup with `actstore catalog restore {latest} --catalog {path}`" if latest else
                f"restore a backup with `actstore catalog restore BACKUP --catalog {path}` (none is in "
                f"{backups.backup_dir(path)})")
-    return DataLoss(f"the catalog {path} is damaged ({text}). Either {restore}, which moves the damaged file "
-                    "aside, or move it aside yourself and recreate it from the store with "
-                    f"`actstore catalog rebuild --store STORE --catalog {path}`")
+    wal = backups.wal_path(path)
+    log = f"its write-ahead log {wal.name}" if wal.exists() else "a write-ahead log left beside it"
+    return DataLoss(f"the catalog {path} is damaged ({text}). Either {restore}, which moves the damaged file and "
+                    f"{log} aside, or move {path.name} aside yourself and recreate it from the store with "
+                    f"`actstore catalog rebuild --store STORE --catalog {path}`, which moves {log} aside too")
 
 
 class Catalog:

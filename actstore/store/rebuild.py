@@ -7,7 +7,9 @@ into a fresh catalog and reports what it could not recover: a shard that is miss
 leaves its run uncommitted (``failed``, as `actstore verify --repair` leaves it) with the other
 shards' chunk rows recorded, so submitting the same capture again rewrites only those shards.
 ``rebuild_catalog_file`` builds the catalog beside its target and moves it into place only once
-complete: a rebuild that fails leaves no catalog behind.
+complete: a rebuild that fails leaves no catalog behind. A write-ahead log that the lost catalog
+left beside it (its server was killed) is moved aside first, as `catalog restore` moves it: DuckDB
+would replay it onto the new file, and refuse to open that ("WAL does not match database file").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from actstore.errors import AlreadyExists, DataLoss, NotFound
+from actstore.store import backups
 from actstore.store.array_store import ArrayStore
 from actstore.store.atomic import FILE_MODE, fsync_path
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
@@ -48,6 +51,7 @@ class RebuildReport:
     skipped: list[str] = field(default_factory=list)  # things found but not recovered, and why
     incomplete: list[str] = field(default_factory=list)  # runs recorded without some shards: which, what to do
     not_recoverable: tuple[str, ...] = NOT_RECOVERABLE
+    wal_moved: Path | None = None  # where the lost catalog's write-ahead log went, if it left one
 
 
 def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
@@ -118,11 +122,14 @@ def rebuild_catalog_file(store: StoreHandle, path: Path) -> RebuildReport:
             catalog.close()  # a checkpoint: the file alone holds everything
         fsync_path(staged)
         os.chmod(staged, FILE_MODE)
+        if not path.exists():  # a catalog that appeared meanwhile owns the log beside it
+            report.wal_moved = backups.move_wal_aside(path, backups.aside_path(path))
         try:
             os.link(staged, path)  # unlike a rename, never replaces a catalog that appeared meanwhile
         except FileExistsError:
-            raise AlreadyExists(f"the catalog {path} appeared while the rebuild ran (a server started?): stop "
-                                "what created it, move it aside, and rebuild again") from None
+            moved = f" (its write-ahead log was moved to {report.wal_moved} just before)" if report.wal_moved else ""
+            raise AlreadyExists(f"the catalog {path} appeared while the rebuild ran (a server started?){moved}: "
+                                "stop what created it, move it aside, and rebuild again") from None
         fsync_path(path.parent)
     finally:
         staged.unlink(missing_ok=True)
