@@ -9,8 +9,8 @@ catalog's results table under the job's target, so it outlives the job and the s
 A repair drops the damaged shards (their bytes and chunk rows), the layer means and the commit
 marker, and marks the run failed: submitting the same capture again recaptures only those shards
 (`capture_job` resumes failed runs). Damage to what a run's creation writes once (group metadata,
-sample ids, labels, offsets) cannot be mended shard by shard: such a run is deleted, and the same
-capture then captures it whole.
+sample ids, labels, offsets, and any array's metadata object, its zarr.json) cannot be mended shard
+by shard: such a run is deleted, and the same capture then captures it whole.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from actstore.store.array_store import RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import result_key
-from actstore.store.scrub import CREATED_ONCE, WHOLE, Finding, check_run
+from actstore.store.scrub import METADATA, WHOLE, Finding, check_run, created_once
 from actstore.workers import cluster
 from actstore.workers.metric_tasks import deal
 from actstore.workers.verify_tasks import verify_shards
@@ -121,8 +121,8 @@ class VerifyJobs:
                            dtype=record.dtype, pooling=record.pooling, shard_rows=shard_rows)
         committed = record.status == "committed"
         findings = check_run(self.arrays, record.run_key, layout, committed, record.spec)
-        if any(f.array == "group" for f in findings):
-            return findings, {}  # the shards cannot be read without the run's metadata
+        if any(f.array in ("group", layout.array_name + METADATA) for f in findings):
+            return findings, {}  # the shards cannot be read without the run's or the array's metadata
         recorded = self.catalog.chunk_checksums(record.run_key)
         plan = {}
         for shard in range(record.num_shards):
@@ -141,6 +141,7 @@ class VerifyJobs:
 
     @staticmethod
     def _verdict(record: RunRecord, findings: list[Finding], shards: int) -> dict:
+        findings = list(dict.fromkeys(findings))  # damaged metadata: the same finding from every shard's task
         damaged_shards = sorted({f.shard for f in findings if f.shard != WHOLE})
         status = "damaged" if findings else ("ok" if record.status == "committed" else "incomplete")
         return {"run_key": record.run_key, "status": status, "shards": shards,
@@ -154,7 +155,7 @@ class VerifyJobs:
         if self.jobs.live_for(key) is not None:
             busy = Finding("run", WHOLE, WHOLE, "a capture of the run is running: not repaired; verify it when it ends")
             return {**verdict, "damage": [*verdict["damage"], busy.to_dict()]}
-        if any(d["array"] in CREATED_ONCE for d in verdict["damage"]):
+        if any(created_once(d["array"]) for d in verdict["damage"]):
             self.catalog.delete_run(key)
             self.arrays.delete_run(key)
             run_status = "deleted"

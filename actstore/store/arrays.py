@@ -37,7 +37,15 @@ from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.codecs import ChunkCodec
-from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.damage import (
+    DECODE_ERRORS,
+    GROUP,
+    damaged,
+    metadata_damaged,
+    metadata_key,
+    reading_metadata,
+    why_failed,
+)
 from actstore.store.event_loop import sync
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
@@ -73,16 +81,14 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         return NotFound(f"run {run_key[:12]} has no arrays in the store at {self.root}")
 
     def _group(self, run_key: str, mode: str = "r") -> zarr.Group:
-        """The run's group: one GET of its metadata (zarr 3's own format: no probing for zarr 2's)."""
+        """The run's group: one GET of its metadata (zarr 3's own format: no probing for zarr 2's);
+        a truncated or garbled zarr.json is DataLoss naming it."""
         try:
-            with self._reported():
+            with self._reported(), reading_metadata(run_key):
                 return zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode=mode, zarr_format=3,
                                        use_consolidated=False)
         except NodeNotFoundError:
             raise self._gone(run_key) from None
-        except (ValueError, KeyError, TypeError) as exc:  # a truncated or garbled zarr.json
-            raise DataLoss(f"run {run_key[:12]}: its group metadata is damaged ({type(exc).__name__}); delete "
-                           "the run and capture it again") from None
 
     def _codecs(self, itemsize: int) -> list:
         return [
@@ -96,10 +102,12 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     def _whole(self, run_key: str, group: zarr.Group, name: str, selection=slice(None),
                shard: int | None = None) -> np.ndarray:
         """A side array (or a slice of one), a failed checksum or decode as DataLoss naming it
-        (and `shard`, the chunk the slice lies in, where it is one)."""
+        (and `shard`, the chunk the slice lies in, where it is one); damaged metadata names its object."""
+        with self._reported(), reading_metadata(run_key, name):
+            array = group[name]
         try:
             with self._reported():
-                return group[name][selection]
+                return array[selection]
         except (*DECODE_ERRORS, OSError) as exc:
             if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
                 raise
@@ -144,6 +152,11 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         # The layout is written last: its presence marks a completely created group.
         group.attrs.update({"spec": spec, "layout": layout.to_dict()})
 
+    def _has(self, run_key: str, name: str) -> bool:
+        """Whether the run has the array `name`: its metadata object is stored (`name in group`
+        parses it, and takes a KeyError from a damaged one for absence)."""
+        return self._exists(f"runs/{run_key}/{name}/zarr.json")
+
     def _forget(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)
         for key in [k for k in self._coders if k[0] == run_key]:
@@ -158,14 +171,30 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
             if (run_key, name) in self._coders:  # opened by another thread meanwhile
                 return self._coders[run_key, name]
             try:
-                with self._reported():
+                with self._reported(), reading_metadata(run_key, name):
                     array = zarr.open_array(store=self._zarr, path=f"runs/{run_key}/{name}", mode="r+", zarr_format=3)
+                    codec = ChunkCodec(array)  # reads the codecs the metadata names
             except NodeNotFoundError:
                 self._forget(run_key)
                 self.layout(run_key)  # NotFound if the whole run is gone
                 raise NotFound(f"run {run_key[:12]} has no {name!r} array") from None
-            codec = self._coders[run_key, name] = ChunkCodec(array)
+            self._check_layout(run_key, name, array, codec)
+            self._coders[run_key, name] = codec
             return codec
+
+    def _check_layout(self, run_key: str, name: str, array: zarr.Array, codec: ChunkCodec) -> None:
+        """The activation array's metadata against the run's layout (the group's): a flipped digit
+        in either still parses, and reads would go on with the wrong rows or shards."""
+        layout = self._layouts.get(run_key)
+        if layout is None or name != layout.array_name:
+            return
+        stored = (tuple(array.shape), codec.shape, str(codec.dtype))
+        states, width = layout.num_states, layout.width
+        expected = ((layout.rows, states, width), (layout.shard_rows, states, width), _ZARR_DTYPE.get(layout.dtype))
+        if stored != expected or (layout.pooling != "tokens" and layout.n != layout.rows):
+            raise metadata_damaged(run_key, GROUP, f"does not match {metadata_key(run_key, name)} (the layout "
+                                                   f"{layout.to_dict()}; the array {stored[0]}, shards {stored[1]}, "
+                                                   f"{stored[2]}): one of the two is damaged")
 
     def layout(self, run_key: str) -> RunLayout:
         if run_key in self._layouts and not self._exists(f"runs/{run_key}/zarr.json"):
@@ -176,7 +205,8 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                     attrs = self._group(run_key).attrs.asdict()
                     if "layout" not in attrs:
                         raise NotFound(f"run {run_key[:12]} was never completely created")
-                    self._layouts[run_key] = RunLayout(**attrs["layout"])
+                    with reading_metadata(run_key):  # a layout that is not one: damaged too
+                        self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
     def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None) -> None:
@@ -277,7 +307,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
 
     def means(self, run_key: str) -> np.ndarray:
         group = self._group(run_key)
-        if "means" not in group:
+        if not self._has(run_key, "means"):
             raise NotFound(f"run {run_key[:12]} has no layer means yet: it is not committed")
         return self._whole(run_key, group, "means")
 
@@ -292,11 +322,11 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
 
     def labels(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
-        return self._whole(run_key, group, "labels") if "labels" in group else None
+        return self._whole(run_key, group, "labels") if self._has(run_key, "labels") else None
 
     def offsets(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
-        return self._whole(run_key, group, "offsets") if "offsets" in group else None
+        return self._whole(run_key, group, "offsets") if self._has(run_key, "offsets") else None
 
     def write_char_spans(self, run_key: str, spans: np.ndarray) -> None:
         spans = np.asarray(spans, dtype=np.int32)
@@ -307,11 +337,11 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
 
     def char_spans(self, run_key: str) -> np.ndarray | None:
         group = self._group(run_key)
-        return self._whole(run_key, group, "char_spans") if "char_spans" in group else None
+        return self._whole(run_key, group, "char_spans") if self._has(run_key, "char_spans") else None
 
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
         group = self._group(run_key)
-        if "token_ids" not in group:
+        if not self._has(run_key, "token_ids"):
             return None
         rows = self.layout(run_key).shard_rows  # one chunk per shard: read chunk by chunk, to name it
         parts = [self._whole(run_key, group, "token_ids", slice(max(start, s * rows), min(stop, (s + 1) * rows)),
@@ -361,12 +391,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         for name in self._listed("list_dir", f"runs/{run_key}"):
             if not self._exists(f"runs/{run_key}/{name}/zarr.json"):
                 continue
-            try:
-                with self._reported():
-                    array = group[name]
+            with self._reported(), reading_metadata(run_key, name):
+                array = group[name]
                 shapes[name] = (tuple(array.shape), str(array.dtype))
-            except DECODE_ERRORS as exc:
-                raise damaged(run_key, name, f"has unreadable metadata ({why_failed(exc)})") from None
         return shapes
 
     def drop_shards(self, run_key: str, shards: list[int]) -> None:

@@ -18,11 +18,20 @@ import numpy as np
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.damage import GROUP, metadata_key
 
 WHOLE = -1  # a finding about a whole array (or not about one layer)
 # run-wide arrays written once when the run is created: damage there cannot be repaired by
 # recapturing shards, only by capturing the run again from the start
-CREATED_ONCE = ("group", "sample_ids", "sample_id_offsets", "labels", "offsets")
+CREATED_ONCE = (GROUP, "sample_ids", "sample_id_offsets", "labels", "offsets")
+# a finding about an array's metadata object names it "<array>/zarr.json" (the group's: "group")
+METADATA = "/zarr.json"
+
+
+def created_once(array: str) -> bool:
+    """Whether damage to `array` (a finding's) needs the run captured again whole: what the run's
+    creation writes once, and every metadata object (zarr reads nothing of an array without it)."""
+    return array in CREATED_ONCE or array.endswith(METADATA)
 
 
 @dataclass(frozen=True)
@@ -65,18 +74,20 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
     """The run-wide checks; `expected` is the layout and `spec` the identity the catalog records."""
     try:
         layout = arrays.layout(run_key)
-    except (DataLoss, NotFound) as exc:
-        return [Finding("group", WHOLE, WHOLE, _reason(exc) if isinstance(exc, DataLoss) else str(exc))]
+    except DataLoss as exc:
+        return [_finding(exc, GROUP)]
+    except NotFound as exc:
+        return [Finding(GROUP, WHOLE, WHOLE, str(exc))]
     findings = []
     try:
         stored_spec = arrays.spec(run_key)
     except DataLoss as exc:  # the layout was remembered from before the damage
-        return [Finding("group", WHOLE, WHOLE, _reason(exc))]
+        return [_finding(exc, GROUP)]
     if spec is not None and stored_spec is not None and stored_spec != spec:
         findings.append(Finding("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
     if layout != expected:
-        findings.append(Finding("group", WHOLE, WHOLE, f"its layout {layout.to_dict()} is not the run's in the "
-                                                       f"catalog {expected.to_dict()}"))
+        findings.append(Finding(GROUP, WHOLE, WHOLE, f"its layout {layout.to_dict()} (in {metadata_key(run_key)}) is "
+                                                     f"not the run's in the catalog {expected.to_dict()}"))
         return findings
     def labels_fit() -> bool:
         labels = arrays.labels(run_key)
@@ -94,14 +105,15 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
             if not fits():
                 findings.append(Finding(name, WHOLE, WHOLE, "does not match the run's shape"))
         except DataLoss as exc:
-            findings.append(Finding(_named(exc, name), WHOLE, WHOLE, _reason(exc)))
+            findings.append(_finding(exc, name))
         except NotFound:
             if committed:  # the means are written at commit
                 findings.append(Finding(name, WHOLE, WHOLE, "is missing from a committed run"))
     try:
         shapes = arrays.array_shapes(run_key)
-    except DataLoss as exc:
-        return [*findings, Finding(_named(exc, "group"), WHOLE, WHOLE, _reason(exc))]
+    except DataLoss as exc:  # an array's metadata: named already where a reader above met it
+        found = _finding(exc, GROUP)
+        return findings if found in findings else [*findings, found]
     labelled = "labels" in shapes
     for name, (shape, dtype) in expected_shapes(layout, labelled).items():
         if name not in shapes:
@@ -114,11 +126,25 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
 
 
 def _named(exc: DataLoss, default: str) -> str:
-    """The array a DataLoss message names ("... array 'labels' ..."), else `default`."""
-    text = str(exc)
+    """What a DataLoss names: a metadata object (`store.damage.metadata_damaged`: "group", or
+    "<array>/zarr.json"), an array ("... array 'labels' ..."), else `default`."""
+    text = exc.damage
+    if text.startswith("metadata object runs/"):
+        key = text.removeprefix("metadata object ").split(" ", 1)[0]
+        run_key = key.split("/")[1]
+        return GROUP if key == metadata_key(run_key) else key.removeprefix(f"runs/{run_key}/")
     if "array '" in text:
         return text.split("array '", 1)[1].split("'", 1)[0]
     return default
+
+
+def _finding(exc: DataLoss, default: str, shard: int = WHOLE, layer: int = WHOLE) -> Finding:
+    """The finding of a DataLoss about `default` (or what it names) in `shard` and `layer`; damaged
+    metadata is about the whole array, whichever shard's read met it."""
+    array = _named(exc, default)
+    if array == GROUP or array.endswith(METADATA):
+        shard = layer = WHOLE
+    return Finding(array, shard, layer, _reason(exc))
 
 
 def _offsets_fit(offsets: np.ndarray | None, layout: RunLayout) -> bool:
@@ -150,7 +176,10 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
         try:
             values = arrays.read_layers(run_key, [layer], start, stop)[0]
         except DataLoss as exc:
-            findings.append(Finding(name, shard, layer, _reason(exc)))
+            found = _finding(exc, name, shard, layer)
+            if found.shard == WHOLE:  # the array's metadata: no chunk of it reads
+                return [found]
+            findings.append(found)
             continue
         recorded = checksums.get(layer)
         if recorded is not None and crc32c.crc32c(stored_bytes(values, layout.dtype)) != recorded:
@@ -161,11 +190,11 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
         if sums.shape != (layout.num_states, layout.width):
             findings.append(Finding("layer_sums", shard, WHOLE, f"has shape {sums.shape}"))
     except DataLoss as exc:
-        findings.append(Finding("layer_sums", shard, WHOLE, _reason(exc)))
+        findings.append(_finding(exc, "layer_sums", shard))
     try:
         arrays.shard_details(run_key, shard)
     except DataLoss as exc:
-        findings.append(Finding(_named(exc, "shard_details"), shard, WHOLE, _reason(exc)))
+        findings.append(_finding(exc, "shard_details", shard))
     try:
         ids = arrays.token_ids(run_key, start, stop)
         if ids is not None and len(ids) != stop - start:
@@ -173,5 +202,5 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
         elif ids is not None and ids_expected and (ids < 0).any():
             findings.append(Finding("token_ids", shard, WHOLE, "is missing from the store"))
     except DataLoss as exc:
-        findings.append(Finding("token_ids", shard, WHOLE, _reason(exc)))
+        findings.append(_finding(exc, "token_ids", shard))
     return findings

@@ -448,7 +448,7 @@ class TestZarrArrayStore(ArrayStoreContract):
         run_key, _, _ = self.filled_run(store)
         metadata = tmp_path / "store" / "runs" / run_key / "zarr.json"
         metadata.write_bytes(metadata.read_bytes()[:40])
-        with pytest.raises(DataLoss, match="metadata is damaged"):
+        with pytest.raises(DataLoss, match=f"metadata object runs/{run_key}/zarr.json does not decode"):
             self.make_store(tmp_path).layout(run_key)
 
 
