@@ -3,7 +3,7 @@ SHELL := bash
 PYTHON ?= python
 export PYTHON
 
-.PHONY: setup demo test test-all bench gpu-check protos
+.PHONY: setup demo test test-all bench gpu-check protos wheelhouse
 
 setup:
 	bash scripts/setup.sh
@@ -33,3 +33,13 @@ gpu-check: setup
 
 protos:
 	$(PYTHON) scripts/generate_protos.py
+
+# A folder of wheels for a cluster with no package index (scripts/wheelhouse.py; README,
+# "Offline clusters"): actstore[server] and its dependencies for the target, torch excluded.
+#   make wheelhouse TARGET_PYTHON=3.12 TARGET_PLATFORM=manylinux_2_28_x86_64 [HAVE=freeze.txt] [WHEELHOUSE=dir]
+WHEELHOUSE ?= wheelhouse
+wheelhouse:
+	$(PYTHON) scripts/wheelhouse.py --out $(WHEELHOUSE) \
+		$(if $(TARGET_PYTHON),--python-version $(TARGET_PYTHON)) \
+		$(if $(TARGET_PLATFORM),--platform $(TARGET_PLATFORM)) \
+		$(if $(HAVE),--have $(HAVE))

@@ -1,6 +1,7 @@
-"""Soak: 16 cached-query clients and 4 recomputing ones against one server until N requests.
+"""Soak: 16 cached-query clients and 4 recomputing ones against one server until N requests, then
+a malformed-request mix and a large-query mix against the same server.
 
-Reports errors, the server's RSS growth after warm-up, and cached p50/p99. The warm-up runs both
+Reports errors, the server's RSS growth after warm-up for each mix, and cached p50/p99. The warm-up runs both
 kinds of client for at least a tenth of the cached requests and on, in twentieths, until the
 recomputing clients have done `--warm-recomputes` (150; at most 40% of the requests): the
 recomputing path's first-use costs (Ray task submission, BLAS and gRPC thread buffers, the malloc
@@ -16,7 +17,14 @@ alternate (3 each, medians), so load from elsewhere on the machine falls on both
 Clients send pre-serialised request bytes and do not parse the answers (both sides alike), and run
 in their own processes so that client work does not share the server's interpreter.
 
-    python bench/soak.py [--requests 100000] [--n 512] [--quick]
+The malformed mix: 4 client processes cycle through requests the server must refuse (unknown and
+ever-new run names, layers out of range, bad options, unparseable bytes, a 4 MiB dataset that does
+not fit its labels, refused SQL ...), `--malformed` in all; the RSS after its first fifth is the
+baseline. The large-query mix: `--large` all-layer COS and CKA queries recomputed (refresh) on a
+token-level run, one at a time, and the RSS after its first two the baseline; the server's RSS 5 s
+after each mix shows what it gave back.
+
+    python bench/soak.py [--requests 100000] [--n 512] [--quick] [--malformed 3000] [--large 12]
 """
 
 from __future__ import annotations
@@ -87,6 +95,118 @@ def drive(address: str, method: str, payload: bytes, clients: int, per_client: i
     return [x for r in results for x in r[0]], [e for r in results for e in r[1]], wall
 
 
+def _mixed_client(address: str, calls: list, count: int, offset: int, out) -> None:
+    """One client process of the malformed mix: `count` calls cycling through `calls` ((method,
+    request bytes) pairs) from `offset`; the status codes it got to `out`."""
+    with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 26)]) as channel:
+        grpc.channel_ready_future(channel).result(timeout=120)
+        codes: dict[str, int] = {}
+        for i in range(count):
+            method, payload = calls[(offset + i) % len(calls)]
+            try:
+                channel.unary_unary(method)(payload, timeout=120)
+                code = "OK"
+            except grpc.RpcError as exc:
+                code = exc.code().name
+            codes[code] = codes.get(code, 0) + 1
+    out.put(codes)
+
+
+def malformed_calls(run: str) -> list[tuple[str, bytes]]:
+    """Requests the server refuses, each for its own reason; the run names are new in every request,
+    so a cache keyed by what a caller sent would grow with them."""
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore._proto.actstore.v1 import readers_pb2 as rpb
+
+    metric = pb.SimilarityRequest
+    calls = []
+    for i in range(200):
+        unknown = f"{i:08x}deadbeef{os.urandom(4).hex()}"
+        calls += [
+            (SIMILARITY, metric(metric=metric.CKA, run_a=unknown).SerializeToString()),
+            (SIMILARITY, metric(metric=metric.CKA, run_a=run, layers_a=[999 + i]).SerializeToString()),
+            (SIMILARITY, metric(metric=metric.COS, run_a=run, center=f"sideways-{i}").SerializeToString()),
+            (SIMILARITY, metric(metric=metric.MEASURE, run_a=run, measure=f"no-such-measure-{i}").SerializeToString()),
+            (SIMILARITY, metric(metric=metric.MUTUAL_KNN, run_a=run, k=0).SerializeToString()),
+            (SIMILARITY, metric(metric=metric.CKA, run_a=run, layers_a=list(range(-1, -2000, -1))).SerializeToString()),
+            (SIMILARITY, os.urandom(64 + i)),  # not a protobuf message
+            ("/actstore.v1.Catalog/DescribeRun", pb.DescribeRunRequest(run=unknown).SerializeToString()),
+            ("/actstore.v1.Capture/GetJob", pb.GetJobRequest(job_id=unknown).SerializeToString()),
+            ("/actstore.v1.Query/GetResult", pb.GetResultRequest(result_key=unknown).SerializeToString()),
+            ("/actstore.v1.Query/Entropy", pb.EntropyRequest(run=unknown).SerializeToString()),
+            ("/actstore.v1.Readers/Sql", rpb.SqlRequest(query=f"SELECT * FROM '/etc/passwd{i}'").SerializeToString()),
+            ("/actstore.v1.Readers/Sql", rpb.SqlRequest(query=f"SELEC {i}").SerializeToString()),
+        ]
+    # 4 MiB of texts, and labels that do not match them
+    texts = pb.TextList(texts=["x" * 4096] * 1024, labels=[1, 2, 3])
+    big = pb.RegisterDatasetRequest(texts=texts, name="too-big").SerializeToString()
+    return calls + [("/actstore.v1.Catalog/RegisterDataset", big)] * 40
+
+
+def malformed_mix(address: str, run: str, total: int, proc) -> dict:
+    calls = malformed_calls(run)
+    rng = np.random.default_rng(0)
+    order = [calls[i] for i in rng.permutation(len(calls))]
+    clients = 4
+
+    def burst(count: int, offset: int) -> dict:
+        out = CTX.Queue()
+        procs = [CTX.Process(target=_mixed_client, args=(address, order, count // clients, offset + c * 997, out))
+                 for c in range(clients)]
+        for p in procs:
+            p.start()
+        codes: dict[str, int] = {}
+        for _ in procs:
+            for code, k in out.get().items():
+                codes[code] = codes.get(code, 0) + k
+        for p in procs:
+            p.join()
+        return codes
+
+    before = proc.memory_info().rss
+    codes = burst(total // 5, 0)
+    baseline = proc.memory_info().rss
+    samples = []
+    for part in range(4):
+        for code, k in burst(total // 5, (part + 1) * 131).items():
+            codes[code] = codes.get(code, 0) + k
+        samples.append(proc.memory_info().rss)
+    return _growth(before, baseline, samples, proc) | {"requests": sum(codes.values()), "codes": codes}
+
+
+def large_mix(address: str, run: str, count: int, proc) -> dict:
+    """All-layer COS and CKA of a token-level run, recomputed one after another."""
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+
+    metric = pb.SimilarityRequest
+    queries = [metric(metric=kind, run_a=run, refresh=True).SerializeToString() for kind in (metric.COS, metric.CKA)]
+    seconds = []
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 1 << 26)]) as channel:
+        call = channel.unary_unary(SIMILARITY)
+        samples, baseline, before = [], None, proc.memory_info().rss
+        for i in range(count):
+            started = time.perf_counter()
+            call(queries[i % 2], timeout=600)
+            seconds.append(time.perf_counter() - started)
+            if i == 1:
+                baseline = proc.memory_info().rss
+            elif i > 1:
+                samples.append(proc.memory_info().rss)
+    return _growth(before, baseline, samples, proc) | {"queries": count, "median_s": float(np.median(seconds))}
+
+
+def _growth(before: int, baseline: int, samples: list[int], proc) -> dict:
+    """RSS growth over the mix after its warm-up, and what the server holds 5 s after it."""
+    time.sleep(5)
+    memory = proc.memory_info()
+    rested = memory.rss
+    return {"rss_shared_rested_mib": memory.shared / 2**20,  # of it, shared pages (Ray's object store mapping ...)
+            "rss_before_mib": before / 2**20, "rss_after_warmup_mib": baseline / 2**20,
+            "rss_peak_mib": max(samples) / 2**20,
+            "rss_end_mib": samples[-1] / 2**20, "rss_rested_mib": rested / 2**20,
+            "growth": (samples[-1] - baseline) / baseline, "growth_rested": (rested - baseline) / baseline}
+
+
 def _echo_server(port_out, size: int) -> None:
     answer = os.urandom(size)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))  # as actstore.server.app
@@ -129,10 +249,12 @@ def main() -> None:
                         help="recomputing clients beside the cached ones (default 4; 0 isolates the cached path)")
     parser.add_argument("--warm-recomputes", type=int, default=150,
                         help="recomputes the warm-up holds at least (default 150; capped at 40%% of the requests)")
-    parser.add_argument("--quick", action="store_true", help="5,000 requests, n=128")
+    parser.add_argument("--malformed", type=int, default=3000, help="requests of the malformed mix (default 3,000)")
+    parser.add_argument("--large", type=int, default=12, help="queries of the large-query mix (default 12)")
+    parser.add_argument("--quick", action="store_true", help="5,000 requests, n=128, 1,000 malformed, 6 large")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.n = 5000, 128
+        args.requests, args.n, args.malformed, args.large = 5000, 128, 1000, 6
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,7 +265,7 @@ def main() -> None:
             if not server.is_alive():
                 raise SystemExit("the server process died while starting")
             time.sleep(0.5)
-        address, run = open(ready).read().split()
+        address, run, token_run = open(ready).read().split()
         proc = psutil.Process(server.pid)
         cached = pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a=run).SerializeToString()
         uncached = pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a=run, layers_a=[1], layers_b=[2],
@@ -196,6 +318,8 @@ def main() -> None:
         sampler.join()
         heavy.join()  # the recomputing clients stop with the cached soak
         rss_end = proc.memory_info().rss
+        mixes = {"malformed": malformed_mix(address, run, args.malformed, proc),
+                 "large": large_mix(address, token_run, args.large, proc)}
         server.kill()
 
     growth = (max(samples[len(samples) // 2:] + [rss_end]) - rss_after_warmup) / rss_after_warmup
@@ -214,6 +338,7 @@ def main() -> None:
                  "cached_qps": len(soak_lat) / soak_wall,
                  "rss_after_warmup_mib": rss_after_warmup / 2**20, "rss_end_mib": rss_end / 2**20,
                  "rss_growth": growth, "errors_sample": (soak_errors + background.get("errors", []))[:3]},
+        "mixes": mixes,
     }
     benchlib.write_result("soak", record)
     s = record["soak"]
@@ -226,6 +351,14 @@ def main() -> None:
     print(f"warm-up: {s['warm_up_cached_requests']} cached requests and {s['warm_up_recomputes']} recomputes")
     print(f"server RSS {s['rss_after_warmup_mib']:.0f} MiB after warm-up -> {s['rss_end_mib']:.0f} MiB at the end: "
           f"growth {growth * 100:+.1f}% (target < 5%: {benchlib.verdict(growth, 0.05, higher_is_better=False)})")
+    for name, mix in mixes.items():
+        what = f"{mix['requests']} requests {mix['codes']}" if name == "malformed" else \
+            f"{mix['queries']} queries, median {mix['median_s']:.2f} s"
+        print(f"{name} mix: {what}; RSS {mix['rss_before_mib']:.0f} MiB before, "
+              f"{mix['rss_after_warmup_mib']:.0f} MiB after warm-up -> peak "
+              f"{mix['rss_peak_mib']:.0f}, end {mix['rss_end_mib']:.0f}, 5 s later {mix['rss_rested_mib']:.0f} MiB: "
+              f"growth {mix['growth'] * 100:+.1f}% ({mix['growth_rested'] * 100:+.1f}% rested; target < 5%: "
+              f"{benchlib.verdict(mix['growth'], 0.05, higher_is_better=False)})")
 
 
 def _serve(tmp: str, n: int) -> None:
@@ -235,8 +368,9 @@ def _serve(tmp: str, n: int) -> None:
         benchlib.register_reviews(client, n, name="reviews")
         run = client.capture("minilm-l6", "reviews", pooling="mean").run_key
         client.cka(run)
+        token_run = client.capture("minilm-l6", "reviews", pooling="tokens").run_key
         with open(os.path.join(tmp, "address.tmp"), "w") as f:
-            f.write(f"{client.address} {run}")
+            f.write(f"{client.address} {run} {token_run}")
         os.rename(os.path.join(tmp, "address.tmp"), os.path.join(tmp, "address"))
         threading.Event().wait()
 

@@ -24,6 +24,7 @@ from actstore.server.backup_schedule import BackupSchedule
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.capture_pool import CapturePool
 from actstore.server.gc import GarbageCollector, GcReport
+from actstore.server.heap_upkeep import HeapUpkeep
 from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planners.diagnostics import DiagnosticsPlanner
@@ -58,6 +59,7 @@ class RunDescription:
 class ActStoreService:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
+        self.heap = HeapUpkeep()
         self.store = StoreHandle.from_settings(self.settings)
         self.store.path.mkdir(parents=True, exist_ok=True)
         self.store.check()
@@ -103,6 +105,7 @@ class ActStoreService:
         self.capture_pool.shutdown()
         self.backups.stop()
         self.catalog.close()
+        self.heap.stop()
 
     def resume_interrupted(self) -> list[str]:
         """Restart jobs that a previous server left unfinished: captures compute only their missing
