@@ -11,8 +11,9 @@ it): a replica is one Python thread launching the forward's kernels, and for a s
 thread, not the GPU, can set the pace. Each replica works on `gpu_capture_tasks` tasks at once,
 one of them on the GPU, the others tokenising or waiting for their shards' writes.
 
-A token-level capture's layout (its token count per prompt) comes from this server's one warm
-`TokenLayouts` process, which keeps the tokenizers it loaded.
+A token-level capture's layout (its token count per prompt) is read from the store where a capture
+of the same model, dataset and max_len laid it out before (`workers.layouts`), and else comes from
+this server's one warm `TokenLayouts` process, which keeps the tokenizers it loaded.
 
 On a CPU cluster the replicas of a model are placed by one Ray placement group with a bundle per
 replica and the SPREAD strategy: Ray's control store, which sees every node that has joined, places
@@ -42,7 +43,7 @@ from actstore.config import Settings
 from actstore.errors import Unavailable
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
-from actstore.workers.layouts import TokenLayouts
+from actstore.workers.layouts import TokenLayouts, model_layout_key, stored_layout
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +232,12 @@ class CapturePool:
         return f"{self._prefix}-{digest[:12]}-{replica}"
 
     def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
-        """The ref of a token-level run's layout (`TokenLayouts.rows`), from this server's warm
-        `TokenLayouts` process (started on first use, and again if it was lost)."""
+        """The ref of a token-level run's layout (`TokenLayouts.rows`): the one the store keeps for
+        this model, or else from this server's warm `TokenLayouts` process (started on first use,
+        and again if it was lost)."""
+        kept = stored_layout(self.store.files, model_layout_key(model_path, dataset_path, max_len, spans))
+        if kept is not None:
+            return ray.put(kept)
         with self._layouts_lock:
             # the pool keeps the handle: Ray ends an actor once no handle to it is left
             if self._layouts is None or self.layouts_name not in ray.util.list_named_actors():  # lost for good

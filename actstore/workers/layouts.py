@@ -3,9 +3,26 @@ lies in its text, from the model's tokenizer alone.
 
 The texts come from `store.datasets`, the tokenizer from `modeling.tokens` (transformers'
 AutoTokenizer, which imports torch: a `TokenLayouts` process's first layout takes ~2 s here).
+
+A layout is computed once per (tokenizer, dataset, max_len) and kept in the store's files area as a
+content-addressed folder (`layouts/<sha256>/layout.npz`): under the digest of the tokenizer's
+files (every file of the model folder but its weights and the store's record of it), the dataset,
+max_len, whether spans are kept and the transformers/tokenizers releases; and under the same for
+the model's own folder, so
+that a server finds the layout of a model it has laid out before without a `TokenLayouts` process
+(`stored_layout`), and a new model with a known tokenizer (a training checkpoint) skips the
+tokenisation. A stored layout that does not read back whole (npz members carry a CRC-32) or does
+not fit together is removed and computed again.
 """
 
 from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import io
+import logging
+import zipfile
+from pathlib import Path
 
 import numpy as np
 from cachetools import LRUCache
@@ -13,9 +30,82 @@ from cachetools import LRUCache
 from actstore.errors import InvalidArgument
 from actstore.modeling.tokens import LOAD_HINT, load_tokenizer, token_layout
 from actstore.store.datasets import load_dataset
+from actstore.store.files import COMPLETE_MARKER, RECORD_FILE, StoreFiles
 from actstore.store.handle import StoreHandle
 
+log = logging.getLogger(__name__)
+
 TOKENIZERS_KEPT = 8  # models whose tokenizer a `TokenLayouts` keeps loaded
+LAYOUT_FILE = "layout.npz"
+LAYOUT_FORMAT = "1"  # part of every key: a change of what a layout holds gets new keys
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
+
+Layout = tuple[np.ndarray, "np.ndarray | None"]  # (offsets (n+1,) int64, spans (rows, 2) int32 or None)
+
+
+def _key(kind: str, *parts: str) -> str:
+    versions = [_version("transformers"), _version("tokenizers")]  # a new release may tokenise otherwise
+    digest = hashlib.sha256("\0".join([LAYOUT_FORMAT, kind, *versions, *parts]).encode()).hexdigest()
+    return f"layouts/{digest}"
+
+
+def _version(package: str) -> str:
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return "-"
+
+
+def model_layout_key(model_path: str, dataset_path: str, max_len: int, spans: bool) -> str:
+    """The key of a layout by the model's own folder (refs are content-addressed)."""
+    return _key("model", model_path, dataset_path, str(max_len), str(spans))
+
+
+def tokenizer_layout_key(model_dir: Path, dataset_path: str, max_len: int, spans: bool) -> str:
+    """The key of a layout by the bytes of the tokenizer's files (all of the folder but weights and the
+    store's own record of the model, which names its digest)."""
+    files = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES)
+                       and p.name not in (COMPLETE_MARKER, RECORD_FILE)):
+        files.update(f"{path.relative_to(model_dir)}\0{path.stat().st_size}\0".encode())
+        files.update(path.read_bytes())
+    return _key("tokenizer", files.hexdigest(), dataset_path, str(max_len), str(spans))
+
+
+def stored_layout(files: StoreFiles, key: str) -> Layout | None:
+    """The layout kept under `key`, or None (none kept, or one that does not read back whole: it is
+    removed, to be computed again)."""
+    if not files.exists(key):
+        return None
+    try:
+        data = files.read(key, LAYOUT_FILE)
+        if data is None:
+            raise ValueError(f"{LAYOUT_FILE} is missing")
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            offsets = npz["offsets"]
+            spans = npz["spans"] if "spans" in npz.files else None
+        if offsets.ndim != 1 or offsets.dtype != np.int64 or len(offsets) < 1 or offsets[0] != 0 \
+                or np.any(np.diff(offsets) < 0):
+            raise ValueError("its offsets are not a layout")
+        if spans is not None and (spans.dtype != np.int32 or spans.shape != (int(offsets[-1]), 2)):
+            raise ValueError("its spans do not fit its offsets")
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        log.warning("the token layout kept as %s does not read back (%s): computing it again", key, exc)
+        files.remove(key)
+        return None
+    return offsets, spans
+
+
+def keep_layout(files: StoreFiles, key: str, layout: Layout) -> None:
+    offsets, spans = layout
+    arrays = {"offsets": offsets} if spans is None else {"offsets": offsets, "spans": spans}
+
+    def build(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        with open(folder / LAYOUT_FILE, "wb") as f:
+            np.savez(f, **arrays)
+
+    files.write_folder(key, build)
 
 
 class TokenLayouts:
@@ -30,11 +120,20 @@ class TokenLayouts:
         self.store = store
         self._tokenizers: LRUCache = LRUCache(maxsize=TOKENIZERS_KEPT)
 
-    def rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True
-             ) -> tuple[np.ndarray, np.ndarray | None]:
+    def rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> Layout:
         """A token-level run's offsets (prompt i owns token rows offsets[i]:offsets[i+1]) and every
         row's character span in its text (`modeling.tokens`; None without ``spans`` or a fast
-        tokenizer), from the model's tokenizer alone."""
+        tokenizer), from the model's tokenizer alone; kept in the store under both keys."""
+        files = self.store.files
+        by_tokenizer = tokenizer_layout_key(self.store.local(model_path), dataset_path, max_len, spans)
+        layout = stored_layout(files, by_tokenizer)
+        if layout is None:
+            layout = self._compute(model_path, dataset_path, max_len, spans)
+            keep_layout(files, by_tokenizer, layout)
+        keep_layout(files, model_layout_key(model_path, dataset_path, max_len, spans), layout)
+        return layout
+
+    def _compute(self, model_path: str, dataset_path: str, max_len: int, spans: bool) -> Layout:
         tokenizer = self._tokenizers.get(model_path)
         if tokenizer is None:
             tokenizer = load_tokenizer(self.store.local(model_path), LOAD_HINT)
