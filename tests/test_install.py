@@ -3,13 +3,20 @@
 talk to a real server started here. Twice: with the newest versions the base requirements allow,
 and with each pinned to its declared floor (so the floors are tested, not just written down).
 
-Needs the package index (pip installs grpcio, protobuf, numpy, tqdm into each venv; pip's cache
-makes a second run quick)."""
+The newest versions are also installed on Python 3.12 and 3.13 (issue 26 item 2), with the same
+client smoke against this Python's server. Those interpreters are found as ACTSTORE_TEST_PYTHONS
+lists them (paths, space-separated: .ci/run sets it, and a missing one then fails), otherwise on
+PATH or under pyenv (a missing one is then skipped). The server side on 3.12/3.13 is not installed
+here: torch==2.13.0 for those Pythons is only PyPI's CUDA build (a 502 MiB wheel plus GBs of
+nvidia packages); the one CPU wheel on this machine is cp311.
+
+Needs the package index (pip installs grpcio, protobuf, numpy, tqdm into each venv, ~20 s each)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -109,7 +116,7 @@ import actstore, actstore.client
 from actstore.client import Client
 
 address, model_path, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-report = {"file": actstore.__file__, "version": actstore.__version__,
+report = {"file": actstore.__file__, "version": actstore.__version__, "python": "%d.%d" % sys.version_info[:2],
           "installed": {d.metadata["Name"].lower(): d.version for d in md.distributions()},
           "findable": [m for m in HEAVY if importlib.util.find_spec(m) is not None]}
 with Client(address) as client:
@@ -135,12 +142,36 @@ def stored_run(module_client, tiny_models) -> str:
     return module_client.capture("tiny-bert", "texts", pooling="mean").run_key
 
 
-@pytest.mark.parametrize("versions", ["newest", "floors"])
-def test_client_only_install_talks_to_a_running_server(versions, dists, tmp_path, module_server, module_client,
-                                                       tiny_models, stored_run):
+OTHER_PYTHONS = ("3.12", "3.13")
+
+
+def _interpreter(version: str) -> str:
+    """The python<version> to make a venv with: from ACTSTORE_TEST_PYTHONS (required there), else
+    found on PATH or under pyenv, else the test is skipped."""
+    listed = os.environ.get("ACTSTORE_TEST_PYTHONS")
+    if listed:
+        ask = "import sys; print(*sys.version_info[:2], sep='.')"
+        found = [p for p in listed.split()
+                 if subprocess.run([p, "-c", ask], capture_output=True, text=True).stdout.strip() == version]
+        assert found, f"ACTSTORE_TEST_PYTHONS ({listed}) has no Python {version}"
+        return found[0]
+    candidates = [shutil.which(f"python{version}")]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "import venv"], capture_output=True, check=False).returncode == 0:
+            return str(candidate)
+    pytest.skip(f"no Python {version} here (set ACTSTORE_TEST_PYTHONS, as .ci/run does)")
+
+
+@pytest.mark.parametrize("versions,python_version", [("newest", None), ("floors", None)]
+                         + [("newest", v) for v in OTHER_PYTHONS])
+def test_client_only_install_talks_to_a_running_server(versions, python_version, dists, tmp_path, module_server,
+                                                       module_client, tiny_models, stored_run):
     venv = tmp_path / "venv"
+    interpreter = _interpreter(python_version) if python_version else sys.executable
     # a bare venv, filled by this environment's pip (`pip --python`): no system site-packages
-    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
+    _run([interpreter, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
     python = venv / "bin" / "python"
     constraints = []
     if versions == "floors":
@@ -155,6 +186,7 @@ def test_client_only_install_talks_to_a_running_server(versions, dists, tmp_path
     assert report["run"] == stored_run  # the same model and texts, registered over the wire: the same run
 
     assert Path(report["file"]).is_relative_to(venv), report["file"]  # the installed package, not the checkout
+    assert report["python"] == (python_version or f"{sys.version_info[0]}.{sys.version_info[1]}")
     assert report["version"] == PROJECT["version"]
     installed = report["installed"]
     assert not [name for name in HEAVY if name in installed], f"a client-only install brought {installed}"
