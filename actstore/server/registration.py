@@ -15,7 +15,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.config import Settings
-from actstore.errors import ActStoreError, AlreadyExists, InvalidArgument, NotFound
+from actstore.errors import ActStoreError, AlreadyExists, InvalidArgument, NotFound, Unavailable
 from actstore.modeling.sources import BUILTIN_MODELS
 from actstore.options import DATASETS, resolve
 from actstore.server.dispatch import get_or_raise
@@ -144,6 +144,21 @@ class Registrar:
         record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
         self.catalog.add_model(record)
         self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
+        return self.catalog.model(record.digest)
+
+    def register_stored_model(self, key: str, name: str, lineage: dict) -> ModelRecord:
+        """Register the model folder `key` of the store's files area (a training checkpoint that a
+        task on any node uploaded) under `name`. With an object store a task on any node loads
+        it from the store; a local store's folder is registered as a folder of the server's disk."""
+        if not self.store.is_url:
+            return self.register_model(path=self.store.files.ref(key), name=name, lineage=lineage)
+        task = ray.remote(num_cpus=1)(register_model).remote(key, self.store, True)
+        registered = get_or_raise(task, lambda cause: Unavailable(
+            f"the stored model {key} in {self.store.root} could not be registered: {cause}; submitting the "
+            "training again registers it (its checkpoints stay in the store)"))
+        record = replace(registered, lineage={**registered.lineage, **lineage})
+        self.catalog.add_model(record)
+        self.catalog.set_model_alias(name, record.digest)
         return self.catalog.model(record.digest)
 
     def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:

@@ -1,11 +1,12 @@
-"""Training jobs: one Ray task trains (a whole GPU, or every CPU), while the job registers each
-checkpoint as a model the moment it appears, so a killed job keeps its checkpoints."""
+"""Training jobs: one Ray task trains (a whole GPU, or every CPU of one node) on whichever node Ray
+picks, putting its checkpoints into the store's files area (`actstore.training.stored`), while the
+job registers each checkpoint from the store as a model the moment it appears, so a killed job
+keeps its checkpoints."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import ray
 
@@ -17,9 +18,9 @@ from actstore.server.registration import Registrar
 from actstore.store.catalog import ModelRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import sha256_hex
-from actstore.training import RECIPES, list_checkpoints
+from actstore.training import RECIPES, stored
 from actstore.workers import cluster
-from actstore.workers.train_task import read_progress, run_training
+from actstore.workers.train_task import run_training
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,13 @@ class TrainingJobs:
         return replace(state.snapshot, joined=joined)
 
     def _train(self, job: JobState, spec: dict, key: str) -> None:
-        out_dir = self.store.path / "training" / key[:16]
-        out_dir.mkdir(parents=True, exist_ok=True)
+        prefix = stored.run_prefix(key)  # checkpoints: the store's files area, whichever node trains
         gpus = cluster.cluster_gpus()
-        resources = {"num_gpus": 1} if gpus else {"num_cpus": cluster.cluster_cpus()}
+        cpus = cluster.largest_node_cpus()  # one task runs on one node: never more CPUs than a node has
+        resources = {"num_gpus": 1} if gpus else {"num_cpus": cpus}
         task = ray.remote(max_retries=0, **resources)(run_training).remote(
             spec["recipe"], spec["method"], spec["seed"], spec["steps"], spec["smoke"], spec["alternating"],
-            spec["weights"], str(out_dir), None if gpus else cluster.cluster_cpus(), spec.get("beta"))
+            spec["weights"], self.store, prefix, None if gpus else cpus, spec.get("beta"))
         registered: set[str] = set()
         name = trained_model_name(spec["recipe"], spec["method"], spec["seed"], spec["smoke"], spec["steps"],
                                   spec["alternating"], spec["weights"], spec.get("beta"))
@@ -75,25 +76,24 @@ class TrainingJobs:
             if job.cancel_requested.is_set():
                 ray.cancel(task, force=True)
                 raise Cancelled(f"training {name} cancelled; its checkpoints are kept: submit it again to resume")
-            self._register_new(out_dir, name, registered)
-            progress = read_progress(out_dir)
+            self._register_new(prefix, name, registered)
+            progress = stored.read_progress(self.store.files, prefix)
             if progress:
                 job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
             if ready:
                 break
         get_or_raise(task, lambda cause: Unavailable(f"training {name} failed: {cause}; the checkpoints so far "
-                                                     "are kept"), bugs_internal=True)
-        self._register_new(out_dir, name, registered)
+                                                     "are kept: submit it again to resume"), bugs_internal=True)
+        self._register_new(prefix, name, registered)
 
-    def _register_new(self, out_dir: Path, name: str, registered: set[str]) -> None:
-        for checkpoint in list_checkpoints(out_dir):
-            if checkpoint.name not in registered:
+    def _register_new(self, prefix: str, name: str, registered: set[str]) -> None:
+        for checkpoint in stored.stored_checkpoints(self.store, prefix):
+            if checkpoint not in registered:
                 self._register_checkpoint(checkpoint, name)
-                registered.add(checkpoint.name)
+                registered.add(checkpoint)
 
-    def _register_checkpoint(self, checkpoint: Path, name: str) -> ModelRecord:
-        lineage = json.loads((checkpoint / "lineage.json").read_text())
-        record = self.registrar.register_model(path=str(checkpoint), name=f"{name}@step{lineage['step']}",
-                                               lineage=lineage)
+    def _register_checkpoint(self, checkpoint: str, name: str) -> ModelRecord:
+        lineage = json.loads(self.store.files.read(checkpoint, stored.LINEAGE_FILE))
+        record = self.registrar.register_stored_model(checkpoint, f"{name}@step{lineage['step']}", lineage)
         self.registrar.catalog.set_model_alias(name, record.digest)  # the name alone follows the newest
         return record

@@ -1,5 +1,6 @@
 """Folders of files that live in the store beside the arrays: registered models
-(``models/<digest>``) and datasets (``datasets/<digest>``), which every worker node reads.
+(``models/<digest>``), datasets (``datasets/<digest>``) and training checkpoints
+(``training/<run>/step-<k>``, see ``actstore.training.stored``), which every worker node reads.
 
 A folder is written whole or not at all: on local disk through ``atomic_directory``; on an object
 store by uploading every file and then a ``.complete`` marker, which readers require. A worker
@@ -10,6 +11,7 @@ per node into a cache directory (models are loaded from files by torch and HF).
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
-from actstore.store.atomic import atomic_directory
+from actstore.store.atomic import atomic_directory, atomic_write_bytes
 
 COMPLETE_MARKER = ".complete"
 RECORD_FILE = "record.json"  # a registered model's catalog record, kept in its folder
@@ -51,6 +53,15 @@ class StoreFiles(ABC):
     def read(self, key: str, name: str) -> bytes | None:
         """One file of folder ``key``, or None if it has none by that name."""
 
+    @abstractmethod
+    def write(self, key: str, name: str, data: bytes) -> None:
+        """Replace one small file of folder ``key`` whole (a status file: readers see the old or
+        the new bytes); it does not make the folder complete."""
+
+    @abstractmethod
+    def remove(self, key: str) -> None:
+        """Remove folder ``key``: incomplete first (its marker goes before its files), then gone."""
+
 
 class LocalFiles(StoreFiles):
     def __init__(self, root: Path) -> None:
@@ -80,6 +91,12 @@ class LocalFiles(StoreFiles):
     def read(self, key: str, name: str) -> bytes | None:
         path = self.root / key / name
         return path.read_bytes() if path.is_file() else None
+
+    def write(self, key: str, name: str, data: bytes) -> None:
+        atomic_write_bytes(self.root / key / name, data)
+
+    def remove(self, key: str) -> None:
+        shutil.rmtree(self.root / key, ignore_errors=True)
 
 
 class ObjectFiles(StoreFiles):
@@ -171,6 +188,28 @@ class ObjectFiles(StoreFiles):
             return bytes(obstore.get(self._store(), f"{key}/{name}").bytes())
         except FileNotFoundError:
             return None
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
+
+    def write(self, key: str, name: str, data: bytes) -> None:
+        import obstore
+
+        try:
+            obstore.put(self._store(), f"{key}/{name}", data)  # an object is replaced whole
+        except Exception as exc:
+            raise objects.failure(exc, self.url) from None
+
+    def remove(self, key: str) -> None:
+        import obstore
+
+        store = self._store()
+        try:
+            obstore.delete(store, f"{key}/{COMPLETE_MARKER}")  # first: readers no longer take it
+            names = [meta["path"] for batch in obstore.list(store, prefix=f"{key}/") for meta in batch]
+            if names:
+                obstore.delete(store, names)
+        except FileNotFoundError:
+            pass
         except Exception as exc:
             raise objects.failure(exc, self.url) from None
 

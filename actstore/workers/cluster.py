@@ -59,6 +59,12 @@ def cluster_cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
+def largest_node_cpus() -> int:
+    """The CPUs of the alive node that has the most: what one task can hold (``cluster_cpus`` is
+    every node's together, which no task on a cluster of several nodes can get)."""
+    return max((cpus for _, cpus in cpu_nodes()), default=1)
+
+
 def cpu_nodes() -> list[tuple[str, int]]:
     """(node id, CPUs) of every alive node that has CPUs, the head's first."""
     here = ray.get_runtime_context().get_node_id()

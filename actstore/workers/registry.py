@@ -63,10 +63,16 @@ def load_lens_head(model_path: str | Path) -> LensHead | None:
     return LensHead(**fields)
 
 
-def register_model(source: str, store: StoreHandle) -> ModelRecord:
-    """Load the model at `source` (a folder or a builtin name), store it under its digest with its
-    lens head, and return its catalog record (lineage: the source) for the caller to add."""
-    path = resolve_model_source(source, store.cache_dir / "builtin-models")
+def register_model(source: str, store: StoreHandle, stored: bool = False) -> ModelRecord:
+    """Load the model at `source` (a folder or a builtin name; with `stored`, the key of a folder
+    in the store's files area, such as a training checkpoint, read on whichever node this runs),
+    store it under its digest with its lens head, and return its catalog record (lineage: the
+    source) for the caller to add."""
+    if stored:
+        path = store.local(store.files.ref(source))
+        source = f"{store.root.rstrip('/')}/{source}" if store.is_url else str(path)
+    else:
+        path = resolve_model_source(source, store.cache_dir / "builtin-models")
     adapter = ModelAdapter.load(path, device="cpu")
     head = adapter.lens_head()
     description = {"digest": adapter.digest, "kind": adapter.kind, "arch": adapter.arch,

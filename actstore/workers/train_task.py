@@ -1,48 +1,53 @@
-"""Training as a Ray task: `actstore.training.train` with its progress written to a file that the
-job manager follows (a Ray task has no channel back to the job but the shared store)."""
+"""Training as a Ray task on any node: `actstore.training.train`, with its checkpoints and its
+progress put into the store's files area (`actstore.training.stored`), which the job follows (a Ray
+task has no channel back to the job but the shared store)."""
 
 from __future__ import annotations
 
-import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from actstore.store.atomic import atomic_write_text
+from actstore.store.handle import StoreHandle
+from actstore.training import stored
 from actstore.training.loop import train
 from actstore.training.recipes import get_recipe
 
-PROGRESS_FILE = "progress.json"
-
-
-def progress_path(out_dir: str | Path) -> Path:
-    return Path(out_dir) / PROGRESS_FILE
-
-
-def read_progress(out_dir: str | Path) -> dict | None:
-    try:
-        return json.loads(progress_path(out_dir).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
 
 def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: bool, alternating: bool,
-                 weights: str, out_dir: str, num_threads: int | None = None, beta: float | None = None) -> dict:
+                 weights: str, store: StoreHandle, prefix: str, num_threads: int | None = None,
+                 beta: float | None = None, stop_at: int | None = None) -> dict:
+    """Train the run whose files-area folder is `prefix` (`stored.run_prefix`), resuming from its
+    newest stored checkpoint. A local store is trained in place; with an object store the task
+    trains in a scratch folder on this node and uploads each checkpoint as it is written.
+    `stop_at` ends after that step, checkpointed, as if the task were stopped there."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    path = progress_path(out_dir)
+    files = store.files
+    scratch = None if not store.is_url else stored.scratch_folder(prefix)
     written = [0.0]
 
     def progress(step: int, total: int, metrics: dict) -> None:
+        if scratch is not None and "checkpoint" in metrics:
+            stored.upload(files, prefix, Path(metrics["checkpoint"]))
         now = time.monotonic()
         if now - written[0] < 0.5 and step != total and "checkpoint" not in metrics:
             return
         written[0] = now
-        record = {"step": step, "total": total, "loss": float(metrics.get("loss", float("nan")))}
-        atomic_write_text(path, json.dumps(record))
+        stored.write_progress(files, prefix, {"step": step, "total": total,
+                                              "loss": float(metrics.get("loss", float("nan")))})
 
-    result = train(get_recipe(recipe, smoke=smoke), method, seed, steps, out_dir=out_dir, progress=progress,
-                   alternating=alternating, weights=weights, beta=beta)
-    return {"step": result.step, "total": result.total_steps, "checkpoint": str(result.checkpoint),
-            "metrics": result.metrics}
+    try:
+        if scratch is not None:
+            stored.restore(files, prefix, scratch)
+        out_dir = store.path / prefix if scratch is None else scratch
+        result = train(get_recipe(recipe, smoke=smoke), method, seed, steps, out_dir=out_dir, progress=progress,
+                       alternating=alternating, weights=weights, beta=beta, stop_at=stop_at)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    checkpoint = (None if result.checkpoint is None else str(result.checkpoint) if scratch is None
+                  else f"{prefix}/{result.checkpoint.name}")
+    return {"step": result.step, "total": result.total_steps, "checkpoint": checkpoint, "metrics": result.metrics}
