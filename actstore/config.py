@@ -52,6 +52,10 @@ class Settings(BaseSettings):
                                           "passes can be bound by the one Python thread launching their kernels, "
                                           "not by the GPU; more than 1 only for a model that fits that many times")
     actor_idle_seconds: float = Field(120.0, gt=0, description="release a warm model replica after this idle time")
+    warm_models: list[str] = Field(default_factory=list, description="models (names or digests) whose capture "
+                                   "replicas start with the server and stay warm however long they idle (they "
+                                   "still give up a GPU that a capture of another model needs); JSON list in "
+                                   "ACTSTORE_WARM_MODELS")
     replica_start_seconds: float = Field(300.0, gt=0, description="a capture fails (UNAVAILABLE) when its model "
                                          "replicas have not started in this time: no GPU came free, or the model "
                                          "loads slower")

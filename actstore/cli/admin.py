@@ -21,6 +21,8 @@ def cmd_serve(args) -> int:
                                    }.items() if v is not None}
     if args.auth:
         overrides["auth"] = True
+    if args.warm_model:
+        overrides["warm_models"] = args.warm_model
     overrides.update({k: Path(v) for k, v in {"tls_cert": args.tls_cert, "tls_key": args.tls_key}.items() if v})
     server = start_server(Settings(**overrides))
     print(f"actstore serving on {server.address} (store {server.service.settings.store_root}); Ctrl-C stops",
@@ -92,6 +94,9 @@ def add_commands(command) -> None:
     p.add_argument("--port", type=int, help="port (default 50151; 0 picks one)")
     p.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--auth", action="store_true", help="require tokens (make them with `actstore token create`)")
+    p.add_argument("--warm-model", action="append", metavar="MODEL",
+                   help="start this registered model's capture replicas with the server and keep them warm "
+                        "(repeat for more; env ACTSTORE_WARM_MODELS as a JSON list)")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (env ACTSTORE_TLS_CERT)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert (env ACTSTORE_TLS_KEY)")
     add_option(p, SERVE, "metric_device")

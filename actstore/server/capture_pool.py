@@ -69,6 +69,7 @@ class _Replicas:
     gpus: float  # the GPUs they hold together (0 on a CPU cluster)
     group: PlacementGroup | None  # the bundles the CPU replicas are placed in (None on a GPU cluster)
     busy: int = 0
+    pinned: bool = False  # a model of `warm_models`: never released for idling
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -87,6 +88,7 @@ class CapturePool:
         self.idle_seconds = settings.actor_idle_seconds
         self._lock = threading.Lock()
         self._pool: dict[str, _Replicas] = {}
+        self._warm: set[str] = set()  # models whose replicas stay however long they idle
         self._stop = threading.Event()
         self._layouts_lock = threading.Lock()
         self._layouts = None  # the `TokenLayouts` actor, once started
@@ -120,12 +122,20 @@ class CapturePool:
                 if gpus:
                     self._await_gpu_replicas(digest, actors)
                 entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors], gpus,
-                                                       group)
+                                                       group, pinned=digest in self._warm)
                 lost = [False] * len(actors)
             entry.busy += 1
             # in use by another job, the lost ones stay until it ends (its retries go around them)
             live = [actor for actor, gone in zip(entry.actors, lost) if not gone] or list(entry.actors)
             return live, self.tasks_per_replica(on_gpu=bool(entry.gpus))
+
+    def warm(self, digest: str, model_path: str) -> None:
+        """Start the model's replicas now and keep them however long they idle (`warm_models`);
+        replicas started afresh later (lost ones) are kept too."""
+        with self._lock:
+            self._warm.add(digest)
+        self.acquire(digest, model_path)
+        self.release(digest)
 
     def _lost(self, digest: str, entry: _Replicas) -> list[bool]:
         """Which replicas are lost: dead (their name is free again), or placed on a node that is no
@@ -287,7 +297,9 @@ class CapturePool:
         """Kill the idle replicas (but those of model `keep`) unused for `older_than` seconds; the
         GPUs they held."""
         now = time.monotonic()
-        idle = [d for d, e in self._pool.items() if d != keep and e.busy == 0 and now - e.last_used >= older_than]
+        # kept warm ones go only when a capture of another model needs their GPUs (older_than 0)
+        idle = [d for d, e in self._pool.items() if d != keep and e.busy == 0 and now - e.last_used >= older_than
+                and not (e.pinned and older_than > 0)]
         released = sum(self._pool[digest].gpus for digest in idle)
         for digest in idle:
             self._kill(digest)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.config import Settings
-from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument
 from actstore.options import GC, duration_seconds, resolve
 from actstore.server import auth, cka_job
 from actstore.server.backup_schedule import BackupSchedule
@@ -99,6 +100,21 @@ class ActStoreService:
             self.resume_interrupted()
         self.backups = BackupSchedule(self.catalog, self.settings.catalog_backup_seconds,
                                       self.settings.catalog_backups_kept)
+        if self.settings.warm_models:
+            threading.Thread(target=self._warm_models, name="warm-models", daemon=True).start()
+
+    def _warm_models(self) -> None:
+        """Start the replicas of `warm_models` (in the background: a server answers while they load)."""
+        for name in self.settings.warm_models:
+            try:
+                model = self.catalog.model(name)
+                started = time.perf_counter()
+                self.capture_pool.warm(model.digest, model.path)
+                log.info("capture replicas of model %s (%s) warm in %.1f s", name, model.digest[:12],
+                         time.perf_counter() - started)
+            except ActStoreError as exc:
+                log.warning("ACTSTORE_WARM_MODELS: model %r is not warmed: %s (register it, or drop it from the "
+                            "setting)", name, exc)
 
     def close(self) -> None:
         self.jobs.shutdown()
