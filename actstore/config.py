@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     # the CAPTURE table leaves max_len's default to this setting; its minimum is the table's
     default_max_len: int = Field(128, ge=CAPTURE.max_len.minimum, description="token limit for text captures")
     compressor: Literal["lz4", "zstd"] = "lz4"
+    compress_min_saving: float = Field(0.10, ge=0, lt=1, description="a new run's activations are compressed "
+                                       "only where the model's committed runs of that dtype (else any model's) "
+                                       "saved at least this share of their bytes, or none is stored yet; 0: always")
     capture_actors: int = Field(1, ge=1, description="model replicas on a CPU-only cluster")
     capture_concurrent_shards: int = Field(2, ge=1, le=8, description="capture tasks a model replica works on at "
                                            "once on a CPU-only cluster, each writing its shards while the others "

@@ -19,11 +19,10 @@ from actstore.server import cka_job
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import QueryParts
+from actstore.server.runs import ITEMSIZE, stored_ratio
 from actstore.server.tiling import row_itemsize
 from actstore.store.catalog import Catalog, RunRecord
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-SIMILAR_RUNS = 5  # committed runs the compression is measured on
 RECENT_JOBS = 20  # finished capture jobs the rate is taken from
 
 
@@ -75,7 +74,7 @@ class CostPlanner:
                   for key in target.keys]
         rows = self._rows(model.digest, model.path, dataset, options)
         shard_rows = self.captures.settings.shard_rows
-        per_run = rows * (model.num_layers + 1) * model.hidden_size * _ITEMSIZE[options["dtype"]]
+        per_run = rows * (model.num_layers + 1) * model.hidden_size * ITEMSIZE[options["dtype"]]
         raw = per_run * sum(not s for s in stored)
         ratio, ratio_basis = self._compression(model.digest, options["dtype"])
         seconds, seconds_basis = self._seconds(model.digest, rows, any(not s for s in stored))
@@ -98,17 +97,11 @@ class CostPlanner:
 
     def _compression(self, model_digest: str, dtype: str) -> tuple[float, str]:
         """Stored / raw bytes of up to SIMILAR_RUNS committed runs of this dtype, the model's own first."""
-        similar = [r for r in self.catalog.runs(status="committed") if r.dtype == dtype]
-        similar.sort(key=lambda r: r.model_digest != model_digest)
-        stored = raw = 0
-        for run in similar[:SIMILAR_RUNS]:
-            stored += self.arrays.nbytes_stored(run.run_key)
-            raw += run.rows * (run.num_layers + 1) * run.width * _ITEMSIZE[dtype]
-        if not raw:
-            return 1.0, f"dtype only ({_ITEMSIZE[dtype]} bytes per value, no committed {dtype} run to measure)"
-        mine = sum(r.model_digest == model_digest for r in similar[:SIMILAR_RUNS])
-        return stored / raw, (f"measured on {min(len(similar), SIMILAR_RUNS)} committed {dtype} run(s), "
-                              f"{mine} of this model")
+        measured = stored_ratio(self.catalog, self.arrays, model_digest, dtype)
+        if measured is None:
+            return 1.0, f"dtype only ({ITEMSIZE[dtype]} bytes per value, no committed {dtype} run to measure)"
+        ratio, runs, mine = measured
+        return ratio, f"measured on {runs} committed {dtype} run(s), {mine} of this model"
 
     def _seconds(self, model_digest: str, rows: int, anything: bool) -> tuple[float, str]:
         """Rows / (rows per second of this model's recent finished captures, submit to done)."""
@@ -139,7 +132,7 @@ class CostPlanner:
         groups = parts.executor.row_groups(rows, parts.executor.parts * cka_job.GROUPS_PER_TASK_SLOT)
         gram = cka_job.gram_plan(parts, blocks, rows)
         if gram is not None:  # the sample-space tiles of `gram_matrix`: each Gram entry once
-            data = sum(rows * run.width * _ITEMSIZE[run.dtype] for run, _ in blocks)
+            data = sum(rows * run.width * ITEMSIZE[run.dtype] for run, _ in blocks)
             flops = 2 * sim.cka_mode_costs([run.width for run, _ in blocks], rows)["gram"]
             return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, "gram", len(gram.tiles),
                                  len(groups) + len(gram.tiles), gram.memory_bytes, parts.sizing.limit, float(flops),
@@ -149,7 +142,7 @@ class CostPlanner:
         widths = [[blocks[i][0].width for i in tile] for tile in tiles]
         memory = max(parts.sizing.nbytes(w, mode, rows, itemsize) for w in widths)
         flops = sum(2 * sim.cka_mode_costs(w, rows)[mode] for w in widths)
-        read = sum(rows * blocks[i][0].width * _ITEMSIZE[blocks[i][0].dtype] for tile in tiles for i in tile)
+        read = sum(rows * blocks[i][0].width * ITEMSIZE[blocks[i][0].dtype] for tile in tiles for i in tile)
         return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, mode, len(tiles),
                              len(tiles) * len(groups), memory, parts.sizing.limit, float(flops), read,
                              self.catalog.result_record(key) is not None)

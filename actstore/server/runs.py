@@ -18,6 +18,24 @@ from actstore.metrics import similarity as sim
 from actstore.store.array_store import ArrayStore
 from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
 
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes of one stored value
+SIMILAR_RUNS = 5  # committed runs the compression is measured on
+
+
+def stored_ratio(catalog: Catalog, arrays: ArrayStore, model_digest: str, dtype: str) -> tuple[float, int, int] | None:
+    """Stored / raw bytes of the activations of up to SIMILAR_RUNS committed runs of `dtype`, the
+    model's own first: (ratio, runs measured, of them the model's own); None where there is none."""
+    similar = [r for r in catalog.runs(status="committed") if r.dtype == dtype]
+    similar.sort(key=lambda r: r.model_digest != model_digest)
+    stored = raw = 0
+    for run in similar[:SIMILAR_RUNS]:
+        stored += arrays.nbytes_stored(run.run_key)
+        raw += run.rows * (run.num_layers + 1) * run.width * ITEMSIZE[dtype]
+    if not raw:
+        return None
+    measured = similar[:SIMILAR_RUNS]
+    return stored / raw, len(measured), sum(r.model_digest == model_digest for r in measured)
+
 
 def byte_size(n: int) -> str:
     """`12.5 KiB`, `3.20 GiB`: a size a person reads at a glance."""

@@ -113,7 +113,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                 raise
             raise damaged(run_key, name, why_failed(exc), shard=shard) from None
 
-    def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None) -> None:
+    def create_run(self, run_key, layout, sample_ids, labels, offsets, spec=None, compress=True) -> None:
         self._forget(run_key)
         if self._exists(f"runs/{run_key}/zarr.json"):
             try:
@@ -123,9 +123,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                 pass
             self.delete_run(run_key)
         with self._reported():
-            self._create(run_key, layout, sample_ids, labels, offsets, spec)
+            self._create(run_key, layout, sample_ids, labels, offsets, spec, compress)
 
-    def _create(self, run_key, layout, sample_ids, labels, offsets, spec) -> None:
+    def _create(self, run_key, layout, sample_ids, labels, offsets, spec, compress) -> None:
         group = zarr.open_group(store=self._zarr, path=f"runs/{run_key}", mode="w")
         dtype = np.dtype(_ZARR_DTYPE[layout.dtype])
         group.create_array(
@@ -134,7 +134,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
             chunks=(layout.shard_rows, 1, layout.width),
             shards=(layout.shard_rows, layout.num_states, layout.width),
             dtype=dtype,
-            compressors=self._codecs(dtype.itemsize),
+            compressors=self._codecs(dtype.itemsize) if compress else [Crc32cCodec()],
             fill_value=0,
             attributes=describe(layout),
         )
