@@ -27,7 +27,7 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from actstore.errors import DataLoss, FailedPrecondition
-from actstore.store.event_loop import sync
+from actstore.event_loop import sync
 
 # what zarr and its codecs raise for bytes that fail their crc32c or do not decode
 _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOFError)

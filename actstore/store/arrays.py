@@ -34,6 +34,7 @@ from zarr.errors import NodeNotFoundError
 from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
+from actstore.event_loop import sync
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.codecs import ChunkCodec
@@ -46,7 +47,6 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
-from actstore.store.event_loop import sync
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 

@@ -34,8 +34,8 @@ from zarr.buffer import default_buffer_prototype
 from zarr.buffer.cpu import Buffer
 from zarr.storage import LocalStore
 
+from actstore.event_loop import sync
 from actstore.store import objects
-from actstore.store.event_loop import sync
 
 
 def write_file(path: Path, data) -> None:

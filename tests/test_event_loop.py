@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from zarr.storage import LocalStore
 
-from actstore.store.event_loop import sync
+from actstore.event_loop import sync
 
 
 async def _answer(value):
