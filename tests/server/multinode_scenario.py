@@ -87,6 +87,23 @@ def _remove_when(cluster, node, ready) -> threading.Thread:
     return thread
 
 
+def cluster_and_server(store: str, server_dir: str):
+    """A Ray cluster of three one-CPU nodes on loopback (its worker nodes), and an actstore server on
+    it whose tasks reach every node."""
+    from ray.cluster_utils import Cluster
+
+    from actstore.config import Settings
+    from actstore.server.app import start_server
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
+    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
+    cluster.wait_for_nodes()
+    server = start_server(Settings(store=store, server_dir=server_dir, ray_address=cluster.address, port=0,
+                                   shard_rows=8, capture_batch_size=8, resume_on_start=False))
+    _until_tasks_reach_every_node()
+    return cluster, workers, server
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
@@ -98,22 +115,13 @@ def main() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    from ray.cluster_utils import Cluster
-
     from actstore.client import Client
-    from actstore.config import Settings
-    from actstore.server.app import start_server
     from tests.factories import sentences
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
-    workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
-    cluster.wait_for_nodes()
+    cluster, workers, server = cluster_and_server(args.store, args.server_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     facts: dict = {}
-    server = start_server(Settings(store=args.store, server_dir=args.server_dir, ray_address=cluster.address, port=0,
-                                   shard_rows=8, capture_batch_size=8, resume_on_start=False))
-    _until_tasks_reach_every_node()
     try:
         with Client(f"127.0.0.1:{server.port}") as client:
             client.register_model(args.model, name="bert")

@@ -42,26 +42,17 @@ def main() -> None:
     args = parser.parse_args()
 
     import obstore
-    from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from actstore.client import Client
-    from actstore.config import Settings
-    from actstore.server.app import start_server
     from actstore.store import objects
     from actstore.training import get_recipe
-    from tests.server.multinode_scenario import _nodes_of, _until_tasks_reach_every_node
+    from tests.server.multinode_scenario import _nodes_of, cluster_and_server
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-    cluster.wait_for_nodes()
+    cluster, _, server = cluster_and_server(args.store, args.server_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     facts: dict = {}
-    server = start_server(Settings(store=args.store, server_dir=args.server_dir, ray_address=cluster.address, port=0,
-                                   shard_rows=8, capture_batch_size=8, resume_on_start=False))
-    _until_tasks_reach_every_node()
     head = ray.get_runtime_context().get_node_id()
     facts["head"] = head
     try:
