@@ -13,7 +13,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from actstore.config import Settings
-from actstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from actstore.metrics import similarity as sim
 from actstore.store.array_store import ArrayStore
 from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
@@ -28,12 +28,18 @@ def stored_ratio(catalog: Catalog, arrays: ArrayStore, model_digest: str, dtype:
     similar = [r for r in catalog.runs(status="committed") if r.dtype == dtype]
     similar.sort(key=lambda r: r.model_digest != model_digest)
     stored = raw = 0
-    for run in similar[:SIMILAR_RUNS]:
-        stored += arrays.nbytes_stored(run.run_key)
+    measured: list[RunRecord] = []
+    for run in similar:
+        if len(measured) == SIMILAR_RUNS:
+            break
+        try:
+            stored += arrays.nbytes_stored(run.run_key)
+        except (DataLoss, NotFound):  # a damaged or vanished run says nothing of the others: `verify` reports it
+            continue
         raw += run.rows * (run.num_layers + 1) * run.width * ITEMSIZE[dtype]
+        measured.append(run)
     if not raw:
         return None
-    measured = similar[:SIMILAR_RUNS]
     return stored / raw, len(measured), sum(r.model_digest == model_digest for r in measured)
 
 
