@@ -3,7 +3,7 @@ SHELL := bash
 PYTHON ?= python
 export PYTHON
 
-.PHONY: setup demo test test-all bench gpu-check protos wheelhouse
+.PHONY: setup demo test test-all test-floors bench gpu-check protos wheelhouse
 
 setup:
 	bash scripts/setup.sh
@@ -18,6 +18,11 @@ test: setup
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''
+
+# actstore[server] installed in a fresh venv at every direct dependency's declared floor, then a
+# server, a capture, a CKA and a verify from that venv (tests/test_floors.py; slow, 3.5-5 min)
+test-floors: setup
+	$(PYTHON) -m pytest -q -m slow tests/test_floors.py
 
 bench: setup
 	@set -e; found=0; \
