@@ -3,6 +3,9 @@
 talk to a real server started here. Twice: with the newest versions the base requirements allow,
 and with each pinned to its declared floor (so the floors are tested, not just written down).
 
+`pip install 'actstore[readers]'` is installed fresh too: a run as a lazy xarray read straight from
+the store's Zarr arrays, SQL as a pandas DataFrame, without torch, Ray or DuckDB.
+
 The newest versions are also installed on Python 3.12 and 3.13 (issue 26 item 2), with the same
 client smoke against this Python's server. Those interpreters are found as ACTSTORE_TEST_PYTHONS
 lists them (paths, space-separated: .ci/run sets it, and a missing one then fails), otherwise on
@@ -205,3 +208,38 @@ def test_client_only_install_talks_to_a_running_server(versions, python_version,
     actstore = venv / "bin" / "actstore"
     assert _run([actstore, "--version"], cwd=tmp_path) == f"actstore {PROJECT['version']}\n"
     assert report["run"][:8] in _run([actstore, "--address", address, "runs"], cwd=tmp_path)
+
+
+# Run in the fresh [readers] venv: a run as a lazy xarray straight from the store's Zarr arrays, and
+# SQL as a DataFrame, with the readers' packages and without the server's.
+READERS_SCRIPT = r"""
+import importlib.metadata as md, json, sys
+from actstore.client import Client
+
+address, run = sys.argv[1], sys.argv[2]
+with Client(address) as client:
+    view = client.to_xarray(run)
+    frame = client.sql("SELECT run_key, n FROM runs").to_pandas()
+print(json.dumps({"dims": list(view.dims), "shape": list(view.shape), "layer2": view.sel(layer=2).values.tolist(),
+                  "frame": frame.to_dict("list"), "type": type(view).__module__ + "." + type(view).__name__,
+                  "installed": sorted(d.metadata["Name"].lower() for d in md.distributions())}))
+"""
+
+
+def test_readers_install_reads_a_run_as_xarray_and_sql_as_pandas(dists, tmp_path, module_server, module_client,
+                                                                   stored_run):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check",
+          f"{dists['wheel']}[readers]"], cwd=tmp_path, timeout=600)
+    report = json.loads(_run([python, "-c", READERS_SCRIPT, f"127.0.0.1:{module_server.port}", stored_run],
+                             cwd=tmp_path))
+    assert report["type"] == "xarray.core.dataarray.DataArray" and report["dims"] == ["sample", "layer", "feature"]
+    expected = module_client.read_activations(stored_run, 2)[0]
+    assert report["shape"][0] == expected.shape[0] and report["shape"][2] == expected.shape[1]
+    np.testing.assert_array_equal(np.array(report["layer2"], dtype=expected.dtype), expected)
+    assert stored_run in report["frame"]["run_key"]
+    installed = set(report["installed"])
+    assert {"xarray", "zarr", "pandas"} <= installed
+    assert not installed & {"torch", "ray", "duckdb", "transformers"}, installed
