@@ -3,7 +3,7 @@ client's xarray view) call it from synchronous code. One loop per process runs o
 ``sync`` hands it a coroutine and waits for the result, from any thread, also one that runs an
 event loop of its own (a notebook's, a Ray async actor's), where ``asyncio.run`` would refuse.
 
-zarr-python keeps such a loop too (zarr.core.sync, not public); its stores' coroutines need no
+zarr-python keeps such a loop too (in a module of its own that is not public); its stores' coroutines need no
 particular loop: LocalStore hands each call to a worker thread, ObjectStore's obstore calls run
 on obstore's own runtime and resolve on whichever loop awaits them.
 """

@@ -77,3 +77,18 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 12)))) for _ in range(n)]
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The files a fresh clone of this checkout has (git's tracked files and those it would track),
+    copied to `dest`, so that a build runs outside the tree."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (repo / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).write_bytes((repo / name).read_bytes())
+    return dest

@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.factories import save_tiny_model, sentences
+from tests.factories import copy_checkout, save_tiny_model, sentences
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -82,12 +82,7 @@ def _wheel(root: Path) -> Path:
     """actstore's wheel, built (without isolation: this environment's setuptools) from a copy of
     the files a fresh clone has."""
     src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            (src / name).write_bytes((REPO / name).read_bytes())
+    copy_checkout(src)
     _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", root / "dist", src], cwd=root)
     [wheel] = (root / "dist").glob("*.whl")
     return wheel

@@ -32,7 +32,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.factories import sentences
+from tests.factories import copy_checkout, sentences
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -61,12 +61,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
     has: git's tracked files plus those it would track, copied out so nothing is built in the tree."""
     root = tmp_path_factory.mktemp("build")
     src = root / "src"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (REPO / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            (src / name).write_bytes((REPO / name).read_bytes())
+    copy_checkout(src)
     # --no-isolation: the build backend is this environment's setuptools (build checks that it
     # satisfies [build-system] requires), so no index is needed for the build itself
     _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", root / "dist", src], cwd=root)
