@@ -11,7 +11,7 @@ path after the forward, a task at a time, with the store's own functions:
     statistics (`LayerStats`), the shard's encoding (Blosc lz4 + bitshuffle, crc32c, the shard
     index and trailer: `store.codecs`) and the store's PUT (`ZarrArrayStore.write_shard`), with the
     shard's token ids (int64, as a text capture writes them)
-  * `Catalog.record_shard` of the task's chunk rows, once per task, as the capture job records them
+  * `Catalog.chunks.insert` of the task's chunk rows, once per task, as the capture job records them
 
 The floor, measured by the same writers on the same bytes in the same run, in turns with the
 store: each shard's bytes copied into a reused buffer, crc32c of them, written to the same place
@@ -159,7 +159,7 @@ class Writer:
         rows, run_key, dtype = job["shard_rows"], job["run_key"], job["dtype"]
         bounds = [(lo, lo + rows) for lo in range(0, job["task_rows"], rows)]
         prepare = self.stages.wrap("prepare", prepare_shards)
-        record = self.stages.wrap("catalog", catalog.record_shard)
+        record = self.stages.wrap("catalog", catalog.chunks.insert)
         buffer = np.empty((host.shape[0], rows, host.shape[2]), host.dtype)
         copy = self.stages.wrap("copy", np.copyto)
         checksum = self.stages.wrap("crc32c", crc32c.crc32c)
@@ -212,7 +212,7 @@ class Writer:
         if not np.array_equal(back, values[:, :rows].to(torch.float32).numpy()):
             raise AssertionError(f"shard {first} does not read back as written")
         written = set(range(first, first + job["tasks"] * len(range(0, job["task_rows"], rows))))
-        missing = written - catalog.recorded_shards(job["run_key"], states - 1)
+        missing = written - catalog.chunks.recorded_shards(job["run_key"], states - 1)
         if missing:
             raise AssertionError(f"shards {sorted(missing)} have no catalog rows")
         return f"shard {first} reads back equal; {len(written)} shards recorded"

@@ -5,7 +5,7 @@ Data: synthetic runs (`benchlib.write_synthetic_runs`), because capturing 100k r
 about an hour on 2 cores. They are written straight into the embedded server's store through its
 in-process service: a RunLayout and a RunRecord (placeholder model and dataset records), every
 shard through `service.arrays.write_shard` (float16 values, float64 layer sums) with its chunk
-metadata through `service.catalog.record_shard`, then `catalog.commit_run`, as a capture job does.
+metadata through `service.catalog.chunks.insert`, then `catalog.runs.commit`, as a capture job does.
 The data is residual-stream-like: layer l+1 = layer l + noise, a few large-mean outlier
 dimensions. Only the writing bypasses the API: the timed query goes through the public client
 (gRPC), `client.cka(run, refresh=True)`: Ray map tasks over the stored chunks (float64 streaming

@@ -5,7 +5,7 @@ sample ids and one dataset record, so the service accepts them as comparable; ea
 mixing matrix and outlier dimensions, layer l+1 = layer l + noise). They are written straight into
 the embedded server's store through its in-process service (RunLayout and RunRecord with
 placeholder model and dataset records, `service.arrays.write_shard` + chunk metadata through
-`service.catalog.record_shard` per shard, `catalog.commit_run`), because capturing real models
+`service.catalog.chunks.insert` per shard, `catalog.runs.commit`), because capturing real models
 would dominate the run. Every timed call goes through the public client (gRPC).
 
   * job: `client.cka_matrix(runs, refresh=True)`: one job (submit, watch its progress stream,

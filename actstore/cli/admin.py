@@ -52,8 +52,8 @@ def cmd_token(args) -> int:
     settings = Settings(**({"store": args.store} if args.store else {}))
     catalog = Catalog(settings.catalog_path)
     try:
-        return _token_action(args, lambda name, role: create_token(catalog, name, role), catalog.principals,
-                             catalog.revoke_principal)
+        return _token_action(args, lambda name, role: create_token(catalog, name, role), catalog.principals.all,
+                             catalog.principals.revoke)
     finally:
         catalog.close()
 

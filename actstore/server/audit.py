@@ -39,7 +39,7 @@ class AuditLog:
         if status == REFUSED:
             self._refused(method, _source(peer() or "unknown"))
         elif method in AUDITED:
-            self.catalog.audit(principal, method, str(request).replace("\n", " ")[:200], status)
+            self.catalog.audit.record(principal, method, str(request).replace("\n", " ")[:200], status)
 
     def _refused(self, method: str, source: str) -> None:
         now = time.monotonic()
@@ -53,7 +53,7 @@ class AuditLog:
             if len(self._open) > MAX_SOURCES:
                 closed += self._take_closed(now)
         self._write(closed)
-        self.catalog.audit(None, method, f"unauthenticated call from {source}; more in the next "
+        self.catalog.audit.record(None, method, f"unauthenticated call from {source}; more in the next "
                            f"{self.window:g} s are counted in one row", REFUSED)
 
     def _take_closed(self, now: float) -> list[tuple[str, tuple[float, int, str]]]:
@@ -65,7 +65,7 @@ class AuditLog:
     def _write(self, closed) -> None:
         for source, (_, repeats, method) in closed:
             if repeats:
-                self.catalog.audit(None, method, f"{repeats} more unauthenticated calls from {source} within "
+                self.catalog.audit.record(None, method, f"{repeats} more unauthenticated calls from {source} within "
                                    f"{self.window:g} s (the last to {method})", REFUSED)
 
     def flush(self) -> None:

@@ -46,7 +46,7 @@ def create_token(catalog: Catalog, name: str, role: str) -> str:
     if role not in ROLES:
         raise InvalidArgument(f"role {role!r} is not one of {', '.join(ROLES)}")
     token = "ast_" + secrets.token_urlsafe(32)
-    catalog.add_principal(name, role, hash_token(token))
+    catalog.principals.add(name, role, hash_token(token))
     return token
 
 
@@ -56,7 +56,7 @@ def authenticate(catalog: Catalog, metadata: dict[str, str]) -> tuple[str, str]:
     if not header.startswith("Bearer "):
         raise Unauthenticated("this server requires a token: pass --token (or ACTSTORE_TOKEN), "
                               "made by an admin with `actstore token create`")
-    principal = catalog.principal(hash_token(header.removeprefix("Bearer ").strip()))
+    principal = catalog.principals.by_token_hash(hash_token(header.removeprefix("Bearer ").strip()))
     if principal is None:
         raise Unauthenticated("unknown or revoked token (check --token / ACTSTORE_TOKEN; an admin makes "
                               "one with `actstore token create`)")

@@ -94,8 +94,8 @@ class CaptureJobs:
 
     def target(self, request: CaptureRequest) -> CaptureTarget:
         """Check a request (InvalidArgument / NotFound) and name the run of each of its sites."""
-        model = self.catalog.model(request.model)
-        dataset = self.catalog.dataset(request.dataset)
+        model = self.catalog.models.get(request.model)
+        dataset = self.catalog.datasets.get(request.dataset)
         options = self._spec(request, model, dataset)
         sites = self._sites(request.sites, model)
         specs = [run_spec(**options, site=site.site, modules=site.pattern) for site in sites]
@@ -109,7 +109,7 @@ class CaptureJobs:
                        "dtype": options["dtype"], "max_len": options["max_len"], "sites": target.sites,
                        "run_keys": keys}
         todo = [(key, spec) for key, spec in zip(keys, specs)
-                if (found := self.catalog.find_run(key)) is None or found.status != "committed"]
+                if (found := self.catalog.runs.find(key)) is None or found.status != "committed"]
         if not todo:
             return self.jobs.record_finished("capture", keys[0], job_request, principal=principal)
         for key, _ in todo:  # outside `submissions`: other requests go on meanwhile
@@ -132,12 +132,13 @@ class CaptureJobs:
 
     def resume(self, job: JobRecord) -> bool:
         """Continue an unfinished capture job of an earlier server; False if nothing is left."""
-        runs = [self.catalog.find_run(key) for key in job.request.get("run_keys") or [job.target]]
+        runs = [self.catalog.runs.find(key) for key in job.request.get("run_keys") or [job.target]]
         left = [run for run in runs if run is not None and run.status != "committed"]
         if not left:
-            self.catalog.update_job(job.job_id, status="done" if all(runs) else "failed")
+            self.catalog.jobs.update(job.job_id, status="done" if all(runs) else "failed")
             return False
-        model, dataset = self.catalog.model(left[0].model_digest), self.catalog.dataset(left[0].dataset_digest)
+        model = self.catalog.models.get(left[0].model_digest)
+        dataset = self.catalog.datasets.get(left[0].dataset_digest)
         offsets: dict = {}
         opened = [self._open(run.run_key, run.spec, model, dataset, offsets) for run in left]
         self.jobs.start("capture", left[0].run_key, job.request, lambda state: self._capture(state, opened),
@@ -186,7 +187,7 @@ class CaptureJobs:
             layout = self.arrays.layout(key)
         except NotFound:
             layout = self._create_arrays(key, spec, model, dataset, offsets)
-        record, recorded = self.catalog.open_run(RunRecord(
+        record, recorded = self.catalog.runs.open(RunRecord(
             run_key=key, model_digest=model.digest, dataset_digest=dataset.digest, pooling=layout.pooling,
             dtype=layout.dtype, max_len=spec["max_len"], n=layout.n, rows=layout.rows,
             num_layers=model.num_layers, width=model.hidden_size, num_shards=layout.num_shards,
@@ -323,7 +324,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
             f"{failure} ({which} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
             f"submit the {what} again to resume"), bugs_internal=bugs_internal)
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
-            catalog.record_shard(pa.table({column: [cell for rows in tables for cell in rows[column]]
+            catalog.chunks.insert(pa.table({column: [cell for rows in tables for cell in rows[column]]
                                            for column in tables[0]}))
         done += len(shards)
         job.progress(done, layout.num_shards, "shards")
@@ -335,7 +336,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         # the runs say so (not `running` forever)
         if not isinstance(exc, Cancelled):
             for record in records:
-                catalog.set_run_status(record.run_key, "failed")
+                catalog.runs.set_status(record.run_key, "failed")
         raise
 
 
@@ -344,5 +345,5 @@ def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
     never claims more."""
     arrays.write_means(record.run_key)
     arrays.write_layer_stats(record.run_key)
-    catalog.commit_run(record)
+    catalog.runs.commit(record)
     arrays.mark_committed(record.run_key)

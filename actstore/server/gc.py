@@ -84,7 +84,7 @@ class GarbageCollector:
 
     # ---- cached results --------------------------------------------------------------------------
     def _results(self, older_than: float, max_bytes: int | None) -> list[tuple[Garbage, Callable[[], bool]]]:
-        rows = self.catalog.cached_results()
+        rows = self.catalog.results.cached()
         remaining = sum(nbytes for _, _, nbytes, _ in rows)
         found = []
         for key, metric, nbytes, age in rows:  # oldest first
@@ -99,7 +99,7 @@ class GarbageCollector:
         return found
 
     def _remove_result(self, key: str) -> bool:
-        self.catalog.delete_results([key])
+        self.catalog.results.delete([key])
         return True
 
     # ---- matrix-job partials ---------------------------------------------------------------------
@@ -110,9 +110,9 @@ class GarbageCollector:
             if not folder.is_dir() or self.jobs.live_for(folder.name) is not None:
                 continue
             nbytes, age = _folder_size_and_age(folder)
-            job = self.catalog.latest_job(folder.name)
+            job = self.catalog.jobs.latest(folder.name)
             runs = job.request.get("runs", []) if job else []
-            deleted = [r for r in runs if self.catalog.find_run(r) is None]
+            deleted = [r for r in runs if self.catalog.runs.find(r) is None]
             if deleted:
                 reason = f"matrix-job partials of deleted run(s) {', '.join(r[:12] for r in deleted)}"
             elif age < older_than:
@@ -136,7 +136,7 @@ class GarbageCollector:
     # ---- run folders -----------------------------------------------------------------------------
     def _runs(self, older_than: float, report: GcReport) -> list[tuple[Garbage, Callable[[], bool]]]:
         found = []
-        known = {r.run_key for r in self.catalog.runs()}
+        known = {r.run_key for r in self.catalog.runs.all()}
         for key in self.arrays.group_keys():
             if key in known or self.jobs.live_for(key) is not None:
                 continue
@@ -147,7 +147,7 @@ class GarbageCollector:
             found.append((Garbage("orphaned-run", key, self.arrays.group_nbytes(key),
                                   "run folder with no catalog row (left by a deletion)"),
                           lambda k=key: self._remove_run(k, None)))
-        for key in self.catalog.failed_runs(older_than):
+        for key in self.catalog.runs.failed_keys(older_than):
             if self.jobs.live_for(key) is None:
                 found.append((Garbage("failed-run", key, self.arrays.group_nbytes(key),
                                       f"failed run, created over {_age_text(older_than)} ago"),
@@ -158,10 +158,10 @@ class GarbageCollector:
         """Delete a run's folder (and its catalog rows) if it is still what it was when listed;
         under the submission lock, so no capture is creating it meanwhile."""
         with self.submissions:
-            record = self.catalog.find_run(key)
+            record = self.catalog.runs.find(key)
             if self.jobs.live_for(key) is not None or (record.status if record else None) != status:
                 return False
             if record is not None:
-                self.catalog.delete_run(key)
+                self.catalog.runs.delete(key)
             self.arrays.delete_run(key)
         return True

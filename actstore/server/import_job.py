@@ -63,8 +63,8 @@ class ImportJobs:
     def submit(self, request: ImportRequest, principal: str | None = None) -> JobSnapshot:
         if not request.path:
             raise InvalidArgument("give the path of the activations on the server (a folder or file; docs/import.md)")
-        model = self.catalog.model(request.model)
-        dataset = self.catalog.dataset(request.dataset)
+        model = self.catalog.models.get(request.model)
+        dataset = self.catalog.datasets.get(request.dataset)
         fmt = from_wire(IMPORTS, "format", request.format)
         pooling = from_wire(IMPORTS, "pooling", request.pooling) or ("last" if model.kind == "causal-lm" else "cls")
         dtype = from_wire(IMPORTS, "dtype", request.dtype)
@@ -96,7 +96,7 @@ class ImportJobs:
         key = run_key(spec)
         job_request = {"path": request.path, "model": model.digest, "dataset": dataset.digest,
                        "format": summary.format, "pooling": pooling, "dtype": spec["dtype"]}
-        existing = self.catalog.find_run(key)
+        existing = self.catalog.runs.find(key)
         if existing is not None and existing.status == "committed":
             return self.jobs.record_finished("import", key, job_request, principal=principal)
         plan_path = str(server_path(request.path, "activations").resolve())
@@ -119,7 +119,7 @@ class ImportJobs:
                            dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
         data = ds.load_dataset(self.store.local(dataset.path))
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
-        record, recorded = self.catalog.open_run(RunRecord(
+        record, recorded = self.catalog.runs.open(RunRecord(
             run_key=key, model_digest=spec["model"], dataset_digest=spec["dataset"], pooling=layout.pooling,
             dtype=layout.dtype, max_len=spec["max_len"], n=layout.n, rows=layout.rows,
             num_layers=layout.num_states - 1, width=layout.width, num_shards=layout.num_shards, status="running",

@@ -115,7 +115,7 @@ class _ProgressRecorder:
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
         if total != self._total or now - self._written_at >= self.seconds:
-            self.catalog.update_job(self.job_id, done=done, total=total)
+            self.catalog.jobs.update(self.job_id, done=done, total=total)
             self._written_at, self._total = now, total
 
 
@@ -188,7 +188,7 @@ class JobManager:
                 )
             job_id = job_id or uuid.uuid4().hex[:16]
             # a resumed job starts from the progress its last server recorded
-            record = self.catalog.job(job_id) if resumed else None
+            record = self.catalog.jobs.get(job_id) if resumed else None
             done, total = (record.done or 0, record.total or 0) if record else (0, 0)
             state = JobState(JobSnapshot(job_id=job_id, kind=kind, target=target, status="queued", done=done,
                                          total=total, principal=principal, **_runs(request)),
@@ -197,9 +197,9 @@ class JobManager:
             for each in (target, *also):
                 self._by_target[each] = job_id
         if resumed:
-            self.catalog.update_job(job_id, status="queued")
+            self.catalog.jobs.update(job_id, status="queued")
         else:
-            self.catalog.add_job(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
+            self.catalog.jobs.add(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
         thread = threading.Thread(target=self._run, args=(state, work), name=f"job-{job_id}", daemon=True)
         with self._lock:
             self._threads.add(thread)
@@ -210,14 +210,14 @@ class JobManager:
                         cache_hit: bool = True) -> JobSnapshot:
         """A job that had nothing to do (a cache hit): recorded so it can be watched like any other."""
         job_id = uuid.uuid4().hex[:16]
-        self.catalog.add_job(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
+        self.catalog.jobs.add(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
         return JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1,
                            unit="run", cache_hit=cache_hit, message="served from the store", principal=principal,
                            **_runs(request))
 
     def _run(self, state: JobState, work: Work) -> None:
         job_id = state.snapshot.job_id
-        self.catalog.update_job(job_id, status="running")
+        self.catalog.jobs.update(job_id, status="running")
         state.publish(status="running")
         try:
             work(state)
@@ -235,7 +235,7 @@ class JobManager:
 
     def _finish(self, state: JobState, **changes) -> None:
         snap = state.snapshot
-        self.catalog.update_job(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
+        self.catalog.jobs.update(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
                                 total=snap.total, error=changes.get("error") or None)
         with self._lock:
             for target in [t for t, job in self._by_target.items() if job == snap.job_id]:
@@ -261,7 +261,7 @@ class JobManager:
         state = self._state(job_id)
         if state is not None:
             return state.snapshot
-        record = self.catalog.job(job_id)
+        record = self.catalog.jobs.get(job_id)
         status = record.status if record.status in TERMINAL else "interrupted"  # its server died
         return JobSnapshot(job_id=record.job_id, kind=record.kind, target=record.target, status=status,
                            done=record.done, total=record.total, error=record.error or "",
@@ -275,7 +275,7 @@ class JobManager:
         yield from state.follow()
 
     def list(self, status: str | None = None) -> list[JobSnapshot]:
-        return [self.snapshot(r.job_id) for r in self.catalog.jobs(status or None)]
+        return [self.snapshot(r.job_id) for r in self.catalog.jobs.all(status or None)]
 
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._lock:

@@ -70,7 +70,7 @@ class CostPlanner:
     def capture(self, request: CaptureRequest) -> CapturePlan:
         target = self.captures.target(request)
         model, dataset, options = target.model, target.dataset, target.options
-        stored = [(found := self.catalog.find_run(key)) is not None and found.status == "committed"
+        stored = [(found := self.catalog.runs.find(key)) is not None and found.status == "committed"
                   for key in target.keys]
         rows = self._rows(model.digest, model.path, dataset, options)
         shard_rows = self.captures.settings.shard_rows
@@ -88,7 +88,7 @@ class CostPlanner:
     def _rows(self, model_digest: str, model_path: str, dataset, options: dict) -> int:
         if options["pooling"] != "tokens":
             return dataset.n
-        for run in self.catalog.runs(model_digest, dataset.digest):  # any site's run counted them already
+        for run in self.catalog.runs.all(model_digest, dataset.digest):  # any site's run counted them already
             if run.pooling == "tokens" and run.max_len == options["max_len"]:
                 return run.rows
         task = self.captures.pool.token_rows(model_path, dataset.path, options["max_len"], spans=False)
@@ -108,7 +108,7 @@ class CostPlanner:
         if not anything:
             return 0.0, "every run is stored: nothing to compute"
         done_rows = seconds = jobs = 0
-        for request, took in self.catalog.finished_captures(RECENT_JOBS):
+        for request, took in self.catalog.jobs.finished_captures(RECENT_JOBS):
             if request.get("model") != model_digest:
                 continue
             run = self._first_run(request)
@@ -121,7 +121,7 @@ class CostPlanner:
 
     def _first_run(self, request: dict) -> RunRecord | None:
         keys = request.get("run_keys") or []
-        return self.catalog.find_run(keys[0]) if keys else None
+        return self.catalog.runs.find(keys[0]) if keys else None
 
     def cka_matrix(self, runs: list[str]) -> CkaMatrixPlan:
         parts = self.parts
@@ -136,7 +136,7 @@ class CostPlanner:
             flops = 2 * sim.cka_mode_costs([run.width for run, _ in blocks], rows)["gram"]
             return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, "gram", len(gram.tiles),
                                  len(groups) + len(gram.tiles), gram.memory_bytes, parts.sizing.limit, float(flops),
-                                 data * (len(gram.panels) + 1), self.catalog.result_record(key) is not None)
+                                 data * (len(gram.panels) + 1), self.catalog.results.get_record(key) is not None)
         mode = parts.sizing.mode([run.width for run, _ in blocks], rows, itemsize)
         tiles = cka_job.tile_groups(parts, blocks, mode, rows)
         widths = [[blocks[i][0].width for i in tile] for tile in tiles]
@@ -145,4 +145,4 @@ class CostPlanner:
         read = sum(rows * blocks[i][0].width * ITEMSIZE[blocks[i][0].dtype] for tile in tiles for i in tile)
         return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, mode, len(tiles),
                              len(tiles) * len(groups), memory, parts.sizing.limit, float(flops), read,
-                             self.catalog.result_record(key) is not None)
+                             self.catalog.results.get_record(key) is not None)

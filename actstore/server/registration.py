@@ -122,7 +122,7 @@ class Registrar:
             if builtin not in BUILTIN_MODELS:
                 raise NotFound(f"no builtin model {builtin!r}; the builtins are {', '.join(BUILTIN_MODELS)}")
             try:  # registered before: the alias is the cache (SmolLM2 takes ~20 s to dequantise)
-                held = self.catalog.model(name or builtin)
+                held = self.catalog.models.get(name or builtin)
             except NotFound:
                 held = None
             if held is not None and held.lineage.get("source") == builtin:
@@ -142,9 +142,9 @@ class Registrar:
 
         registered = self.from_server_path(path, "model", load) if path else load()
         record = replace(registered, lineage={**registered.lineage, **(lineage or {})})
-        self.catalog.add_model(record)
-        self.catalog.set_model_alias(name or builtin or Path(path).name, record.digest)
-        return self.catalog.model(record.digest)
+        self.catalog.models.add(record)
+        self.catalog.models.set_alias(name or builtin or Path(path).name, record.digest)
+        return self.catalog.models.get(record.digest)
 
     def register_stored_model(self, key: str, name: str, lineage: dict) -> ModelRecord:
         """Register the model folder `key` of the store's files area (a training checkpoint that a
@@ -157,9 +157,9 @@ class Registrar:
             f"the stored model {key} in {self.store.root} could not be registered: {cause}; submitting the "
             "training again registers it (its checkpoints stay in the store)"))
         record = replace(registered, lineage={**registered.lineage, **lineage})
-        self.catalog.add_model(record)
-        self.catalog.set_model_alias(name, record.digest)
-        return self.catalog.model(record.digest)
+        self.catalog.models.add(record)
+        self.catalog.models.set_alias(name, record.digest)
+        return self.catalog.models.get(record.digest)
 
     def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
         chosen = [s for s in (source.path, source.builtin, source.texts) if s is not None and s != ""]
@@ -193,16 +193,16 @@ class Registrar:
             (int(data.labels.max()) + 1 if data.labels is not None else 0),
             has_groups=data.groups is not None, path=ref, source=data.source,
         )
-        self.catalog.add_dataset(record)
-        self.catalog.set_dataset_alias(alias, digest)
-        return self.catalog.dataset(digest)
+        self.catalog.datasets.add(record)
+        self.catalog.datasets.set_alias(alias, digest)
+        return self.catalog.datasets.get(digest)
 
     def _check_dataset_alias(self, alias: str, digest: str, n: int) -> None:
         """A name that already names another dataset is not moved: in a shared store, everyone's
         `--dataset NAME` would silently mean other samples (as a model's alias, `register_model`).
         Registering the same dataset again under its name is a no-op."""
         try:
-            held = self.catalog.dataset(alias)
+            held = self.catalog.datasets.get(alias)
         except NotFound:
             return
         if held.digest != digest:

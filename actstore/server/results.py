@@ -87,7 +87,7 @@ class ResultCache:
                 hit = self._results.get(key)
             if hit is not None:
                 return hit
-            stored = self.catalog.result(key)
+            stored = self.catalog.results.get(key)
             if stored is not None:
                 payload, seconds = stored
                 result = MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True,
@@ -105,12 +105,12 @@ class ResultCache:
     def store(self, result: MetricResult, replace: bool) -> None:
         """Put a freshly computed result into the catalog and the memory cache."""
         p = result.provenance
-        self.catalog.put_result(p.result_key, p.metric, p.definition_version, p.options, p.run_keys,
+        self.catalog.results.put(p.result_key, p.metric, p.definition_version, p.options, p.run_keys,
                                 result.to_bytes(), p.seconds, replace=replace)
         self._remember(p.result_key, _as_cached(result))
 
     def result(self, key: str) -> MetricResult:
-        stored = self.catalog.result_record(key)
+        stored = self.catalog.results.get_record(key)
         if stored is None:
             raise NotFound(f"no stored result {key[:16]}: it is still computing (watch its job) or "
                            "was never asked for")

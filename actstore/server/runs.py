@@ -25,7 +25,7 @@ SIMILAR_RUNS = 5  # committed runs the compression is measured on
 def stored_ratio(catalog: Catalog, arrays: ArrayStore, model_digest: str, dtype: str) -> tuple[float, int, int] | None:
     """Stored / raw bytes of the activations of up to SIMILAR_RUNS committed runs of `dtype`, the
     model's own first: (ratio, runs measured, of them the model's own); None where there is none."""
-    similar = [r for r in catalog.runs(status="committed") if r.dtype == dtype]
+    similar = [r for r in catalog.runs.all(status="committed") if r.dtype == dtype]
     similar.sort(key=lambda r: r.model_digest != model_digest)
     stored = raw = 0
     measured: list[RunRecord] = []
@@ -73,7 +73,7 @@ class RunChecks:
         with self._lock:
             record = self._runs.get(name)
         if record is None:
-            record = self.catalog.committed_run(name)
+            record = self.catalog.runs.get_committed(name)
             with self._lock:
                 self._runs[name] = record
         return record
@@ -125,7 +125,7 @@ class RunChecks:
         with self._lock:
             health = self._health.get(run.run_key)
         if health is None:
-            health = self.catalog.chunk_health(run.run_key, run.num_layers)
+            health = self.catalog.chunks.health(run.run_key, run.num_layers)
             with self._lock:
                 self._health[run.run_key] = health
         for layer in layers:

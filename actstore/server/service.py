@@ -107,7 +107,7 @@ class ActStoreService:
         """Start the replicas of `warm_models` (in the background: a server answers while they load)."""
         for name in self.settings.warm_models:
             try:
-                model = self.catalog.model(name)
+                model = self.catalog.models.get(name)
                 started = time.perf_counter()
                 self.capture_pool.warm(model.digest, model.path)
                 log.info("capture replicas of model %s (%s) warm in %.1f s", name, model.digest[:12],
@@ -127,7 +127,7 @@ class ActStoreService:
         """Restart jobs that a previous server left unfinished: captures compute only their missing
         shards, CKA matrix jobs continue from their stored partial accumulators."""
         resumed = []
-        for job in self.catalog.jobs():
+        for job in self.catalog.jobs.all():
             if job.status in ("done", "failed", "cancelled"):
                 continue
             if job.kind == "cka-matrix":
@@ -150,33 +150,33 @@ class ActStoreService:
         return self.registrar.register_dataset(source, name)
 
     def models(self) -> list[ModelRecord]:
-        return self.catalog.models()
+        return self.catalog.models.all()
 
     def datasets(self) -> list[DatasetRecord]:
-        return self.catalog.datasets()
+        return self.catalog.datasets.all()
 
     def runs(self, model: str = "", dataset: str = "", status: str = "", site: str = "") -> list[RunRecord]:
-        model_digest = self.catalog.model(model).digest if model else None
-        dataset_digest = self.catalog.dataset(dataset).digest if dataset else None
-        runs = self.catalog.runs(model_digest, dataset_digest, status or None)
+        model_digest = self.catalog.models.get(model).digest if model else None
+        dataset_digest = self.catalog.datasets.get(dataset).digest if dataset else None
+        runs = self.catalog.runs.all(model_digest, dataset_digest, status or None)
         return [r for r in runs if site_of(r.spec) == site] if site else runs
 
     def describe_run(self, run: str) -> RunDescription:
-        record = self.catalog.run(run)
-        health = self.catalog.chunk_health(record.run_key, record.num_layers)
+        record = self.catalog.runs.get(run)
+        health = self.catalog.chunks.health(record.run_key, record.num_layers)
         committed = record.status == "committed"
         stored = self.arrays.nbytes_stored(record.run_key) if committed else 0
-        return RunDescription(record, health, stored, self.catalog.model(record.model_digest).aliases,
-                              self.catalog.dataset(record.dataset_digest).aliases,
+        return RunDescription(record, health, stored, self.catalog.models.get(record.model_digest).aliases,
+                              self.catalog.datasets.get(record.dataset_digest).aliases,
                               self.arrays.layer_stats(record.run_key) if committed else None)
 
     def delete_run(self, run: str) -> str:
-        record = self.catalog.run(run)
+        record = self.catalog.runs.get(run)
         live = self.jobs.live_for(record.run_key)
         if live is not None:
             raise FailedPrecondition(f"run {record.run_key[:12]} has a running capture job {live.snapshot.job_id}: "
                                      "cancel it first")
-        self.catalog.delete_run(record.run_key)
+        self.catalog.runs.delete(record.run_key)
         self.arrays.delete_run(record.run_key)
         self.queries.forget()
         return record.run_key
@@ -209,7 +209,7 @@ class ActStoreService:
                           measure: str = "", alpha: float = 1.0) -> JobSnapshot:
         records, key, options = cka_job.plan(self.queries.parts, runs, measure, alpha)
         request = {"runs": [r.run_key for r in records], **({"measure": measure, "alpha": alpha} if measure else {})}
-        if not refresh and self.catalog.result_record(key) is not None:
+        if not refresh and self.catalog.results.get_record(key) is not None:
             return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
         state, joined = self.jobs.start("cka-matrix", key, request,
                                         lambda job: cka_job.run(self.queries.parts, job, records, key, options),
@@ -243,19 +243,19 @@ class ActStoreService:
         return auth.create_token(self.catalog, name, role)
 
     def tokens(self) -> list[tuple[str, str]]:
-        return self.catalog.principals()
+        return self.catalog.principals.all()
 
     def revoke_token(self, name: str) -> None:
         """Revoke on the running server; never its last admin, which would leave nobody able to
         administer it until a restart (offline, `actstore token revoke --store DIR` still can)."""
         with self._tokens_lock:
-            roles = dict(self.catalog.principals())
+            roles = dict(self.catalog.principals.all())
             if roles.get(name) == "admin" and list(roles.values()).count("admin") == 1:
                 raise FailedPrecondition(
                     f"{name!r} holds this server's last admin token, and revoking it would leave nobody able to "
                     "administer the running server: create another admin token first (actstore token create "
                     "--name NAME --role admin), then revoke this one")
-            self.catalog.revoke_principal(name)  # the next call with its token is refused: nothing is cached
+            self.catalog.principals.revoke(name)  # the next call with its token is refused: nothing is cached
 
     # ---- queries: the planners' methods, bound in __init__ -----------------------------------
     def read_activations(self, run: str, layer: int, start: int, stop: int

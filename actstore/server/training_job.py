@@ -95,5 +95,5 @@ class TrainingJobs:
     def _register_checkpoint(self, checkpoint: str, name: str) -> ModelRecord:
         lineage = json.loads(self.store.files.read(checkpoint, stored.LINEAGE_FILE))
         record = self.registrar.register_stored_model(checkpoint, f"{name}@step{lineage['step']}", lineage)
-        self.registrar.catalog.set_model_alias(name, record.digest)  # the name alone follows the newest
+        self.registrar.catalog.models.set_alias(name, record.digest)  # the name alone follows the newest
         return record

@@ -51,7 +51,7 @@ class VerifyJobs:
     def submit(self, runs: list[str], all_runs: bool, repair: bool, principal: str | None = None) -> JobSnapshot:
         if all_runs == bool(runs):
             raise InvalidArgument("name the runs to verify, or ask for all of them (--all), not both")
-        records = self.catalog.runs() if all_runs else [self.catalog.run(run) for run in runs]
+        records = self.catalog.runs.all() if all_runs else [self.catalog.runs.get(run) for run in runs]
         records = list({r.run_key: r for r in records}.values())
         keys = [r.run_key for r in records]
         kind = KINDS[repair]
@@ -67,7 +67,7 @@ class VerifyJobs:
             raise InvalidArgument(f"job {job_id} is a {job.kind} job, not a verify job")
         if not job.finished:
             raise FailedPrecondition(f"verify job {job_id} is still {job.status}: watch it to its end first")
-        stored = self.catalog.result(job.target)
+        stored = self.catalog.results.get(job.target)
         if stored is None:
             raise NotFound(f"verify job {job_id} ended {job.status} without a report ({job.error or 'no error'}): "
                            "submit it again")
@@ -85,7 +85,7 @@ class VerifyJobs:
         job.progress(done, total, "shards")
         parts = max(1, cluster.cluster_cpus() * TASKS_PER_CPU)
         # a token-level run of a text model has a token id for every row
-        ids_expected = {r.run_key: r.pooling == "tokens" and self.catalog.model(r.model_digest).kind != "vision"
+        ids_expected = {r.run_key: r.pooling == "tokens" and self.catalog.models.get(r.model_digest).kind != "vision"
                         for r in records}
         items = [(key, dict(group), ids_expected[key]) for key, plan in plans.items()
                  for group in deal(sorted(plan.items()), parts) if group]
@@ -107,7 +107,7 @@ class VerifyJobs:
         if repair:
             verdicts = [self._repair(r, v) for r, v in zip(records, verdicts)]
         report = {"job_id": job.snapshot.job_id, "repair": repair, "runs": verdicts}
-        self.catalog.put_result(target, KINDS[repair], 1, {"repair": repair}, [r.run_key for r in records],
+        self.catalog.results.put(target, KINDS[repair], 1, {"repair": repair}, [r.run_key for r in records],
                                 json.dumps(report).encode(), time.perf_counter() - started)
 
     def _plan(self, record: RunRecord) -> tuple[list[Finding], dict[int, dict[int, int]]]:
@@ -123,7 +123,7 @@ class VerifyJobs:
         findings = check_run(self.arrays, record.run_key, layout, committed, record.spec)
         if any(f.array in ("group", layout.array_name + METADATA) for f in findings):
             return findings, {}  # the shards cannot be read without the run's or the array's metadata
-        recorded = self.catalog.chunk_checksums(record.run_key)
+        recorded = self.catalog.chunks.checksums(record.run_key)
         plan = {}
         for shard in range(record.num_shards):
             rows = recorded.get(shard, {})
@@ -156,12 +156,12 @@ class VerifyJobs:
             busy = Finding("run", WHOLE, WHOLE, "a capture of the run is running: not repaired; verify it when it ends")
             return {**verdict, "damage": [*verdict["damage"], busy.to_dict()]}
         if any(created_once(d["array"]) for d in verdict["damage"]):
-            self.catalog.delete_run(key)
+            self.catalog.runs.delete(key)
             self.arrays.delete_run(key)
             run_status = "deleted"
         else:
             self.arrays.drop_shards(key, verdict["damaged_shards"])
-            self.catalog.drop_shards(key, verdict["damaged_shards"], "failed")
+            self.catalog.chunks.drop_shards(key, verdict["damaged_shards"], "failed")
             run_status = "failed"
         self.forget()
         return {**verdict, "status": "repaired", "run_status": run_status}

@@ -70,8 +70,8 @@ def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
         except (ValueError, KeyError, OSError, DataLoss) as exc:
             report.skipped.append(f"{key}: unreadable ({exc})")
     arrays = store.open()
-    known_models = {m.digest for m in catalog.models()}
-    known_datasets = {d.digest for d in catalog.datasets()}
+    known_models = {m.digest for m in catalog.models.all()}
+    known_datasets = {d.digest for d in catalog.datasets.all()}
     for run_key in arrays.run_keys():
         try:
             spec = arrays.spec(run_key)
@@ -90,22 +90,22 @@ def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
                            max_len=spec["max_len"], n=layout.n, rows=layout.rows,
                            num_layers=layout.num_states - 1, width=layout.width, num_shards=layout.num_shards,
                            status="running", spec=spec)
-        catalog.open_run(record)
+        catalog.runs.open(record)
         rows, damaged = _readable_chunk_rows(arrays, run_key, layout.num_shards)
         if rows:
-            catalog.record_shard(pa.table(rows))
+            catalog.chunks.insert(pa.table(rows))
             report.chunk_rows += len(rows["shard"])
         report.runs += 1
         committed = arrays.is_committed(run_key)
         if committed:  # every shard was written: one without rows is lost
-            recorded = catalog.recorded_shards(run_key, record.num_layers)
+            recorded = catalog.chunks.recorded_shards(run_key, record.num_layers)
             damaged |= {shard: f"shard {shard} is missing from the store" for shard in range(record.num_shards)
                         if shard not in recorded and shard not in damaged}
         if damaged:
-            catalog.set_run_status(run_key, "failed")
+            catalog.runs.set_status(run_key, "failed")
             report.incomplete.append(_incomplete(record, damaged, committed))
         elif committed:
-            catalog.commit_run(record)  # checks every shard's rows came back
+            catalog.runs.commit(record)  # checks every shard's rows came back
             report.committed_runs += 1
     return report
 
@@ -179,9 +179,9 @@ def _add_model(catalog: Catalog, files, key: str) -> None:
     if lineage_file is not None:
         fields["lineage"] = {**fields["lineage"], **json.loads(lineage_file)}
     record = ModelRecord(**fields, path=files.ref(key))
-    catalog.add_model(record)
+    catalog.models.add(record)
     source = str(record.lineage.get("source", ""))
-    catalog.set_model_alias(Path(source).name or record.digest[:12], record.digest)
+    catalog.models.set_alias(Path(source).name or record.digest[:12], record.digest)
 
 
 def _add_dataset(catalog: Catalog, store: StoreHandle, key: str) -> None:
@@ -194,8 +194,8 @@ def _add_dataset(catalog: Catalog, store: StoreHandle, key: str) -> None:
         (int(np.max(data.labels)) + 1 if data.labels is not None else 0),
         has_groups=data.groups is not None, path=ref, source=data.source,
     )
-    catalog.add_dataset(record)
-    catalog.set_dataset_alias(_default_name(data.source, digest), digest)
+    catalog.datasets.add(record)
+    catalog.datasets.set_alias(_default_name(data.source, digest), digest)
 
 
 def _default_name(source: dict, digest: str) -> str:

@@ -177,7 +177,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     and dataset records (the query path reads only the run record and the arrays); each shard
     goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
     (`actstore.workers.shard_writes.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
-    `service.catalog.record_shard`, then the layer means are written and `catalog.commit_run`
+    `service.catalog.chunks.insert`, then the layer means are written and `catalog.runs.commit`
     checks every shard is recorded and marks the run committed, as a capture job does."""
     import pyarrow as pa
 
@@ -189,14 +189,14 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     service = client._server.service
     shard_rows = service.settings.shard_rows
     dataset_digest = _synthetic_digest("dataset", n=n, seed=seed, latent=latent)
-    service.catalog.add_dataset(DatasetRecord(digest=dataset_digest, kind="text", n=n, num_labels=0,
+    service.catalog.datasets.add(DatasetRecord(digest=dataset_digest, kind="text", n=n, num_labels=0,
                                               has_groups=False, path="", source={"bench-synthetic": n}))
     sample_ids = [f"s{i:07d}" for i in range(n)]
     keys = []
     for m in range(runs):
         started = time.perf_counter()
         model_digest = _synthetic_digest("model", index=m, seed=seed, states=states, width=width)
-        service.catalog.add_model(ModelRecord(digest=model_digest, kind="encoder", arch="bench-synthetic",
+        service.catalog.models.add(ModelRecord(digest=model_digest, kind="encoder", arch="bench-synthetic",
                                               num_layers=states - 1, hidden_size=width, max_positions=None,
                                               path="", has_head=False, lineage={"bench-synthetic": m}))
         spec = run_spec(model_digest=model_digest, dataset_digest=dataset_digest, num_layers=states - 1,
@@ -205,7 +205,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
         layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype="float16", pooling="mean",
                            shard_rows=shard_rows)
         service.arrays.create_run(key, layout, sample_ids, None, None)
-        record, _ = service.catalog.open_run(RunRecord(run_key=key, model_digest=model_digest,
+        record, _ = service.catalog.runs.open(RunRecord(run_key=key, model_digest=model_digest,
                                                        dataset_digest=dataset_digest,
                                           pooling="mean", dtype="float16", max_len=128, n=n, rows=n,
                                           num_layers=states - 1, width=width, num_shards=layout.num_shards,
@@ -233,10 +233,10 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
             for column, cells in chunk_metadata(key, shard, stored).items():
                 pending.setdefault(column, []).extend(cells)
             if shard % 64 == 63 or shard == layout.num_shards - 1:
-                service.catalog.record_shard(pa.table(pending))
+                service.catalog.chunks.insert(pa.table(pending))
                 pending = {}
         service.arrays.write_means(key)
-        service.catalog.commit_run(record)
+        service.catalog.runs.commit(record)
         service.arrays.mark_committed(key)
         keys.append(key)
         if log:

@@ -138,7 +138,7 @@ def main() -> None:
             run = client.describe(capture.target)
             facts["run"] = {"key": run.run_key, "status": run.status, "num_shards": run.num_shards,
                             "recorded_shards": run.recorded_shards, "rows": run.rows}
-            facts["rows_recorded"] = int(server.service.catalog.chunk_rows_total(run.run_key))
+            facts["rows_recorded"] = int(server.service.catalog.chunks.rows_total(run.run_key))
             replicas = _rows_of(cluster.address, "actor", "ShardCapturer")
             facts["capture_nodes"] = sorted({node for _, node in replicas})
             facts["replica_processes"] = len(replicas)  # every replica process started, killed ones too

@@ -51,7 +51,7 @@ def connect(server, token: str | None = None) -> Client:
 
 
 def audit_rows(server) -> list[tuple]:
-    return server.service.catalog._rows("SELECT principal, method, target, status FROM audit ORDER BY ts")
+    return server.service.catalog.rows("SELECT principal, method, target, status FROM audit ORDER BY ts")
 
 
 # ---- authentication -----------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_bad_token_is_unauthenticated(auth_server, tokens):
 def test_revoked_token_stops_working(auth_server, tokens):
     with connect(auth_server, tokens["reader"]) as c:
         assert c.models() == []
-        auth_server.service.catalog.revoke_principal("reader-ann")
+        auth_server.service.catalog.principals.revoke("reader-ann")
         with pytest.raises(Unauthenticated):
             c.models()
 
@@ -111,7 +111,7 @@ def test_reader_may_list_but_not_write(auth_server, tokens):
             assert "writer" in message and method in message and "reader" in message, message
         with pytest.raises(PermissionDenied, match="admin"):
             c.delete_run(UNKNOWN_RUN)
-    assert auth_server.service.catalog.datasets() == []
+    assert auth_server.service.catalog.datasets.all() == []
 
 
 def test_writer_may_register_but_not_delete(auth_server, tokens):
@@ -133,7 +133,7 @@ def test_admin_gets_through_to_delete(auth_server, tokens):
 
 # ---- storage of tokens and the audit trail -------------------------------------------------------
 def test_tokens_are_stored_hashed(auth_server, tokens):
-    rows = auth_server.service.catalog._rows("SELECT token_hash, name, role FROM principals ORDER BY name")
+    rows = auth_server.service.catalog.rows("SELECT token_hash, name, role FROM principals ORDER BY name")
     assert {(name, role) for _, name, role in rows} == {("reader-ann", "reader"), ("writer-ann", "writer"),
                                                         ("admin-ann", "admin")}
     stored = {h: name for h, name, _ in rows}
@@ -201,7 +201,7 @@ def test_token_create_cli_makes_a_working_token(tmp_path, ray_cluster, placement
 
     server = start_server(make_settings(store, auth=True))
     try:
-        rows = server.service.catalog._rows("SELECT token_hash, name, role FROM principals")
+        rows = server.service.catalog.rows("SELECT token_hash, name, role FROM principals")
         assert rows == [(hashlib.sha256(token.encode()).hexdigest(), "cli-walt", "writer")]
         with connect(server, token) as c:
             assert c.register_dataset(texts=["the cat", "a dog"]).n == 2
@@ -346,4 +346,4 @@ def test_only_the_submitter_or_an_admin_cancels_a_job(auth_server, tokens, tiny_
         assert "writer-ann" in message and "writer-bea" in message and "submitter or an admin" in message, message
         assert ann.cancel(job.job_id).job_id == job.job_id
         assert admin.cancel(job.job_id).job_id == job.job_id
-    assert catalog.job(job.job_id).principal == "writer-ann"
+    assert catalog.jobs.get(job.job_id).principal == "writer-ann"

@@ -237,14 +237,14 @@ def test_a_replica_lost_mid_capture_and_between_captures_costs_only_time(tmp_pat
             assert final.status == "done", final.error
             run = other.describe(final.target)
             assert run.recorded_shards == run.num_shards == 30
-            assert running.service.catalog.chunk_rows_total(final.target) == 240  # every row exactly once
+            assert running.service.catalog.chunks.rows_total(final.target) == 240  # every row exactly once
             stored = _read_all(other, final.target, model.num_layers)
             assert stored.dtype == reference.dtype and stored.tobytes() == reference.tobytes()
 
             while lost in ray.util.list_named_actors():  # Ray has it dead: the pool can see it
                 time.sleep(0.1)
             assert other.capture("bert", "big", pooling="mean").run_key
-            actors, _ = pool.acquire(model.digest, running.service.catalog.model("bert").path)
+            actors, _ = pool.acquire(model.digest, running.service.catalog.models.get("bert").path)
             try:
                 assert len(ray.get([actor.node_id.remote() for actor in actors], timeout=60)) == 2
                 before = [spent["tasks"] for spent in ray.get([actor.spent.remote() for actor in actors])]
@@ -343,7 +343,7 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, capture_replicas
         values = np.stack([client.read_activations(run, layer)[0] for layer in range(registered.num_layers + 1)],
                           axis=1)
         np.save(os.path.join(out, pooling + ".npy"), values)
-    actors, per_replica = service.capture_pool.acquire(registered.digest, service.catalog.model("gpt2").path)
+    actors, per_replica = service.capture_pool.acquire(registered.digest, service.catalog.models.get("gpt2").path)
     spent = ray.get([actor.spent.remote() for actor in actors])
     print(json.dumps({"replicas": len(actors), "per_replica": per_replica, "tasks": [s["tasks"] for s in spent]}))
 """
@@ -410,7 +410,7 @@ def test_bad_capture_requests(client, registered, tiny_models):
 
 
 def test_max_len_beyond_the_model_is_refused_up_front(server, client, registered):
-    positions = server.service.catalog.model("gpt2").max_positions
+    positions = server.service.catalog.models.get("gpt2").max_positions
     with pytest.raises(InvalidArgument, match=f"at most {positions}"):
         client.capture("gpt2", "toy", max_len=positions + 1)
     assert client.runs() == []
@@ -419,7 +419,7 @@ def test_max_len_beyond_the_model_is_refused_up_front(server, client, registered
 def test_a_failed_capture_marks_its_run_failed_and_resumes_when_submitted_again(server, client, registered):
     import shutil
 
-    model = server.service.catalog.model("bert")
+    model = server.service.catalog.models.get("bert")
     folder = server.service.store.path / "models" / model.digest
     hidden = folder.with_name("hidden")
     folder.rename(hidden)  # the capture replicas cannot load the model: the job fails

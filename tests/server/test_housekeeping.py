@@ -175,7 +175,7 @@ def test_gc_of_cached_results_by_age_and_by_size_budget(populated):
     server, client, runs = populated
     client.cka(runs[0])
     client.cos(runs[1])
-    results = server.service.catalog.cached_results()  # oldest first
+    results = server.service.catalog.results.cached()  # oldest first
     assert len(results) == 2
     assert client.collect_garbage().items == [], "fresh results are not older than 7d"
 
@@ -191,7 +191,7 @@ def test_gc_of_cached_results_by_age_and_by_size_budget(populated):
     assert client.cos(runs[1]).provenance.cached
 
     removed = client.collect_garbage(older_than="0s", apply=True)
-    assert len(removed.items) == 2 and server.service.catalog.cached_results() == []
+    assert len(removed.items) == 2 and server.service.catalog.results.cached() == []
     assert client.collect_garbage(older_than="0s").items == []
 
 
@@ -201,23 +201,23 @@ def test_gc_of_orphaned_and_failed_runs_never_of_committed_ones(populated):
     keep, orphan = runs
     catalog = server.service.catalog
     # a deletion cut short after the catalog and the commit marker went: the folder is left
-    catalog.delete_run(orphan)
+    catalog.runs.delete(orphan)
     (store / "runs" / orphan / COMMIT_MARKER).unlink()
     dry = client.collect_garbage()
     assert _kinds(dry) == {"orphaned-run": [orphan]} and dry.items[0].bytes > 0
     assert (store / "runs" / orphan).is_dir(), "a dry run deleted a folder"
 
-    catalog.set_run_status(keep, "failed")  # as a capture that failed leaves it
+    catalog.runs.set_status(keep, "failed")  # as a capture that failed leaves it
     assert "failed-run" not in _kinds(client.collect_garbage()), "a fresh failed run is younger than 7d"
     assert _kinds(client.collect_garbage(older_than="0s"))["failed-run"] == [keep]
-    catalog.set_run_status(keep, "committed")
+    catalog.runs.set_status(keep, "committed")
     assert _kinds(client.collect_garbage(older_than="0s")) == {"orphaned-run": [orphan]}
 
     applied = client.collect_garbage(older_than="0s", apply=True)
     assert _kinds(applied) == {"orphaned-run": [orphan]} and not (store / "runs" / orphan).exists()
     assert client.read_activations(keep, 1)[0].shape == (24, 16), "a committed run lost its arrays"
 
-    catalog.set_run_status(keep, "failed")
+    catalog.runs.set_status(keep, "failed")
     applied = client.collect_garbage(older_than="0s", apply=True)
     assert _kinds(applied) == {"failed-run": [keep]}
     assert client.runs() == [] and not (store / "runs" / keep).exists()
@@ -226,7 +226,7 @@ def test_gc_of_orphaned_and_failed_runs_never_of_committed_ones(populated):
 def test_gc_keeps_a_committed_run_that_the_catalog_lost(populated):
     server, client, runs = populated
     store = Path(server.service.settings.store_root)
-    server.service.catalog.delete_run(runs[0])  # as a catalog restored from an older backup lacks it
+    server.service.catalog.runs.delete(runs[0])  # as a catalog restored from an older backup lacks it
     report = client.collect_garbage(older_than="0s", apply=True)
     assert report.items == [] and any(runs[0] in line and "catalog rebuild" in line for line in report.kept)
     assert (store / "runs" / runs[0] / COMMIT_MARKER).exists()
@@ -251,7 +251,7 @@ def test_gc_of_matrix_job_partials(populated):
     assert "done" in next(i for i in dry.items if i.kind == "partials").reason
 
     # an unfinished job of an earlier server: the next start resumes it from its partials
-    server.service.catalog.update_job(job.job_id, status="running")
+    server.service.catalog.jobs.update(job.job_id, status="running")
     assert "partials" not in _kinds(client.collect_garbage(older_than="0s"))
 
     # a live job: never, even when its runs are gone
@@ -279,10 +279,10 @@ def test_gc_cli_is_a_dry_run_unless_apply(populated):
     dry = _cli("gc", "--address", address, "--older-than", "0s")
     assert dry.returncode == 0, dry.stderr
     assert "would remove 1 items" in dry.stdout and "--apply" in dry.stdout and "result" in dry.stdout
-    assert len(server.service.catalog.cached_results()) == 1
+    assert len(server.service.catalog.results.cached()) == 1
     applied = _cli("gc", "--address", address, "--older-than", "0s", "--apply")
     assert applied.returncode == 0 and "removed 1 items" in applied.stdout
-    assert server.service.catalog.cached_results() == []
+    assert server.service.catalog.results.cached() == []
     bad = _cli("gc", "--address", address, "--older-than", "a week")
     assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "7d" in bad.stderr
 
@@ -331,7 +331,7 @@ def test_gc_and_backups_on_an_object_store(s3_bucket, tmp_path, ray_cluster, tin
             keep, orphan = _populate(client, tiny_models)
             made = client.backup_catalog()
             assert Path(made.path).parent == server_dir / "backups", "backups live beside the catalog"
-            server.service.catalog.delete_run(orphan)
+            server.service.catalog.runs.delete(orphan)
             s3.delete_object(Bucket=bucket, Key=f"{prefix}/runs/{orphan}/{COMMIT_MARKER}")
             dry = client.collect_garbage()
             assert _kinds(dry) == {"orphaned-run": [orphan]} and dry.items[0].bytes > 0 and objects(orphan)

@@ -136,14 +136,14 @@ def test_catalog_rebuild_from_the_object_store_alone(s3_service, s3_client, capt
     serving = s3_service[0].service.catalog
     catalog = Catalog(fresh)
     try:
-        run = catalog.committed_run(captured["bert"])
-        health = catalog.chunk_health(run.run_key, run.num_layers)
+        run = catalog.runs.get_committed(captured["bert"])
+        health = catalog.chunks.health(run.run_key, run.num_layers)
         assert (run.n, run.rows, run.num_shards, run.width) == (original.n, original.rows, original.num_shards,
                                                                original.width)
         assert health.recorded_shards == original.num_shards
-        assert {m.aliases[0] for m in catalog.models()} == {"bert", "bert24"}
+        assert {m.aliases[0] for m in catalog.models.all()} == {"bert", "bert24"}
         for key in (captured["bert"], older):  # every chunk row as the capture recorded it
-            assert catalog.committed_run(key) and _chunk_rows(catalog, key) == _chunk_rows(serving, key)
+            assert catalog.runs.get_committed(key) and _chunk_rows(catalog, key) == _chunk_rows(serving, key)
     finally:
         catalog.close()
     again = subprocess.run([sys.executable, "-m", "actstore.cli", "catalog", "rebuild", "--store", s3_module_bucket,

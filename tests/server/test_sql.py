@@ -138,7 +138,7 @@ def test_the_generated_corpus_reads_no_file_hidden_table_or_setting_for_any_role
     secret = tmp_path / "secret.csv"
     secret.write_text(f"a,b\n{SECRET_FILE_TEXT},42\n")
     audited = "audit-row-sentinel-3b8e"
-    server.service.catalog.audit("someone", "Capture", audited, "OK")
+    server.service.catalog.audit.record("someone", "Capture", audited, "OK")
     with server.service.catalog.cursor() as cur:
         database = cur.execute("SELECT current_database()").fetchone()[0]
     corpus = queries(secret, database, ("principals", "audit"))

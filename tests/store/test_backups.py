@@ -38,7 +38,7 @@ def test_backups_are_whole_catalogs_and_only_the_last_k_are_kept(catalog_path):
     catalog = Catalog(catalog_path)
     made = []
     for i in range(5):
-        catalog.add_model(_model(i))
+        catalog.models.add(_model(i))
         made.append(catalog.backup(keep=3))
     catalog.close()
     kept = backups.list_backups(catalog_path)
@@ -55,7 +55,7 @@ def test_a_backup_taken_while_another_thread_writes_is_consistent(catalog_path):
     def write() -> None:
         i = 0
         while not stop.is_set():
-            catalog.add_model(_model(i))
+            catalog.models.add(_model(i))
             i += 1
 
     writer = threading.Thread(target=write)
@@ -73,9 +73,9 @@ def test_a_backup_taken_while_another_thread_writes_is_consistent(catalog_path):
 
 def test_restore_puts_the_latest_backup_back_and_keeps_the_damaged_file(catalog_path):
     catalog = Catalog(catalog_path)
-    catalog.add_model(_model(1))
+    catalog.models.add(_model(1))
     backup = catalog.backup(keep=2)
-    catalog.add_model(_model(2))
+    catalog.models.add(_model(2))
     catalog.close()
     catalog_path.write_bytes(b"\x00damaged" * 4096)
     with pytest.raises(DataLoss) as info:
@@ -88,7 +88,7 @@ def test_restore_puts_the_latest_backup_back_and_keeps_the_damaged_file(catalog_
     assert restored == backup and aside.read_bytes() == b"\x00damaged" * 4096
     assert backup.exists(), "the backup itself stays"
     catalog = Catalog(catalog_path)
-    assert [m.digest for m in catalog.models()] == [_model(1).digest]
+    assert [m.digest for m in catalog.models.all()] == [_model(1).digest]
     catalog.close()
 
 
@@ -103,7 +103,7 @@ def test_the_data_loss_message_says_when_there_is_no_backup(catalog_path):
 
 def test_restore_moves_a_write_ahead_log_aside(catalog_path):
     catalog = Catalog(catalog_path)
-    catalog.add_model(_model(1))
+    catalog.models.add(_model(1))
     catalog.backup(keep=2)
     catalog.close()
     wal = catalog_path.with_name(catalog_path.name + ".wal")
@@ -115,7 +115,7 @@ def test_restore_moves_a_write_ahead_log_aside(catalog_path):
 
 def test_a_damaged_backup_is_refused_and_the_catalog_is_untouched(catalog_path, tmp_path):
     catalog = Catalog(catalog_path)
-    catalog.add_model(_model(1))
+    catalog.models.add(_model(1))
     catalog.close()
     bad = tmp_path / "bad.duckdb"
     bad.write_bytes(b"nope" * 1000)
@@ -149,7 +149,7 @@ def test_the_catalog_stays_locked_after_a_backup(catalog_path):
     """A byte copy would open the file and so drop DuckDB's POSIX lock: a second server could open it."""
     catalog = Catalog(catalog_path)
     try:
-        catalog.add_model(_model(1))
+        catalog.models.add(_model(1))
         catalog.backup(keep=2)
         probe = subprocess.run([sys.executable, "-c", f"import duckdb; duckdb.connect({str(catalog_path)!r})"],
                                capture_output=True, text=True, timeout=60)

@@ -25,8 +25,8 @@ ROLES = {"reader": READABLE_TABLES, "admin": ADMIN_TABLES}
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):
     c = Catalog(tmp_path_factory.mktemp("catalog") / "catalog.duckdb")
-    c.add_principal("someone", "admin", TOKEN_HASH)
-    c.audit("someone", "Capture", AUDITED, "OK")
+    c.principals.add("someone", "admin", TOKEN_HASH)
+    c.audit.record("someone", "Capture", AUDITED, "OK")
     yield c
     c.close()
 
@@ -76,7 +76,7 @@ def test_no_query_of_the_corpus_reads_a_secret_or_changes_the_catalog(catalog, c
             continue
         assert not leaks(repr(answer.rows), secrets_for(role)), (query, answer.rows)
     assert catalog_settings(catalog) == before
-    assert [name for (name, _) in catalog.principals()] == ["someone"]
+    assert [name for (name, _) in catalog.principals.all()] == ["someone"]
     assert len(corpus) > 1000
 
 

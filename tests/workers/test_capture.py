@@ -31,8 +31,9 @@ def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny
     client.register_dataset(texts=sentences(30), name="toy")
     run = client.capture("bert", "toy", pooling=pooling)  # the server's CPU replica: written in the replica
     service = server.service
-    arrays, record = service.arrays, service.catalog.find_run(run.run_key)
-    model, dataset = service.catalog.model(record.model_digest), service.catalog.dataset(record.dataset_digest)
+    arrays, record = service.arrays, service.catalog.runs.find(run.run_key)
+    model = service.catalog.models.get(record.model_digest)
+    dataset = service.catalog.datasets.get(record.dataset_digest)
     layout = arrays.layout(run.run_key)
     copy = "f" * 64
     arrays.create_run(copy, layout, arrays.sample_ids(run.run_key), arrays.labels(run.run_key),

@@ -17,7 +17,7 @@ def test_layout_counts_every_prompts_tokens_and_their_spans(server, client, tiny
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=texts, name="toy")
     catalog = server.service.catalog
-    model, dataset = catalog.model("bert"), catalog.dataset("toy")
+    model, dataset = catalog.models.get("bert"), catalog.datasets.get("toy")
     layouts = TokenLayouts(server.service.store)
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["bert"])
 
@@ -40,9 +40,9 @@ def test_a_model_without_tokenizer_or_a_dataset_of_images_is_refused(server, cli
     catalog = server.service.catalog
     layouts = TokenLayouts(server.service.store)
     with pytest.raises(InvalidArgument, match="needs a text model with a tokenizer"):
-        layouts.rows(catalog.model("vit").path, catalog.dataset("toy").path, 16)
+        layouts.rows(catalog.models.get("vit").path, catalog.datasets.get("toy").path, 16)
     with pytest.raises(InvalidArgument, match="needs a text dataset"):
-        layouts.rows(catalog.model("bert").path, catalog.dataset("pictures").path, 16)
+        layouts.rows(catalog.models.get("bert").path, catalog.datasets.get("pictures").path, 16)
 
 
 def test_a_layout_is_kept_in_the_store_and_read_back_by_model_and_by_tokenizer(server, client, tiny_models,
@@ -53,7 +53,7 @@ def test_a_layout_is_kept_in_the_store_and_read_back_by_model_and_by_tokenizer(s
     client.register_model(save_tiny_model("bert", tmp_path / "bert-other-weights", seed=7), name="bert-other")
     client.register_dataset(texts=sentences(30, seed=3), name="toy")
     catalog, store = server.service.catalog, server.service.store
-    model, other, dataset = catalog.model("bert"), catalog.model("bert-other"), catalog.dataset("toy")
+    model, other, dataset = catalog.models.get("bert"), catalog.models.get("bert-other"), catalog.datasets.get("toy")
     assert model.digest != other.digest
     offsets, spans = TokenLayouts(store).rows(model.path, dataset.path, 64)
     kept_offsets, kept_spans = stored_layout(store.files, model_layout_key(model.path, dataset.path, 64, True))
@@ -72,7 +72,7 @@ def test_a_damaged_stored_layout_is_computed_again(server, client, tiny_models):
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(30, seed=4), name="toy")
     catalog, store = server.service.catalog, server.service.store
-    model, dataset = catalog.model("bert"), catalog.dataset("toy")
+    model, dataset = catalog.models.get("bert"), catalog.datasets.get("toy")
     offsets, spans = TokenLayouts(store).rows(model.path, dataset.path, 32)
     key = model_layout_key(model.path, dataset.path, 32, True)
     stored = store.path / key / LAYOUT_FILE

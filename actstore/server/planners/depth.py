@@ -44,7 +44,7 @@ class DepthPlanner(Planner):
     def lens(self, run: str, epsilon: float = 0.0, taus: list[float] | None = None, heads: str = "",
              refresh: bool = False) -> MetricResult:
         record = self.checks.committed_run(run)
-        model = self.catalog.model(record.model_digest)
+        model = self.catalog.models.get(record.model_digest)
         if not model.has_head:
             raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
                                      "needs a final norm + classifier or unembedding (a *ForCausalLM or "

@@ -172,7 +172,7 @@ class EntropyPlanner(Planner):
                 {"prompts": float(first.count)}, notes)
 
     def _invariance(self, metric: str, run: RunRecord, layers: list[int], options: dict):
-        data = load_dataset(self.executor.store.local(self.catalog.dataset(run.dataset_digest).path))
+        data = load_dataset(self.executor.store.local(self.catalog.datasets.get(run.dataset_digest).path))
         if data.groups is None:
             raise FailedPrecondition(
                 f"{metric} needs augmentation groups: register the dataset with --augment-views 2 (or a "

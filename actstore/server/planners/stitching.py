@@ -23,7 +23,7 @@ class StitchPlanner(Planner):
         checks.check_layers(b, [layer_b], "layer_b")
         if a.pooling != "tokens" or b.pooling != "tokens":
             raise InvalidArgument("stitching feeds every token of A into B: capture both runs with --pooling tokens")
-        model_b = self.catalog.model(b.model_digest)
+        model_b = self.catalog.models.get(b.model_digest)
         if not model_b.has_head:
             raise FailedPrecondition(f"run B's model {model_b.digest[:12]} ({model_b.arch}) has no head: the "
                                      "stitching penalty is B's task loss, which needs a final norm + classifier or "
@@ -42,7 +42,7 @@ class StitchPlanner(Planner):
 
         def compute():
             plan = StitchPlan(self.executor.store, a.run_key, layer_a, b.run_key, layer_b, model_b.path,
-                              self.catalog.dataset(b.dataset_digest).path, b.max_len, test_fraction, seed,
+                              self.catalog.datasets.get(b.dataset_digest).path, b.max_len, test_fraction, seed,
                               tune_steps=tune_steps, tune_lr=tune_lr)
             scalars = get_or_raise(self.executor.device_task(stitch_penalty)(plan),
                                    lambda cause: Unavailable(f"the stitching task failed: {cause}"))

@@ -34,7 +34,7 @@ class TokenUnitsPlanner(Planner):
                                   f"{pooled.run_key[:12]} is pooled '{pooled.pooling}': capture with --pooling tokens")
 
     def texts(self, run: RunRecord) -> list[str]:
-        return list(load_dataset(self.executor.store.local(self.catalog.dataset(run.dataset_digest).path)).texts)
+        return list(load_dataset(self.executor.store.local(self.catalog.datasets.get(run.dataset_digest).path)).texts)
 
     def same_texts(self, a: RunRecord, b: RunRecord) -> list[str]:
         """The texts both runs cover: one dataset, or the same sample ids with the same texts;
