@@ -37,8 +37,8 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "MEASURES", "PROGRESSION", "SERVE",
-    "SIMILARITY", "SQL", "STITCH", "STREAMED_MEASURES", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "PROGRESSION", "SERVE",
+    "SIMILARITY", "SQL", "STITCH", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
     "Option", "Table", "duration_seconds", "from_message", "from_wire", "resolve", "trained_model_name",
 ]
 
@@ -215,17 +215,6 @@ def duration_seconds(text: str) -> float:
 
 
 # ---- the tables ---------------------------------------------------------------------------------
-STREAMED_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclidean",
-                     "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
-                     "svcca-var=0.99-score", "pwcca-score")
-"""Measures from streamed moments (any n; also the cross-model job's `--measure`)."""
-MEASURES = STREAMED_MEASURES + (
-    "rsa-rdm=cosine-compare=pearson", "rsa-rdm=cosine-compare=spearman", "rsa-rdm=euclidean-compare=pearson",
-    "rsa-rdm=euclidean-compare=spearman", "cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score",
-    "cka-kernel=(rbf-sigma={sigma})-hsic=song-score", "mutual_knn-topk={topk}", "cycle_knn-topk={topk}",
-    "cknna-topk={topk}")
-"""Every measure of a MEASURE query, by its nacloos/similarity-repository identifier."""
-
 SIMILARITY = Table(
     "similarity",
     Option("center", str, "global-mean", choices=("global-mean", "none"),
@@ -240,7 +229,8 @@ SIMILARITY = Table(
     Option("word_pool", str, "mean", choices=("mean", "last"),
            help="--align: a word's (span's) vector is the mean of its tokens or its last token"),
     Option("debiased", bool, False, help="show debiased CKA instead of biased (both are computed)"),
-    Option("measure", str, None, choices=MEASURES, help="a similarity-repository identifier (docs/metrics.md)"),
+    Option("measure", str, None, help="a registered measure's similarity-repository identifier (actstore measures "
+           "lists them; the registry, actstore.measures, checks it)"),
     Option("alpha", float, 1.0, minimum=0, maximum=1,
            help="shape metric: partial whitening, 1 = none (Procrustes), 0 = full (CCA-like)"),
     Option("sigma_fraction", float, 1.0, minimum=0, exclusive=True,

@@ -28,6 +28,9 @@ import numpy as np
 from benchlib import cores, embedded, machine, median, write_result, write_synthetic_runs
 
 MAIN_MEASURES = ("procrustes-distance=angular", "cca-squared_score")
+ALL_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclidean",
+                "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
+                "svcca-var=0.99-score", "pwcca-score")  # those the in-memory baseline below computes
 
 
 def one_pass(client, run_a: str, run_b: str, measure: str) -> float:
@@ -44,8 +47,6 @@ def one_pass(client, run_a: str, run_b: str, measure: str) -> float:
 
 
 def main() -> None:
-    from actstore.options import STREAMED_MEASURES
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100_000, help="samples per run (default 100000)")
     parser.add_argument("--states", type=int, default=7, help="L+1 stored states (default 7)")
@@ -58,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.n, args.repeats = 8192, 1
-    measures = STREAMED_MEASURES if args.all else MAIN_MEASURES
+    measures = ALL_MEASURES if args.all else MAIN_MEASURES
     info = machine()
     print(f"streamed measures vs CKA: n={args.n}, L+1={args.states}, d={args.width}, float16, two runs; "
           f"{cores()} cores, load {info['loadavg_start']}", flush=True)

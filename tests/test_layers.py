@@ -3,15 +3,18 @@ statement (module level and inside functions), so the layering cannot rot.
 
 Lowest first; a package may import only the packages listed for it (and itself):
     errors, _proto, event_loop         nothing of ours
+    records                            nothing of ours (the records server and client both describe)
     wire, options                      _proto; errors
+    measures                           errors, options; metrics (the registry, and its measures'
+                                       numerics loaded where they run)
     config                             errors, options (option defaults live in one table)
     metrics                            nothing of ours
-    store                              errors, config, metrics, event_loop
+    store                              errors, config, metrics, event_loop, records
     modeling                           + store
     training                           + modeling
     workers                            + training
     server                             + workers
-    client                             _proto, errors, options, wire, event_loop (importable without
+    client                             _proto, errors, options, wire, event_loop, records, measures (importable without
                                        torch/Ray)
     report                             nothing of ours (plots and tables for the CLI and demo)
     cli, demo, experiment              anything
@@ -26,12 +29,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "actstore"
 
-BASE = {"errors", "config", "event_loop"}
+BASE = {"errors", "config", "event_loop", "records"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "event_loop": set(),
     "wire": {"_proto"},
     "options": {"errors"},
+    "measures": {"errors", "options", "metrics"},
+    "records": set(),
     "_proto": set(),
     "config": {"errors", "options"},
     "metrics": set(),
@@ -40,8 +45,9 @@ ALLOWED: dict[str, set[str]] = {
     "modeling": BASE | {"metrics", "store"},
     "training": BASE | {"metrics", "store", "modeling"},
     "workers": BASE | {"metrics", "store", "modeling", "training"},
-    "server": BASE | {"metrics", "store", "modeling", "training", "workers", "wire", "options", "_proto"},
-    "client": {"_proto", "errors", "options", "wire", "event_loop"},
+    "server": BASE | {"metrics", "store", "modeling", "training", "workers", "wire", "options", "_proto",
+                      "measures"},
+    "client": {"_proto", "errors", "options", "wire", "event_loop", "records", "measures"},
 }
 TOP = {"cli", "demo", "experiment", "__init__"}
 

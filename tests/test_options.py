@@ -12,6 +12,7 @@ from typing import get_args
 
 import pytest
 
+from actstore import measures
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import (
@@ -27,7 +28,6 @@ from actstore.options import (
     SIMILARITY,
     SQL,
     STITCH,
-    STREAMED_MEASURES,
     TABLES,
     TRAIN,
     UNCERTAINTY,
@@ -191,7 +191,8 @@ CLI = {
     "import": ([IMPORTS], set(IMPORTS)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
-CLI_OWN_CHOICES = {("cka-matrix", "measure"): STREAMED_MEASURES}  # the matrix job computes the streamed ones
+CLI_OWN_CHOICES = {  # the matrix job computes the streamed measures, and the registry lists them
+    ("cka-matrix", "measure"): tuple(m.identifier for m in measures.measures(measures.MOMENTS))}
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -349,18 +350,20 @@ class _Called(Exception):
 
 
 class _Recorder:
-    """Stands in for the service: records the call and stops there."""
+    """Stands in for the service and its rooms (`service.queries.entropy.entropy(...)`): records
+    the call by the method's name and stops there."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, calls: list | None = None, name: str = ""):
+        self.calls = [] if calls is None else calls
+        self.name = name
         self.settings = Settings(result_messages_kept=0)  # no kept replies: every call reaches the service
 
     def __getattr__(self, name):
-        def record(*args, **kwargs):
-            self.calls.append((name, args, kwargs))
-            raise _Called
+        return _Recorder(self.calls, name)
 
-        return record
+    def __call__(self, *args, **kwargs):
+        self.calls.append((self.name, args, kwargs))
+        raise _Called
 
 
 def _call(servicer, method, request):

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from actstore import measures
 from actstore.errors import InvalidArgument
 from actstore.options import Option, Table
 
@@ -178,3 +179,26 @@ def output_options(p: argparse.ArgumentParser, plot: str | None = "write a PNG h
         p.add_argument("--plot", help=plot)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--refresh", action="store_true", help="recompute even if cached")
+
+
+def measure_option_table(needs: str | None = None) -> Table:
+    """Every option some measure (of `needs`) takes, each once: measures share alpha, k ..."""
+    unique = {}
+    for spec in measures.measures(needs):
+        for option in spec.options:
+            unique.setdefault(option.name, option)
+    return Table("measure options", *unique.values())
+
+
+def add_measure_options(p: argparse.ArgumentParser, needs: str | None = None) -> None:
+    """A flag per option of the registered measures (of `needs`); a one-letter option is `-k`,
+    the rest `--name-with-dashes`. The help names the measures that take it."""
+    table = measure_option_table(needs)
+    for name, option in table.items():
+        takers = ", ".join(s.identifier for s in measures.measures(needs) if option in s.options)
+        add_option(p, table, name, *((f"-{name}",) if len(name) == 1 else ()), extra_help=f"({takers})")
+
+
+def given_options(args: argparse.Namespace, measure: str) -> dict:
+    """The measure's options from the parsed flags (its own only: the others are the defaults)."""
+    return {option.name: getattr(args, option.name) for option in measures.get(measure).options}

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from actstore import measures
 from actstore.cli import diagnostics, dryrun
-from actstore.cli.common import add_option, connect, layers_option, output_options
+from actstore.cli.common import add_measure_options, add_option, connect, given_options, layers_option, output_options
 from actstore.errors import InvalidArgument
-from actstore.options import SIMILARITY, STITCH, STREAMED_MEASURES
+from actstore.options import SIMILARITY, STITCH
 
 
 def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str,
@@ -99,9 +100,9 @@ def cmd_cka_matrix(args) -> int:
         return dryrun.cka_matrix(args)
     with connect(args) as client:
         if args.measure:
-            result = client.measure_matrix(args.runs, args.measure, alpha=args.alpha, refresh=args.refresh,
-                                           progress=not args.json)
-            matrix, name, bounds = result.values, result.identifier, (None, None)
+            result = client.measure_matrix(args.runs, args.measure, refresh=args.refresh, progress=not args.json,
+                                           **given_options(args, args.measure))
+            matrix, name, bounds = result.values, result.identifier, measures.get(args.measure).bounds
         else:
             result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
             matrix = result.debiased if args.debiased else result.biased
@@ -179,9 +180,9 @@ def add_commands(command) -> None:
                 "resumes from stored partial results if cancelled or interrupted.")
     p.add_argument("runs", nargs="+")
     add_option(p, SIMILARITY, "debiased")
-    add_option(p, SIMILARITY, "measure", choices=list(STREAMED_MEASURES),  # what the matrix job computes
-               help="a streamed measure instead of linear CKA (docs/metrics.md)")
-    add_option(p, SIMILARITY, "alpha")
+    add_option(p, SIMILARITY, "measure", choices=[m.identifier for m in measures.measures(measures.MOMENTS)],
+               help="a streamed measure instead of linear CKA (actstore measures)")  # what the matrix job computes
+    add_measure_options(p, measures.MOMENTS)
     output_options(p, "write a heatmap PNG here")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (feature/Gram space, tiles, map tasks), peak memory and FLOPs; compute nothing")

@@ -1,66 +1,80 @@
-"""`actstore similarity MEASURE RUN_A [RUN_B]`: the similarity measures beyond CKA (streamed:
-Procrustes, shape metric, CCA, SVCCA, PWCCA; in memory: RSA, RBF CKA, the kNN family), named by
-their similarity-repository identifiers (definitions with sources: docs/metrics.md)."""
+"""`actstore similarity MEASURE RUN_A [RUN_B]` and `actstore measures`: every registered measure
+(`actstore.measures`), named by its similarity-repository identifier. The help, the flags of the
+measures' options, the colour bounds of the plot and the `measures` table all come from the
+registry, so a new measure module appears here without touching this file."""
 
 from __future__ import annotations
 
-from actstore.cli.common import add_option, connect
+from actstore import measures
+from actstore.cli.common import add_measure_options, add_option, connect, given_options
 from actstore.cli.compare import _pair_args, show_matrix
 from actstore.options import SIMILARITY
 
-DESCRIPTION = """\
-A measure between every layer of run A (rows) and every layer of run B (columns; default A),
-named by its nacloos/similarity-repository identifier so results compare across tools:
+NEEDS = {measures.MOMENTS: "streamed second moments: any n, memory O(d^2)",
+         measures.ROWS: "in memory: n up to the server's matrix limit, O(n^2)"}
 
-  procrustes-distance=angular     arccos of the Procrustes similarity (Williams et al. 2021)
-  procrustes-distance=euclidean   min over rotations of ||Xc Q - Yc||_F
-  shape_metric-alpha={alpha}-distance=angular
-                                  angular shape metric, partial whitening --alpha (1 = Procrustes)
-  cca-squared_score, cca-score    mean squared / mean canonical correlation
-  svcca-var=0.99-score            CCA on the top principal directions (99% of the variance)
-  pwcca-score                     projection-weighted CCA (Morcos et al. 2018)
 
-These come from streamed second moments (any n, memory O(d^2)). In memory (n up to the
-server's matrix limit, O(n^2)):
+def _bounds(spec: measures.Measure) -> str:
+    low, high = ("" if b is None else f"{b:g}" for b in spec.bounds)
+    return f"[{low or '-inf'}, {high or 'inf'}]"
 
-  rsa-rdm={cosine,euclidean}-compare={pearson,spearman}
-                                  correlation of two dissimilarity matrices (RSA)
-  cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score (or hsic=song-score, debiased)
-                                  RBF-kernel CKA, sigma = --sigma-fraction x median distance
-  mutual_knn-topk={topk}, cycle_knn-topk={topk}, cknna-topk={topk}
-                                  nearest-neighbour alignment (Huh et al. 2024), -k neighbours
 
-Distances are 0 for identical representations (up to the measure's invariances); scores are 1.
-
-Examples:
-  actstore similarity procrustes-distance=angular RUN_A RUN_B --plot procrustes.png
-  actstore similarity 'shape_metric-alpha={alpha}-distance=angular' RUN --alpha 0.5
-  actstore cka-matrix RUN1 RUN2 --measure cca-squared_score     (every layer of every run, one job)
-"""
+def description() -> str:
+    lines = ["A measure between every layer of run A (rows) and every layer of run B (columns; default A),",
+             "named by its nacloos/similarity-repository identifier so results compare across tools.", ""]
+    for needs, text in NEEDS.items():
+        lines.append(f"From {text}:")
+        for spec in measures.measures(needs):
+            lines.append(f"  {spec.identifier}")
+            lines.append(f"      {spec.summary}{' (distance)' if spec.distance else ''}")
+        lines.append("")
+    lines += ["Distances are 0 for identical representations (up to the measure's invariances); scores are 1.",
+              "`actstore measures` lists every measure with its bounds, options and source.", "",
+              "Examples:",
+              "  actstore similarity procrustes-distance=angular RUN_A RUN_B --plot procrustes.png",
+              "  actstore similarity 'shape_metric-alpha={alpha}-distance=angular' RUN --alpha 0.5",
+              "  actstore cka-matrix RUN1 RUN2 --measure nbs-score     (every layer of every run, one job)"]
+    return "\n".join(lines)
 
 
 def cmd_similarity(args) -> int:
+    spec = measures.get(args.measure)
     with connect(args) as client:
         result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
-                                layers_b=args.layers_b, alpha=args.alpha,
-                                sigma_fraction=args.sigma_fraction, k=args.k, refresh=args.refresh)
+                                layers_b=args.layers_b, refresh=args.refresh, **given_options(args, args.measure))
     name = result.provenance.metric
-    if "-distance=" in name:
-        bounds = (0.0, None)
-    elif name.endswith("score") and "hsic=song" not in name:  # debiased CKA can go below 0
-        bounds = (0.0, 1.0)
-    else:  # correlations (RSA), debiased CKA, kNN fractions: the colour scale follows the values
-        bounds = (None, None)
     show_matrix(name, result.values, result.layers_a, result.layers_b, result.provenance, result.notes, args,
-                f"{name}, n={int(result.scalars['n'])}", bounds)
+                f"{name}, n={int(result.scalars['n'])}", spec.bounds)
+    return 0
+
+
+def cmd_measures(args) -> int:
+    """The registry as a table: the docs' list of measures, always current."""
+    rows = [("identifier", "kind", "bounds", "needs", "options", "source", "summary")]
+    for spec in measures.measures():
+        options = ", ".join(f"{o.name}={o.default}" for o in spec.options) or "-"
+        rows.append((spec.identifier, "distance" if spec.distance else "score", _bounds(spec), spec.needs, options,
+                     spec.source, spec.summary))
+    if args.markdown:
+        print("| " + " | ".join(rows[0]) + " |")
+        print("|" + "---|" * len(rows[0]))
+        for row in rows[1:]:
+            print("| " + " | ".join(f"`{row[0]}`" if i == 0 else cell.replace("|", "\\|")
+                                    for i, cell in enumerate(row)) + " |")
+        return 0
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths)) + "  " + row[6])
     return 0
 
 
 def add_commands(command) -> None:
-    p = command("similarity", cmd_similarity, "Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier",
-                DESCRIPTION)
+    p = command("similarity", cmd_similarity, "Procrustes, CCA, NBS, regression R^2, RSA, RBF CKA, CKNNA ... by "
+                "identifier", description())
     add_option(p, SIMILARITY, "measure", "measure", metavar="MEASURE", help="the measure's identifier (see above)")
     _pair_args(p)
-    add_option(p, SIMILARITY, "alpha")
-    add_option(p, SIMILARITY, "sigma_fraction")
-    add_option(p, SIMILARITY, "k", "-k")
+    add_measure_options(p)
+    p = command("measures", cmd_measures, "list the registered measures: identifier, score or distance, bounds, "
+                "options, source", "Every measure `actstore similarity` and `cka-matrix --measure` take, from the "
+                "measure registry\n(built-in modules of actstore.measures and the `actstore.measures` entry points).")
+    p.add_argument("--markdown", action="store_true", help="a Markdown table (docs/metrics.md's list of measures)")

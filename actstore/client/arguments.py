@@ -79,7 +79,9 @@ _OUT_OF_RANGE = re.compile(r"Value out of range: (-?[0-9]+)")  # protobuf's mess
 
 def _checked(method):
     signature = inspect.signature(method)
-    kinds = {name: kind for name, kind in typing.get_type_hints(method).items() if name in signature.parameters}
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)  # the method checks its own
+    kinds = {name: kind for name, kind in typing.get_type_hints(method).items()
+             if name in signature.parameters and signature.parameters[name].kind not in variadic}
 
     @contextlib.contextmanager
     def refusing(arguments):

@@ -1,24 +1,39 @@
-"""Client methods for the similarity measures beyond CKA, named by similarity-repository identifiers
-(`actstore.options.MEASURES`; definitions in docs/metrics.md).
+"""Client methods for any registered measure (`actstore.measures`; `actstore measures` lists them,
+definitions in docs/metrics.md), by its similarity-repository identifier, through the one generic
+`Measure` RPC: a measure registered on the server needs no new client code.
 
     c.measure("procrustes-distance=angular", run_a, run_b)           # MatrixResult, layers_a x layers_b
     c.measure("shape_metric-alpha={alpha}-distance=angular", run, alpha=0.5)
-    c.measure_matrix([run_1, run_2], "cca-squared_score")           # every layer of every run, one job
+    c.measure("nbs-score", run_a, run_b)
+    c.measure_matrix([run_1, run_2], "linear_regression-r2")        # every layer of every run, one job
 
-The result's `provenance.metric` is the identifier with its parameters filled in.
+The options are checked here, once, against the measure's spec (types, defaults, bounds); the
+result's `provenance.metric` is the identifier with its parameters filled in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
+from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
-from actstore.client.arguments import options
 from actstore.client.results import JobInfo, MatrixResult, Provenance, QueryAnswer
-from actstore.options import SIMILARITY
+
+LEGACY = ("alpha", "sigma_fraction", "k")  # keywords every measure method took: ignored by a measure without them
+
+
+def measure_options(measure: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """`given` checked against the measure's options (defaults filled); a legacy keyword the
+    measure does not take is dropped, as it always was, any other unknown option is refused."""
+    spec = measures.get(measure)
+    takes = {option.name for option in spec.options}
+    return spec.resolve({name: value for name, value in given.items()
+                         if value is not None and (name in takes or name not in LEGACY)})
 
 
 @dataclass(frozen=True)
@@ -45,33 +60,29 @@ class MeasureMatrixResult:
 class MeasuresMixin:
     """`Client`'s measure queries (needs its `_query` stub, `_matrix`, `wait` and `result`)."""
 
-    @options(SIMILARITY)
     def measure(self, measure: str, run_a: str, run_b: str | None = None, *,
                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
-                alpha: float = SIMILARITY.alpha.default, sigma_fraction: float = SIMILARITY.sigma_fraction.default,
-                k: int = SIMILARITY.k.default, refresh: bool = False) -> MatrixResult:
-        """`measure` (a similarity-repository identifier, e.g. procrustes-distance=angular,
-        cca-squared_score, svcca-var=0.99-score, pwcca-score) between layers of run A (rows) and
-        run B (columns; default A). alpha: the shape metric's whitening; sigma_fraction: RBF CKA's
-        bandwidth; k: the kNN measures' neighbours."""
-        request = pb.SimilarityRequest(
-            metric=pb.SimilarityRequest.MEASURE, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
-            layers_b=list(layers_b or []), refresh=refresh, measure=measure, alpha=alpha,
-            sigma_fraction=sigma_fraction, k=k)
-        return self._matrix(QueryAnswer.from_proto(self._query.Similarity(request)))
+                refresh: bool = False, **options: Any) -> MatrixResult:
+        """`measure` (a registered identifier, e.g. procrustes-distance=angular, cca-squared_score,
+        nbs-score, linear_regression-r2) between layers of run A (rows) and run B (columns; default
+        A). `options`: the measure's own (`actstore measures` lists them), e.g. alpha (the shape
+        metric's whitening), sigma_fraction (RBF CKA's bandwidth), k (the kNN measures' neighbours)."""
+        request = pb.MeasureRequest(measure=measure, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
+                                    layers_b=list(layers_b or []), refresh=refresh,
+                                    options_json=json.dumps(measure_options(measure, options)))
+        return self._matrix(QueryAnswer.from_proto(self._query.Measure(request)))
 
-    @options(SIMILARITY)
-    def submit_measure_matrix(self, runs: Sequence[str], measure: str, *, alpha: float = SIMILARITY.alpha.default,
-                              refresh: bool = False) -> JobInfo:
-        request = pb.CKAMatrixRequest(runs=list(runs), refresh=refresh, measure=measure, alpha=alpha)
+    def submit_measure_matrix(self, runs: Sequence[str], measure: str, *, refresh: bool = False,
+                              **options: Any) -> JobInfo:
+        request = pb.CKAMatrixRequest(runs=list(runs), refresh=refresh, measure=measure,
+                                      options_json=json.dumps(measure_options(measure, options)))
         return JobInfo.from_proto(self._query.SubmitCKAMatrix(request))
 
-    @options(SIMILARITY)
-    def measure_matrix(self, runs: Sequence[str], measure: str, *, alpha: float = SIMILARITY.alpha.default,
-                       refresh: bool = False, progress: bool = False) -> MeasureMatrixResult:
+    def measure_matrix(self, runs: Sequence[str], measure: str, *, refresh: bool = False, progress: bool = False,
+                       **options: Any) -> MeasureMatrixResult:
         """A streamed measure over every layer of every run (same samples) as one job that reads
         the data once, like `cka_matrix`; resumable if cancelled or interrupted."""
-        job = self.submit_measure_matrix(runs, measure, alpha=alpha, refresh=refresh)
+        job = self.submit_measure_matrix(runs, measure, refresh=refresh, **options)
         if not job.finished:
             job = self.wait(job.job_id, progress=progress, description=measure)
         answer = self.result(job.target)

@@ -19,8 +19,8 @@ ROLES = ("reader", "writer", "admin")
 METHOD_ROLES = {
     "ListModels": "reader", "ListDatasets": "reader", "ListRuns": "reader", "DescribeRun": "reader",
     "GetJob": "reader", "ListJobs": "reader", "WatchJob": "reader",
-    "Similarity": "reader", "ReadActivations": "reader", "Entropy": "reader", "ResidualNorm": "reader",
-    "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader", "Lens": "reader",
+    "Similarity": "reader", "Measure": "reader", "ReadActivations": "reader", "Entropy": "reader",
+    "ResidualNorm": "reader", "Stitch": "reader", "SubmitCKAMatrix": "reader", "GetResult": "reader", "Lens": "reader",
     "NeuralCollapse": "reader", "SubmitTrain": "writer",
     "RegisterModel": "writer", "RegisterDataset": "writer", "SubmitCapture": "writer", "CancelJob": "writer",
     "DeleteRun": "admin", "CreateToken": "admin", "ListTokens": "admin", "RevokeToken": "admin",

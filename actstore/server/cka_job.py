@@ -1,6 +1,7 @@
 """The cross-model comparison job: the full CKA matrix of M runs over the same samples, or the
-matrix of any streamed measure (`options.STREAMED_MEASURES`: Procrustes, shape metric, CCA, SVCCA,
-PWCCA) from the same one pass over the data (`metrics.similarity.MomentMeasures`, feature space).
+matrix of any streamed measure (a MOMENTS measure of `actstore.measures`: Procrustes, the shape
+metric, CCA, SVCCA, PWCCA, NBS, linear-regression R^2 ...) from the same one pass over the data
+(`metrics.similarity.MomentMeasures`, feature space).
 
 All layers of all runs are blocks of one computation, never a pass per layer pair; the cost is
 one Gram (or covariance) product per block plus the pairwise products, and the job's memory, all
@@ -29,15 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
+from actstore import measures
 from actstore.errors import Cancelled, InvalidArgument
 from actstore.metrics import similarity as sim
-from actstore.options import STREAMED_MEASURES
 from actstore.server import gram_matrix
 from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
-from actstore.server.planners.measures import streamed_options
 from actstore.server.planners.similarity import constant_layers_note
+from actstore.server.requests import measure_options, shared_options
 from actstore.server.results import MetricResult, Provenance
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.atomic import atomic_write_bytes
@@ -50,16 +51,21 @@ CHECKPOINT_SECONDS = 20.0
 GROUPS_PER_TASK_SLOT = 4  # more map tasks than CPUs, so progress moves in small steps
 
 
-def plan(parts: QueryParts, runs: list[str], measure: str = "", alpha: float = 1.0,
-         **_unused) -> tuple[list[RunRecord], str, dict]:
+def plan(parts: QueryParts, runs: list[str], measure: str = "",
+         **given: object) -> tuple[list[RunRecord], str, dict]:
     """Validate the request; returns the runs, the result key and the options. `measure`: empty
-    for linear CKA, else one of the streamed measures (its identifier goes in the options)."""
+    for linear CKA, else a MOMENTS measure, whose options are `given` (its identifier and options
+    go in the result's options)."""
     if len(runs) < 1:
         raise InvalidArgument("give at least one run")
-    if measure and measure not in STREAMED_MEASURES:
-        raise InvalidArgument(f"the matrix job computes linear CKA or a streamed measure "
-                              f"({', '.join(STREAMED_MEASURES)}), not {measure!r}: ask for {measure} between run "
-                              "pairs instead")
+    spec = None
+    if measure:
+        try:
+            spec = measures.get(measure, needs=measures.MOMENTS)
+        except InvalidArgument:
+            streamed = ", ".join(m.identifier for m in measures.measures(measures.MOMENTS))
+            raise InvalidArgument(f"the matrix job computes linear CKA or a streamed measure ({streamed}), not "
+                                  f"{measure!r}: ask for {measure} between run pairs instead") from None
     checks = parts.checks
     records = [checks.committed_run(r) for r in runs]
     if len({r.run_key for r in records}) != len(records):
@@ -70,8 +76,11 @@ def plan(parts: QueryParts, runs: list[str], measure: str = "", alpha: float = 1
     checks.check_matrix(total_blocks, total_blocks)
     for record in records:
         checks.check_finite(record, list(range(record.num_layers + 1)))
-    options = {"runs": len(records), **(streamed_options(measure, alpha) if measure else {})}
-    key = result_key(_metric(options), sim.DEFINITION_VERSION, options, [r.run_key for r in records])
+    options = {"runs": len(records)}
+    if spec is not None:
+        # a resumed job's request, or an old one, may carry options this measure does not take
+        options.update(measure_options(spec, spec.resolve(shared_options(spec, given), parts.checks.settings)))
+    key = result_key(_metric(options), _version(options), options, [r.run_key for r in records])
     return records, key, options
 
 
@@ -80,13 +89,19 @@ def _metric(options: dict) -> str:
     return options.get("identifier", METRIC)
 
 
+def _version(options: dict) -> int:
+    """The result's definition version: linear CKA's, or the measure's."""
+    return measures.get(options["measure"]).version if "measure" in options else sim.DEFINITION_VERSION
+
+
 def _finish(accumulator, options: dict, strip_map) -> dict[str, np.ndarray]:
     """A tile's named matrices: biased and debiased CKA, or the measure's values."""
     if "measure" not in options:
         matrices = accumulator.finalize(strip_map=strip_map)
         return {"biased": matrices.biased, "debiased": matrices.debiased}
     blocks = list(range(len(accumulator.block_widths)))
-    measure = sim.moment_measure(options["measure"], options.get("alpha", 1.0))
+    spec = measures.get(options["measure"])
+    measure = spec.build({option.name: options[option.name] for option in spec.options})
     return {"values": accumulator.finalize(measure, blocks, blocks)}
 
 
@@ -154,7 +169,7 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
         notes.append(constant_layers_note([(blocks[k][0].run_key, blocks[k][1])
                                            for k in np.flatnonzero(np.isnan(np.diag(matrices["biased"])))], rows))
     result = MetricResult(arrays, {"n": float(rows)},
-                          Provenance(_metric(options), sim.DEFINITION_VERSION, options, run_keys, False, seconds, key),
+                          Provenance(_metric(options), _version(options), options, run_keys, False, seconds, key),
                           notes)
     # the job runs only when no result is stored or the user asked to recompute (refresh)
     parts.results.store(result, replace=True)

@@ -15,9 +15,10 @@ class PlanningServicer(rpc.PlanningServicer):
         self.service = service
 
     def PlanCapture(self, request, context):
-        plan = asdict(self.service.plan_capture(capture_request(request)))
-        sites = [pb.SitePlan(site=site, run_key=key, stored=stored) for site, key, stored in plan.pop("sites")]
+        plan = asdict(self.service.costs.capture(capture_request(request)))
+        stored = plan.pop("stored")
+        sites = [pb.SitePlan(site=site, run_key=key, stored=stored[site]) for site, key in plan.pop("sites").items()]
         return pb.CapturePlan(sites=sites, **plan)
 
     def PlanCKAMatrix(self, request, context):
-        return pb.CKAMatrixPlan(**asdict(self.service.plan_cka_matrix(list(request.runs))))
+        return pb.CKAMatrixPlan(**asdict(self.service.costs.cka_matrix(list(request.runs))))

@@ -1,8 +1,9 @@
 """The query engine: the parts every metric query shares, and one planner per metric family.
 
 ``QueryEngine`` only composes: run checks (`runs`), the result cache (`results`), the Ray
-executor (`executor`) and CKA sizing (`tiling`), handed to the similarity, entropy and depth
-planners (`planners/`). The matrix job and stitching use the same parts.
+executor (`executor`) and CKA sizing (`tiling`), handed to the planners (`planners/`), which it
+holds as attributes (`similarity`, `measures`, `entropy`, `depth`, `stitching`, `diagnostics`):
+a servicer calls the planner's method itself. The matrix job uses the same parts.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from actstore.config import Settings
 from actstore.server.executor import Executor
 from actstore.server.planners import QueryParts
 from actstore.server.planners.depth import DepthPlanner
+from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.planners.entropy import EntropyPlanner
 from actstore.server.planners.measures import MeasurePlanner
 from actstore.server.planners.similarity import SimilarityPlanner
+from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.results import MetricResult, ResultCache
 from actstore.server.runs import RunChecks
 from actstore.server.tiling import CkaSizing
@@ -39,15 +42,12 @@ class QueryEngine:
         )
         self._generations = itertools.count(1)
         self._generation = 0
-        similarity = SimilarityPlanner(self.parts)
-        entropy = EntropyPlanner(self.parts)
-        depth = DepthPlanner(self.parts)
-        self.similarity = similarity.similarity
-        self.measure = MeasurePlanner(self.parts).measure
-        self.entropy = entropy.entropy
-        self.residual_norm = depth.residual_norm
-        self.lens = depth.lens
-        self.neural_collapse = depth.neural_collapse
+        self.similarity = SimilarityPlanner(self.parts)
+        self.measures = MeasurePlanner(self.parts)
+        self.entropy = EntropyPlanner(self.parts)
+        self.depth = DepthPlanner(self.parts)
+        self.stitching = StitchPlanner(self.parts)
+        self.diagnostics = DiagnosticsPlanner(self.parts)
 
     def result(self, result_key: str) -> MetricResult:
         return self.parts.results.result(result_key)

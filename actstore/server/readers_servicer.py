@@ -44,7 +44,7 @@ class ReadersServicer(rpc.ReadersServicer):
 
     def ReadBatches(self, request, context):
         given = {name: from_wire(BATCHES, name, getattr(request, name)) for name in BATCHES}
-        for piece in self.service.read_batches(request.run, list(request.layers), shuffle=request.shuffle, **given):
+        for piece in self.service.readers.batches(request.run, list(request.layers), shuffle=request.shuffle, **given):
             if not context.is_active():
                 return
             yield pb.BatchPart(batch=piece.batch, batch_rows=piece.batch_rows, offset=piece.offset,
@@ -53,13 +53,13 @@ class ReadersServicer(rpc.ReadersServicer):
                                buffer_shards=piece.buffer_shards if piece.batch == 0 and piece.offset == 0 else 0)
 
     def LocateRun(self, request, context):
-        found = self.service.locate_run(request.run)
+        found = self.service.readers.locate(request.run)
         r = found.record
         return pb.RunLocation(run_key=r.run_key, store=found.store, group=found.group, array=found.array, dtype=r.dtype,
                               pooling=r.pooling, n=r.n, rows=r.rows, num_layers=r.num_layers, width=r.width)
 
     def Sql(self, request, context):
-        answer = self.service.sql(request.query, from_message(SQL, "limit", request), current_role.get())
+        answer = self.service.readers.sql(request.query, from_message(SQL, "limit", request), current_role.get())
         result = pb.SqlResult(columns=answer.columns, types=answer.types, truncated=answer.truncated)
         budget = self.service.settings.max_message_bytes // 2  # the rest of the message is small
         left = budget

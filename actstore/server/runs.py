@@ -78,6 +78,20 @@ class RunChecks:
                 self._runs[name] = record
         return record
 
+    def pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
+                     ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
+        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
+        the matrix within limits, the same samples, no NaN/Inf in the layers."""
+        a = self.committed_run(run_a)
+        b = self.committed_run(run_b) if run_b else a
+        la = self.check_layers(a, layers_a, "layer")
+        lb = self.check_layers(b, layers_b, "layer")
+        self.check_matrix(len(la), len(lb))
+        self.check_same_samples(a, b)
+        self.check_finite(a, la)
+        self.check_finite(b, lb)
+        return a, b, la, lb
+
     @staticmethod
     def check_layers(run: RunRecord, layers: list[int], what: str) -> list[int]:
         chosen = list(layers) if layers else list(range(run.num_layers + 1))

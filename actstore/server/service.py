@@ -2,8 +2,10 @@
 
 ``ActStoreService`` owns construction, close and resume: the catalog (single writer), the store
 handle, the job manager and the capture pool. Each operation lives in the module of its job
-(`registration`, `capture_job`, `training_job`, `cka_job`, the query planners); the methods here
-only route to them, so a servicer never reaches past this class.
+(`registration`, `capture_job`, `training_job`, `cka_job`); the methods here route to them. Its
+rooms are attributes a servicer calls directly, with no alias in between: `queries` (the query
+engine, whose planners answer the metric queries), `costs` (dry runs), `readers` (batches, SQL,
+locations).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actstore import measures
 from actstore.config import Settings
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument
 from actstore.options import GC, duration_seconds, resolve
@@ -28,8 +31,6 @@ from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.heap_upkeep import HeapUpkeep
 from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
-from actstore.server.planners.diagnostics import DiagnosticsPlanner
-from actstore.server.planners.stitching import StitchPlanner
 from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.readers import Readers
@@ -77,23 +78,8 @@ class ActStoreService:
         self.imports = ImportJobs(self.catalog, self.store, self.jobs, self.registrar, self.settings,
                                   self.captures.submissions)
         self.queries = QueryEngine(self.catalog, self.store, self.settings, self.capture_pool.release_idle_gpus)
-        self.similarity = self.queries.similarity
-        self.measure = self.queries.measure
-        self.entropy = self.queries.entropy
-        self.residual_norm = self.queries.residual_norm
-        self.lens = self.queries.lens
-        self.neural_collapse = self.queries.neural_collapse
-        self.result = self.queries.result
-        self.query_generation = self.queries.current_generation  # the servicer's kept replies ask these two
-        self.answer_is_current = self.queries.is_current
-        self.stitch = StitchPlanner(self.queries.parts).stitch
-        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)
-        self.plan_capture = self.costs.capture  # dry runs: what a capture / matrix job would cost
-        self.plan_cka_matrix = self.costs.cka_matrix
-        readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
-        self.read_batches, self.locate_run, self.sql = readers.batches, readers.locate, readers.sql
-        diagnostics = DiagnosticsPlanner(self.queries.parts)
-        self.similarity_stats, self.outliers = diagnostics.similarity_stats, diagnostics.outliers
+        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)  # dry runs
+        self.readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
@@ -206,13 +192,16 @@ class ActStoreService:
         return self.training.submit(request, principal)
 
     def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None,
-                          measure: str = "", alpha: float = 1.0) -> JobSnapshot:
-        records, key, options = cka_job.plan(self.queries.parts, runs, measure, alpha)
-        request = {"runs": [r.run_key for r in records], **({"measure": measure, "alpha": alpha} if measure else {})}
+                          measure: str = "", options: dict | None = None) -> JobSnapshot:
+        """The matrix job of linear CKA, or of a streamed `measure` with its `options`."""
+        records, key, planned = cka_job.plan(self.queries.parts, runs, measure, **(options or {}))
+        spec = measures.get(measure) if measure else None
+        taken = {option.name: planned[option.name] for option in spec.options} if spec else {}
+        request = {"runs": [r.run_key for r in records], **({"measure": measure, **taken} if measure else {})}
         if not refresh and self.catalog.results.get_record(key) is not None:
             return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
         state, joined = self.jobs.start("cka-matrix", key, request,
-                                        lambda job: cka_job.run(self.queries.parts, job, records, key, options),
+                                        lambda job: cka_job.run(self.queries.parts, job, records, key, planned),
                                         principal=principal)
         return replace(state.snapshot, joined=joined)
 

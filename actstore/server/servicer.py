@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
@@ -23,8 +24,8 @@ from actstore.options import (
 )
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
-from actstore.server.planners.measures import measure_params
 from actstore.server.replies import KeptReplies
+from actstore.server.requests import MeasureQuery, options_from_json, shared_options
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -173,17 +174,21 @@ class QueryServicer(rpc.QueryServicer):
     @functools.cached_property
     def _replies(self) -> KeptReplies:
         # made on the first answer: the settings bound it
-        return KeptReplies(self.service.settings.result_messages_kept, self.service.query_generation,
-                           self.service.answer_is_current)
+        queries = self.service.queries
+        return KeptReplies(self.service.settings.result_messages_kept, queries.current_generation, queries.is_current)
 
     def Similarity(self, request, context):
         return self._replies.answer("Similarity", request, lambda: self._similarity(request))
 
     def _similarity(self, request) -> MetricResult:
         metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
-        if metric == "measure":
-            return self.service.measure(request.run_a, request.run_b, list(request.layers_a),
-                                        list(request.layers_b), request.refresh, **measure_params(request))
+        queries = self.service.queries
+        if metric == "measure":  # the legacy form of Measure: the message carries every measure's options
+            legacy = {name: from_message(SIMILARITY, name, request) for name in ("alpha", "sigma_fraction", "k")}
+            spec = measures.get(request.measure) if request.measure else None
+            return queries.measures.measure(MeasureQuery.resolve(
+                queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a,
+                request.layers_b, shared_options(spec, legacy) if spec else {}, request.refresh))
         # only the options the metric uses are resolved; the others pass through, unread
         center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
         if metric == "cos":
@@ -193,42 +198,53 @@ class QueryServicer(rpc.QueryServicer):
             remainder = from_wire(SIMILARITY, "remainder", remainder)
         elif metric == "mutual_knn":
             k = from_message(SIMILARITY, "k", request)
-        return self.service.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                       list(request.layers_b), center, request.refresh, batch_size, remainder, k,
-                                       align=request.align, word_pool=request.word_pool)
+        return queries.similarity.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
+                                             list(request.layers_b), center, request.refresh, batch_size, remainder,
+                                             k, align=request.align, word_pool=request.word_pool)
+
+    def Measure(self, request, context):
+        queries = self.service.queries
+        return self._replies.answer("Measure", request, lambda: queries.measures.measure(MeasureQuery.resolve(
+            queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a, request.layers_b,
+            options_from_json(request.options_json), request.refresh)))
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
         options = {name: from_message(ENTROPY, name, request) for name in ENTROPY if name != "metric"}
-        return self._replies.answer("Entropy", request, lambda: self.service.entropy(
+        return self._replies.answer("Entropy", request, lambda: self.service.queries.entropy.entropy(
             metric, request.run, list(request.layers), **options, refresh=request.refresh))
 
     def ResidualNorm(self, request, context):
-        return self._replies.answer("ResidualNorm", request, lambda: self.service.residual_norm(
+        return self._replies.answer("ResidualNorm", request, lambda: self.service.queries.depth.residual_norm(
             request.run, list(request.layers), request.refresh))
 
     def Stitch(self, request, context):
-        return self._replies.answer("Stitch", request, lambda: self.service.stitch(
+        return self._replies.answer("Stitch", request, lambda: self.service.queries.stitching.stitch(
             request.run_a, request.layer_a, request.run_b, request.layer_b,
             from_message(STITCH, "test_fraction", request), from_wire(STITCH, "seed", request.seed),
             request.refresh, tune_steps=request.tune_steps, tune_lr=request.tune_lr))
 
     def SubmitCKAMatrix(self, request, context):
-        measure = measure_params(request) if request.measure else {}
+        options = {}
+        if request.measure and request.options_json:
+            options = measures.get(request.measure).resolve(options_from_json(request.options_json))
+        elif request.measure:
+            options = {"alpha": from_message(SIMILARITY, "alpha", request)}  # the legacy field
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
-                                                        principal=current_principal.get(), **measure))
+                                                        principal=current_principal.get(), measure=request.measure,
+                                                        options=options))
 
     def Lens(self, request, context):
-        return self._replies.answer("Lens", request, lambda: self.service.lens(
+        return self._replies.answer("Lens", request, lambda: self.service.queries.depth.lens(
             request.run, from_wire(LENS, "epsilon", request.epsilon), from_wire(LENS, "taus", list(request.taus)),
             from_wire(LENS, "heads", request.heads), request.refresh))
 
     def NeuralCollapse(self, request, context):
-        return self._replies.answer("NeuralCollapse", request, lambda: self.service.neural_collapse(
+        return self._replies.answer("NeuralCollapse", request, lambda: self.service.queries.depth.neural_collapse(
             request.run, list(request.layers), from_wire(LENS, "rcond", request.rcond), request.refresh))
 
     def GetResult(self, request, context):
-        return self._replies.answer("GetResult", request, lambda: self.service.result(request.result_key))
+        return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))
 
     def ReadActivations(self, request, context):
         for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,

@@ -61,6 +61,23 @@ class CkaSizing:
         raise ResourceExhausted(f"one block pair needs {byte_size(need)} of accumulator, over the "
                                 f"{byte_size(self.limit)} limit (ACTSTORE_MAX_ACCUMULATOR_BYTES)")
 
+    def pair_tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str, itemsize: int):
+        """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
+        widest = [a.width] * len(la) + [b.width] * len(lb)
+        size = self.group_size(max(len(la), len(lb)), widest, mode, a.rows, itemsize)
+        return [(tile_a, tile_b) for tile_a in chunks(la, size) for tile_b in chunks(lb, size)]
+
 
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def pair_blocks(a: RunRecord, b: RunRecord, la: list[int], lb: list[int]
+                ) -> tuple[list[tuple[str, list[int]]], list[int], list[int]]:
+    """The accumulator's blocks (as read sources) and where each requested layer sits in them."""
+    if a.run_key == b.run_key:
+        union = sorted(set(la) | set(lb))
+        where = {layer: i for i, layer in enumerate(union)}
+        return [(a.run_key, union)], [where[x] for x in la], [where[x] for x in lb]
+    return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
+            [len(la) + j for j in range(len(lb))])

@@ -19,8 +19,10 @@ CHECK = ("import actstore.client, sys; "
          f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r} or m.startswith('actstore.server')); "
          "assert not bad, bad; "
          "print(sorted(m for m in sys.modules if m.startswith('actstore')))")
-# what the client may import of actstore: the stubs, errors, options, wire and itself
-ALLOWED = ("actstore._proto", "actstore.errors", "actstore.options", "actstore.wire", "actstore.client")
+# what the client may import of actstore: the stubs, errors, options, wire, the shared records, the
+# measure registry (not its numerics) and itself
+ALLOWED = ("actstore._proto", "actstore.errors", "actstore.options", "actstore.wire", "actstore.records",
+           "actstore.measures", "actstore.client")
 
 
 def test_importing_the_client_loads_no_server_and_no_heavy_package():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from scipy.stats import ortho_group
 
+from actstore import measures
+from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
-from actstore.options import MEASURES
 from tests.measure_formulas import knn_reference, rbf_cka_reference, rsa_reference
 
 
@@ -22,15 +23,22 @@ def _pair(seed: int = 0, n: int = 80) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def pairwise_measure(name: str, **params):
+    """The registered measure's computation, given the parameters it takes of `params`."""
+    spec = measures.get(name, needs=measures.ROWS)
+    return spec.build(spec.resolve({o.name: params[o.name] for o in spec.options if o.name in params}))
+
+
 def _via_registry(name: str, x: np.ndarray, y: np.ndarray, **params) -> float:
-    measure = sim.pairwise_measure(name, **params)
+    measure = pairwise_measure(name, **params)
     return measure.compare(measure.prepare(x), measure.prepare(y))
 
 
-def test_the_tables_list_every_measure_the_metrics_know():
-    assert MEASURES == sim.STREAMED_MEASURES + sim.IN_MEMORY_MEASURES
-    with pytest.raises(ValueError, match="not one of"):
-        sim.pairwise_measure("rsa-rdm=correlation-compare=kendall")
+def test_the_registry_holds_every_in_memory_measure_and_refuses_others():
+    rows = [m.identifier for m in measures.measures(measures.ROWS)]
+    assert len(rows) == 9 and len(set(rows)) == 9
+    with pytest.raises(InvalidArgument, match="not one of"):
+        pairwise_measure("rsa-rdm=correlation-compare=kendall")
 
 
 @pytest.mark.parametrize("rdm", ["cosine", "euclidean"])
@@ -64,8 +72,8 @@ def test_knn_family_equals_the_set_formulas(kind, k):
     x, y = _pair(3, n=50)
     expected = knn_reference(x, y, k, kind)
     assert getattr(sim, kind)(x, y, k) == pytest.approx(expected, rel=1e-9)
-    measure = sim.pairwise_measure(f"{kind}-topk={{topk}}", k=k)
-    assert measure.identifier == f"{kind}-topk={k}"
+    measure = pairwise_measure(f"{kind}-topk={{topk}}", k=k)
+    assert measures.get(f"{kind}-topk={{topk}}").filled({"k": k}) == f"{kind}-topk={k}"
     assert measure.compare(measure.prepare(x), measure.prepare(y)) == pytest.approx(expected, rel=1e-9)
 
 

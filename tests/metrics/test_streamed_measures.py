@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import ortho_group
 
+from actstore import measures
+from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
 from tests.measure_formulas import (
     cca_reference,
@@ -25,6 +27,16 @@ REFERENCES = {
     "svcca-var=0.99-score": svcca_reference,
     "pwcca-score": pwcca_reference,
 }
+
+STREAMED_MEASURES = ("procrustes-distance=angular", "procrustes-distance=euclidean",
+                     "shape_metric-alpha={alpha}-distance=angular", "cca-squared_score", "cca-score",
+                     "svcca-var=0.99-score", "pwcca-score")  # the measures of this module's references
+
+
+def moment_measure(name: str, alpha: float = 1.0):
+    """The registered measure's computation, alpha given to the one that takes it."""
+    spec = measures.get(name)
+    return spec.build(spec.resolve({"alpha": alpha} if spec.options else {}))
 
 
 def _pair(seed: int = 0, n: int = 300, dx: int = 12, dy: int = 9) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +59,7 @@ def _streamed(x: np.ndarray, y: np.ndarray, name: str, alpha: float = 1.0, chunk
     total = parts[-1]
     for part in reversed(parts[:-1]):
         total.merge(part)
-    return float(total.finalize(sim.moment_measure(name, alpha), [0], [1])[0, 0])
+    return float(total.finalize(moment_measure(name, alpha), [0], [1])[0, 0])
 
 
 @pytest.mark.parametrize("name", list(REFERENCES))
@@ -78,11 +90,11 @@ def test_shape_metric_ends_are_procrustes_and_cca():
 
 
 def test_the_identifier_fills_in_the_parameters():
-    assert sim.identifier("shape_metric-alpha={alpha}-distance=angular", 0.5) == \
-        "shape_metric-alpha=0.5-distance=angular"
-    assert sim.moment_measure("cca-squared_score").identifier == "cca-squared_score"
-    with pytest.raises(ValueError, match="not one of"):
-        sim.moment_measure("cka")
+    shape = measures.get("shape_metric-alpha={alpha}-distance=angular")
+    assert shape.filled(shape.resolve({"alpha": 0.5})) == "shape_metric-alpha=0.5-distance=angular"
+    assert measures.get("cca-squared_score").filled({}) == "cca-squared_score"
+    with pytest.raises(InvalidArgument, match="not one of"):
+        moment_measure("cka")
 
 
 def _orthogonal(d: int, seed: int) -> np.ndarray:
@@ -134,15 +146,15 @@ def test_matrix_over_blocks_symmetry_and_diagonal():
     z = x[:, :5] * 2 + 1
     total = sim.MomentMeasures([12, 9, 5])
     total.update([x, y, z])
-    for name in sim.STREAMED_MEASURES:
-        measure = sim.moment_measure(name, 0.5)
+    for name in STREAMED_MEASURES:
+        measure = moment_measure(name, 0.5)
         matrix = total.finalize(measure, [0, 1, 2], [0, 1, 2])
         assert np.allclose(np.diag(matrix), 0.0 if measure.distance else 1.0)
         if measure.symmetric:
             assert np.array_equal(matrix, matrix.T)
         # a sub-selection is the same numbers
         assert np.allclose(total.finalize(measure, [2, 0], [1]), matrix[[2, 0]][:, [1]], rtol=1e-12, atol=0)
-    pwcca = total.finalize(sim.moment_measure("pwcca-score"), [0, 1], [0, 1])
+    pwcca = total.finalize(moment_measure("pwcca-score"), [0, 1], [0, 1])
     assert pwcca[0, 1] == pytest.approx(pwcca_reference(x, y), rel=1e-9)
     assert pwcca[1, 0] == pytest.approx(pwcca_reference(y, x), rel=1e-9)
 
@@ -151,13 +163,13 @@ def test_a_constant_block_gives_nan_and_too_few_rows_are_refused():
     x, _ = _pair(6)
     total = sim.MomentMeasures([12, 3])
     total.update([x, np.ones((len(x), 3))])
-    for name in sim.STREAMED_MEASURES:
+    for name in STREAMED_MEASURES:
         if name != "procrustes-distance=euclidean":
-            assert np.isnan(total.finalize(sim.moment_measure(name), [0], [1])[0, 0]), name
+            assert np.isnan(total.finalize(moment_measure(name), [0], [1])[0, 0]), name
     small = sim.MomentMeasures([2, 2])
     small.update([np.eye(3)[:, :2], np.eye(3)[:, 1:]])
     with pytest.raises(ValueError, match="n >= 4"):
-        small.finalize(sim.moment_measure("cca-score"), [0], [1])
+        small.finalize(moment_measure("cca-score"), [0], [1])
 
 
 def test_float16_chunks_and_the_device_path_agree():
@@ -167,8 +179,8 @@ def test_float16_chunks_and_the_device_path_agree():
     host.update([x16, y16])
     device = sim.MomentMeasures([12, 9], device="cpu")  # torch's code path, on the CPU
     device.update([x16, y16])
-    for name in sim.STREAMED_MEASURES:
-        measure = sim.moment_measure(name, 0.5)
+    for name in STREAMED_MEASURES:
+        measure = moment_measure(name, 0.5)
         expected = REFERENCES.get(name, lambda a, b: shape_metric_reference(a, b, 0.5))(
             x16.astype(np.float64), y16.astype(np.float64))
         assert host.finalize(measure, [0], [1])[0, 0] == pytest.approx(expected, rel=1e-8)

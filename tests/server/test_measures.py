@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from actstore.errors import InvalidArgument
-from actstore.options import STREAMED_MEASURES
 from tests.factories import sentences
 from tests.measure_formulas import (
     cca_reference,
@@ -56,7 +55,7 @@ def layers_of(client, run: str) -> list[np.ndarray]:
     return [client.read_activations(run, layer)[0].astype(np.float64) for layer in range(info.num_layers + 1)]
 
 
-@pytest.mark.parametrize("measure", STREAMED_MEASURES)
+@pytest.mark.parametrize("measure", list(REFERENCES))
 def test_each_streamed_measure_equals_the_formula_on_the_stored_rows(client, runs, measure):
     result = client.measure(measure, runs[0], runs[1], layers_a=[0, 2], layers_b=[1, 2], alpha=ALPHA)
     xs, ys = layers_of(client, runs[0]), layers_of(client, runs[1])
@@ -155,22 +154,31 @@ def test_similarity_command(client, runs, module_server, tmp_path):
     assert "procrustes-distance=angular matrix" in text and plot.exists()
 
 
-def test_the_servicer_resolves_measure_options_through_the_table():
+def test_the_legacy_fields_resolve_through_the_table_and_the_generic_rpc_is_strict(client, runs):
+    """Similarity(MEASURE) and SubmitCKAMatrix keep their wire form: alpha 0 is a value, a field the
+    measure does not take is not read (as before); the generic Measure RPC refuses what the measure
+    does not take, and checks the values against the measure's options."""
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
-    from actstore.server.servicer import QueryServicer
-    from tests.test_options import _call, _Recorder
 
-    query = QueryServicer(_Recorder())
-    request = pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cca-score")
-    name, args, kwargs = _call(query, "Similarity", request)
-    assert name == "measure" and args[0] == "r"
-    assert kwargs == {"measure": "cca-score", "alpha": 1.0, "sigma_fraction": 1.0, "k": 10}
-    request.alpha = 0.0  # proto3 optional: 0 is a value (full whitening), not "not given"
-    assert _call(query, "Similarity", request)[2]["alpha"] == 0.0
-    _, _, kwargs = _call(query, "SubmitCKAMatrix", pb.CKAMatrixRequest(runs=["r"], measure="pwcca-score"))
-    assert kwargs["measure"] == "pwcca-score" and kwargs["alpha"] == 1.0
+    shape = "shape_metric-alpha={alpha}-distance=angular"
+    legacy = client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
+                                                           layers_a=[1], measure=shape, alpha=0.0))
+    assert json.loads(legacy.provenance.options_json)["alpha"] == 0.0
+    assert client.measure(shape, runs[0], layers_a=[1], alpha=0.0).provenance.metric == \
+        "shape_metric-alpha=0-distance=angular"
+    cca = client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
+                                                        layers_a=[1], measure="cca-score", alpha=0.5, k=3))
+    assert "alpha" not in json.loads(cca.provenance.options_json)
+    with pytest.raises(InvalidArgument, match="cca-score does not take alpha"):
+        client._query.Measure(pb.MeasureRequest(measure="cca-score", run_a=runs[0], options_json='{"alpha": 0.5}'))
+    with pytest.raises(InvalidArgument, match="alpha 2.0 must be in"):
+        client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json='{"alpha": 2}'))
+    with pytest.raises(InvalidArgument, match="options_json must be a JSON object"):
+        client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json="[1]"))
     with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
-        query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a="r", measure="cka"), None)
+        client._query.Measure(pb.MeasureRequest(measure="cka", run_a=runs[0]))
+    with pytest.raises(InvalidArgument, match="cca-score does not take beta"):
+        client.measure("cca-score", runs[0], beta=1)
 
 
 def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_cluster, tiny_models, client, runs):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import ray
 
+from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore.client import Client
-from actstore.options import STREAMED_MEASURES
 from actstore.server.app import start_server
 from tests.conftest import make_settings
 from tests.factories import sentences
@@ -215,7 +215,7 @@ def few(v):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("measure", [*STREAMED_MEASURES, "mutual_knn-topk={topk}"])
+@pytest.mark.parametrize("measure", [m.identifier for m in measures.measures()])  # every registered one
 def test_a_measure_of_fewer_than_4_samples_is_invalid_not_internal(v, few, n, measure):
     expect(v, INVALID, lambda v: v.query.Similarity(S(metric=S.MEASURE, run_a=getattr(few, f"n{n}"), measure=measure,
                                                       layers_a=[1]), timeout=30),

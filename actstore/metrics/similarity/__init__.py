@@ -27,7 +27,7 @@ from .cca import cca_similarity
 from .cka import hsic_unbiased, hsic_unbiased_gram, linear_cka, linear_cka_debiased
 from .cosine import CosineAccumulator, CosineStats, samplewise_cosine
 from .gram import GRAM_STRIP_BYTES, StoredRows, gram_strip_products, gram_strips
-from .in_memory_measures import IN_MEMORY_MEASURES, PairwiseMeasure, pairwise_measure
+from .in_memory_measures import PairwiseMeasure
 from .inputs import MIN_HSIC_SAMPLES, check_same_samples
 from .kernel_cka import rbf_cka
 from .knn import cknna, cycle_knn, mutual_knn
@@ -36,7 +36,7 @@ from .moments import FeatureMoments
 from .rsa import rsa
 from .shape import procrustes_distance, shape_metric
 from .stats import QUANTILE_LEVELS, histogram_quantiles
-from .streamed_measures import STREAMED_MEASURES, MomentMeasure, MomentMeasures, identifier, moment_measure
+from .streamed_measures import MomentMeasure, MomentMeasures
 from .streaming import (
     CKAMatrices,
     SimilarityAccumulator,
@@ -55,13 +55,11 @@ _StoredRows = StoredRows
 __all__ = [
     "DEFINITION_VERSION",
     "GRAM_STRIP_BYTES",
-    "IN_MEMORY_MEASURES",
     "MIN_HSIC_SAMPLES",
     "QUANTILE_LEVELS",
     "CKAMatrices",
     "CosineAccumulator",
     "CosineStats",
-    "STREAMED_MEASURES",
     "MinibatchCKA",
     "MomentMeasure",
     "MomentMeasures",
@@ -77,8 +75,6 @@ __all__ = [
     "gram_strip_products",
     "gram_strips",
     "histogram_quantiles",
-    "identifier",
-    "moment_measure",
     "hsic_unbiased",
     "hsic_unbiased_gram",
     "linear_cka",
@@ -88,7 +84,6 @@ __all__ = [
     "rbf_cka",
     "rsa",
     "mutual_knn",
-    "pairwise_measure",
     "samplewise_cosine",
     "shape_metric",
 ]

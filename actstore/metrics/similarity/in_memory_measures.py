@@ -1,7 +1,8 @@
 """The similarity measures that need the n x n matrices (RSA, RBF-kernel CKA, CKNNA, the kNN
 alignments): per layer a prepared form (an RDM, a centred kernel, the rows), per pair a cheap
 comparison, so a layer's O(n^2 d) work is done once however many pairs it is in. The caller bounds
-n (`nbytes_per_layer`); names are similarity-repository identifiers (`streamed_measures`).
+n (`nbytes_per_layer`). The measure registry (`actstore.measures`) names them by their
+similarity-repository identifiers and builds them with the factories here.
 """
 
 from __future__ import annotations
@@ -15,18 +16,12 @@ import numpy as np
 
 from . import kernel_cka, knn, rsa
 
-RSA_MEASURES = tuple(f"rsa-rdm={r}-compare={c}" for r in rsa.RDMS for c in rsa.COMPARES)
-RBF_MEASURES = ("cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score", "cka-kernel=(rbf-sigma={sigma})-hsic=song-score")
-KNN_MEASURES = ("mutual_knn-topk={topk}", "cycle_knn-topk={topk}", "cknna-topk={topk}")
-IN_MEMORY_MEASURES = RSA_MEASURES + RBF_MEASURES + KNN_MEASURES
-
 
 @dataclass(frozen=True)
 class PairwiseMeasure:
     """`prepare(layer rows)` once per layer, `compare(prepared_a, prepared_b)` per pair;
     `square`: the prepared form holds an n x n matrix (else the rows themselves)."""
 
-    identifier: str
     prepare: Callable[[np.ndarray], Any]
     compare: Callable[[Any, Any], float]
     square: bool = True
@@ -45,19 +40,21 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.vdot(a, b))
 
 
-def pairwise_measure(name: str, sigma_fraction: float = 1.0, k: int = 10) -> PairwiseMeasure:
-    """The `PairwiseMeasure` for one of `IN_MEMORY_MEASURES`, its parameters filled in."""
-    if name in RSA_MEASURES:
-        kind, compare = name.removeprefix("rsa-rdm=").split("-compare=")
-        return PairwiseMeasure(name, partial(rsa.prepared_rdm, kind=kind, compare=compare), rsa.correlate)
-    if name in RBF_MEASURES:
-        gretton = "gretton" in name
-        return PairwiseMeasure(name, partial(_rbf_gram, sigma_fraction=sigma_fraction, centred=gretton),
-                               _dot if gretton else kernel_cka.debiased_from_grams)
-    if name in KNN_MEASURES:
-        function = {"mutual_knn": knn.mutual_knn, "cycle_knn": knn.cycle_knn, "cknna": knn.cknna}[name.split("-")[0]]
-        return PairwiseMeasure(name.replace("{topk}", str(k)), _rows, partial(function, k=k), square=False)
-    raise ValueError(f"measure {name!r} is not one of {', '.join(IN_MEMORY_MEASURES)}")
+def rsa_measure(rdm: str, compare: str) -> PairwiseMeasure:
+    """rsa-rdm={rdm}-compare={compare}: correlation of the two layers' dissimilarity matrices."""
+    return PairwiseMeasure(partial(rsa.prepared_rdm, kind=rdm, compare=compare), rsa.correlate)
+
+
+def rbf_cka_measure(sigma_fraction: float, debiased: bool) -> PairwiseMeasure:
+    """cka-kernel=(rbf-sigma={sigma})-hsic=gretton-score, or hsic=song-score when `debiased`."""
+    return PairwiseMeasure(partial(_rbf_gram, sigma_fraction=sigma_fraction, centred=not debiased),
+                           kernel_cka.debiased_from_grams if debiased else _dot)
+
+
+def knn_measure(kind: str, k: int) -> PairwiseMeasure:
+    """mutual_knn-topk={topk}, cycle_knn-topk={topk} or cknna-topk={topk} with k neighbours."""
+    function = {"mutual_knn": knn.mutual_knn, "cycle_knn": knn.cycle_knn, "cknna": knn.cknna}[kind]
+    return PairwiseMeasure(_rows, partial(function, k=k), square=False)
 
 
 def nbytes_per_layer(measure: PairwiseMeasure, n: int, width: int) -> int:

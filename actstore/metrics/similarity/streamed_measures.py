@@ -5,12 +5,12 @@ pair's centred second moments `Xc_b^T Xc_b'`, which the feature-space state of s
 (`moments.FeatureMoments`: `sum u`, `sum u u^T` relative to a shift, moved exactly to the mean)
 already holds for every pair of B blocks: O(D^2) memory whatever n, chunks in any order, partial
 states merged in any tree. `MomentMeasures` is that state; `finalize(measure, rows, cols)` then
-computes the named measure for every requested block pair, preparing each block once (its
+computes the measure for every requested block pair, preparing each block once (its
 eigen-decomposition) and each pair from its cross block.
 
-Measures are named by the identifiers of the similarity-repository project (Cloos et al. 2024,
-github.com/nacloos/similarity-repository, `similarity/standardization.py`), so results compare
-across tools; a `{alpha}` in a name is filled in by `identifier`.
+Measures are named (in `actstore.measures`, which builds them with the factories here) by the
+identifiers of the similarity-repository project (Cloos et al. 2024, nacloos/similarity-repository,
+`similarity/standardization.py`), so results compare across tools.
 """
 
 from __future__ import annotations
@@ -31,50 +31,34 @@ from .moments import FeatureMoments
 @dataclass(frozen=True)
 class MomentMeasure:
     """A measure of a block pair from centred moments: `prepare(C_bb)` once per block, then
-    `compare(prepared_a, prepared_b, C_ab)` per pair. `symmetric`: m(a, b) = m(b, a)."""
+    `compare(prepared_a, prepared_b, C_ab)` per pair. `symmetric`: m(a, b) = m(b, a); `distance`:
+    0 (not 1) between a block and itself."""
 
-    identifier: str
     prepare: Callable[[np.ndarray], Any]
     compare: Callable[[Any, Any, np.ndarray], float]
     symmetric: bool = True
     distance: bool = False
 
 
-STREAMED_MEASURES = (
-    "procrustes-distance=angular",
-    "procrustes-distance=euclidean",
-    "shape_metric-alpha={alpha}-distance=angular",
-    "cca-squared_score",
-    "cca-score",
-    "svcca-var=0.99-score",
-    "pwcca-score",
-)
+# The factories the measure registry (`actstore.measures`) names, one per family of identifiers.
+def procrustes_measure(kind: str) -> MomentMeasure:
+    """procrustes-distance=angular (kind "angular") or =euclidean."""
+    compare = {"angular": shape.procrustes_angular, "euclidean": shape.procrustes_euclidean}[kind]
+    return MomentMeasure(np.trace, compare, distance=True)
 
 
-def identifier(name: str, alpha: float = 1.0) -> str:
-    """The identifier with its parameters filled in (`shape_metric-alpha=0.5-distance=angular`)."""
-    return name.replace("{alpha}", f"{alpha:g}")
+def shape_measure(alpha: float) -> MomentMeasure:
+    """shape_metric-alpha={alpha}-distance=angular: partial whitening alpha in [0, 1]."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    return MomentMeasure(partial(shape.Whitened.of, alpha=alpha), shape.shape_angular, distance=True)
 
 
-def moment_measure(name: str, alpha: float = 1.0) -> MomentMeasure:
-    """The `MomentMeasure` for one of `STREAMED_MEASURES` (alpha: the shape metric's whitening)."""
-    filled = identifier(name, alpha)
-    if name == "procrustes-distance=angular":
-        return MomentMeasure(filled, np.trace, shape.procrustes_angular, distance=True)
-    if name == "procrustes-distance=euclidean":
-        return MomentMeasure(filled, np.trace, shape.procrustes_euclidean, distance=True)
-    if name == "shape_metric-alpha={alpha}-distance=angular":
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-        return MomentMeasure(filled, partial(shape.Whitened.of, alpha=alpha), shape.shape_angular, distance=True)
-    if name in ("cca-squared_score", "cca-score"):
-        score = cca.cca_squared if name == "cca-squared_score" else cca.cca_mean
-        return MomentMeasure(filled, cca.Whitening.of, score)
-    if name == "svcca-var=0.99-score":
-        return MomentMeasure(filled, partial(cca.Whitening.of, variance=cca.SVCCA_VARIANCE), cca.cca_mean)
-    if name == "pwcca-score":
-        return MomentMeasure(filled, cca.Whitening.of, cca.pwcca, symmetric=False)
-    raise ValueError(f"measure {name!r} is not one of {', '.join(STREAMED_MEASURES)}")
+def cca_measure(score: str, variance: float | None = None) -> MomentMeasure:
+    """cca-squared_score ("squared"), cca-score ("mean"), svcca-var=0.99-score ("mean" with the
+    variance kept), pwcca-score ("pwcca", not symmetric)."""
+    compare = {"squared": cca.cca_squared, "mean": cca.cca_mean, "pwcca": cca.pwcca}[score]
+    return MomentMeasure(partial(cca.Whitening.of, variance=variance), compare, symmetric=score != "pwcca")
 
 
 class MomentMeasures:

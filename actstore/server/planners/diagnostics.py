@@ -16,10 +16,10 @@ from actstore.metrics import similarity as sim
 from actstore.metrics.similarity.features import FeatureTransform, TransformedAccumulator, feature_transform
 from actstore.metrics.similarity.resampling import calibrated_score, percentile_interval, permutation_p_value
 from actstore.metrics.similarity.uncertain_cos import ResampledCosine
+from actstore.server.planners import Planner
 from actstore.server.planners.cka_bootstrap import BootstrapPlan, plan_bootstrap, resampled_cka
-from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
-from actstore.server.tiling import row_itemsize
+from actstore.server.tiling import pair_blocks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 STATS_VERSION = 2  # 2: the outlier rule has no clipping; debiased replicates never pair copies
@@ -60,7 +60,7 @@ def _interval(replicates: np.ndarray, ci: float, shape: tuple[int, int]) -> tupl
     return interval, np.nanstd(replicates, axis=0, ddof=1).reshape(shape)
 
 
-class DiagnosticsPlanner(SimilarityPlanner):
+class DiagnosticsPlanner(Planner):
 
     def outliers(self, run: str, layers: list[int], top_k: int, sigmas: float, refresh: bool) -> MetricResult:
         record = self.checks.committed_run(run)
@@ -90,7 +90,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
 
     def similarity_stats(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                          center: str, refresh: bool, opts: StatsOptions) -> MetricResult:
-        a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
+        a, b, la, lb = self.checks.pair(run_a, run_b, layers_a, layers_b)
         too_wide = [d for d in opts.exclude_dims if d >= min(a.width, b.width)]
         if too_wide:
             raise InvalidArgument(f"exclude_dims {too_wide[0]} is out of range: the layers have "
@@ -162,7 +162,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
     def _bootstrap_plan(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions
                         ) -> BootstrapPlan:
         """Exact or grouped bootstrap (`cka_bootstrap.plan_bootstrap`) for the requested pairs."""
-        sources, ia, ib = self._blocks(a, b, la, lb)
+        sources, ia, ib = pair_blocks(a, b, la, lb)
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
         return plan_bootstrap(opts.bootstrap_method, opts.bootstrap_groups, widths, [(i, j) for i in ia for j in ib],
                               a.rows, opts.bootstrap, self.executor.settings.max_accumulator_bytes,
@@ -170,7 +170,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
 
     def _cka_stats(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions,
                    plan: BootstrapPlan | None):
-        sources, ia, ib = self._blocks(a, b, la, lb)
+        sources, ia, ib = pair_blocks(a, b, la, lb)
         layer_of = [layer for _, layers in sources for layer in layers]
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
         transforms, dropped = self._transforms(sources, a.rows, widths, opts, shared=False)
@@ -222,7 +222,7 @@ class DiagnosticsPlanner(SimilarityPlanner):
     # ---- COS -----------------------------------------------------------------------------------
     def _cos_stats(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], center: str,
                    opts: StatsOptions):
-        sources, ia, ib = self._blocks(a, b, la, lb)
+        sources, ia, ib = pair_blocks(a, b, la, lb)
         layer_of = [layer for _, layers in sources for layer in layers]
         widths = [a.width] * len(layer_of)
         transforms, dropped = self._transforms(sources, a.rows, widths, opts, shared=True)

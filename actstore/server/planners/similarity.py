@@ -14,7 +14,7 @@ from actstore.options import SIMILARITY, from_wire, resolve
 from actstore.server.planners import Planner
 from actstore.server.planners.aligned import AlignedPlanner
 from actstore.server.results import MetricResult
-from actstore.server.tiling import chunks, row_itemsize
+from actstore.server.tiling import pair_blocks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 
@@ -43,7 +43,7 @@ class SimilarityPlanner(Planner):
             return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b, align,
                                                          from_wire(SIMILARITY, "word_pool", word_pool),
                                                          from_wire(SIMILARITY, "center", center), refresh)
-        a, b, la, lb = self.checked_pair(run_a, run_b, layers_a, layers_b)
+        a, b, la, lb = self.checks.pair(run_a, run_b, layers_a, layers_b)
         run_keys = [a.run_key, b.run_key]
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
@@ -91,20 +91,6 @@ class SimilarityPlanner(Planner):
             return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
         raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
 
-    def checked_pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
-                     ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
-        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
-        the matrix within limits, the same samples, no NaN/Inf in the layers."""
-        a = self.checks.committed_run(run_a)
-        b = self.checks.committed_run(run_b) if run_b else a
-        la = self.checks.check_layers(a, layers_a, "layer")
-        lb = self.checks.check_layers(b, layers_b, "layer")
-        self.checks.check_matrix(len(la), len(lb))
-        self.checks.check_same_samples(a, b)
-        self.checks.check_finite(a, la)
-        self.checks.check_finite(b, lb)
-        return a, b, la, lb
-
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):
         full, short = divmod(a.rows, batch_size)
@@ -114,7 +100,7 @@ class SimilarityPlanner(Planner):
         batches = list(zip([0, *stops[:-1]], stops))
         parts = max(1, min(self.executor.parts, len(batches)))
         groups = [batches[i::parts] for i in range(parts)]
-        sources, ia, ib = self._blocks(a, b, la, lb)
+        sources, ia, ib = pair_blocks(a, b, la, lb)
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
         pairs = [(i, j) for i in ia for j in ib]
         total = self.executor.map_reduce(a.rows, sources, sim.MinibatchCKAAccumulator(pairs, widths), groups)
@@ -123,22 +109,6 @@ class SimilarityPlanner(Planner):
                  f"{outcome}"] if short else [f"{len(batches)} batches of {batch_size} rows"]
         return ({"values": total.finalize().reshape(len(la), len(lb))},
                 {"n": float(a.rows), "batches": float(len(batches)), "batch_size": float(batch_size)}, notes)
-
-    def _blocks(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int]
-                ) -> tuple[list[tuple[str, list[int]]], list[int], list[int]]:
-        """The accumulator's blocks (as read sources) and where each requested layer sits in them."""
-        if a.run_key == b.run_key:
-            union = sorted(set(la) | set(lb))
-            where = {layer: i for i, layer in enumerate(union)}
-            return [(a.run_key, union)], [where[x] for x in la], [where[x] for x in lb]
-        return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
-                [len(la) + j for j in range(len(lb))])
-
-    def _tiles(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], mode: str, itemsize: int):
-        """Split the layer lists so one tile's accumulator fits `max_accumulator_bytes`."""
-        widest = [a.width] * len(la) + [b.width] * len(lb)
-        size = self.sizing.group_size(max(len(la), len(lb)), widest, mode, a.rows, itemsize)
-        return [(tile_a, tile_b) for tile_a in chunks(la, size) for tile_b in chunks(lb, size)]
 
     def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], transforms: dict | None = None):
         """Biased and debiased CKA of la x lb, tiled to the memory limit. `transforms` maps (run key,
@@ -156,17 +126,17 @@ class SimilarityPlanner(Planner):
                 return inner
             return TransformedAccumulator(inner, [transforms[block] for block in blocks_of(sources)])
 
-        sources, _, _ = self._blocks(a, b, la, lb)
+        sources, _, _ = pair_blocks(a, b, la, lb)
         itemsize = row_itemsize(a, b) if transforms is None else 8
         mode = self.sizing.mode(widths_of(sources), a.rows, itemsize)
         biased = np.empty((len(la), len(lb)))
         debiased = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self._tiles(a, b, la, lb, mode, itemsize)
+        tiles = self.sizing.pair_tiles(a, b, la, lb, mode, itemsize)
         constant: set[tuple[str, int]] = set()
         for tile_a, tile_b in tiles:
-            sources, ia, ib = self._blocks(a, b, tile_a, tile_b)
+            sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
             total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
             # the merged total is this query's own: its moments move to the mean in place
             matrices = total.finalize(strip_map=self.executor.gram_strip_map, in_place=True)
@@ -187,7 +157,7 @@ class SimilarityPlanner(Planner):
         return {"biased": biased, "debiased": debiased}, {"n": float(a.rows)}, notes
 
     def _cos(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], center: str):
-        sources, ia, ib = self._blocks(a, b, la, lb)
+        sources, ia, ib = pair_blocks(a, b, la, lb)
         pairs = [(i, j) for i in ia for j in ib]
         centers = None
         if center == "global-mean":

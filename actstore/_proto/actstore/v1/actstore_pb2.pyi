@@ -1164,11 +1164,14 @@ class CKAMatrixRequest(google.protobuf.message.Message):
     REFRESH_FIELD_NUMBER: builtins.int
     MEASURE_FIELD_NUMBER: builtins.int
     ALPHA_FIELD_NUMBER: builtins.int
+    OPTIONS_JSON_FIELD_NUMBER: builtins.int
     refresh: builtins.bool
     measure: builtins.str
     """empty: linear CKA; else a streamed measure (procrustes-distance=angular, ...)"""
     alpha: builtins.float
     """shape_metric: partial whitening in [0, 1]; unset: 1 (Procrustes)"""
+    options_json: builtins.str
+    """the measure's options as a JSON object ({"alpha": 0.5}); "" = none. Wins over alpha"""
     @property
     def runs(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """run keys or prefixes, same samples in the same order"""
@@ -1180,12 +1183,57 @@ class CKAMatrixRequest(google.protobuf.message.Message):
         refresh: builtins.bool = ...,
         measure: builtins.str = ...,
         alpha: builtins.float | None = ...,
+        options_json: builtins.str = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "alpha", b"alpha"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "refresh", b"refresh", "runs", b"runs"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "alpha", b"alpha", "measure", b"measure", "options_json", b"options_json", "refresh", b"refresh", "runs", b"runs"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
 
 Global___CKAMatrixRequest: typing_extensions.TypeAlias = CKAMatrixRequest
+
+@typing.final
+class MeasureRequest(google.protobuf.message.Message):
+    """Any registered measure by its identifier (`actstore measures` lists them, with their options):
+    one RPC for every measure, so a new measure needs no proto change.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    MEASURE_FIELD_NUMBER: builtins.int
+    RUN_A_FIELD_NUMBER: builtins.int
+    RUN_B_FIELD_NUMBER: builtins.int
+    LAYERS_A_FIELD_NUMBER: builtins.int
+    LAYERS_B_FIELD_NUMBER: builtins.int
+    OPTIONS_JSON_FIELD_NUMBER: builtins.int
+    REFRESH_FIELD_NUMBER: builtins.int
+    measure: builtins.str
+    """e.g. nbs-score, linear_regression-r2, shape_metric-alpha={alpha}-distance=angular"""
+    run_a: builtins.str
+    run_b: builtins.str
+    """empty: run_a (within-model)"""
+    options_json: builtins.str
+    """the measure's options as a JSON object ({"alpha": 0.5, "k": 10}); "" = none"""
+    refresh: builtins.bool
+    @property
+    def layers_a(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
+        """empty: all layers 0..L"""
+
+    @property
+    def layers_b(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        measure: builtins.str = ...,
+        run_a: builtins.str = ...,
+        run_b: builtins.str = ...,
+        layers_a: collections.abc.Iterable[builtins.int] | None = ...,
+        layers_b: collections.abc.Iterable[builtins.int] | None = ...,
+        options_json: builtins.str = ...,
+        refresh: builtins.bool = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "options_json", b"options_json", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b"]) -> None: ...
+
+Global___MeasureRequest: typing_extensions.TypeAlias = MeasureRequest
 
 @typing.final
 class GetResultRequest(google.protobuf.message.Message):

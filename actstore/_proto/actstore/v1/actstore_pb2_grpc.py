@@ -656,6 +656,11 @@ class QueryStub(object):
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.SerializeToString,
                 response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
                 _registered_method=True)
+        self.Measure = channel.unary_unary(
+                '/actstore.v1.Query/Measure',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.MeasureRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+                _registered_method=True)
         self.Entropy = channel.unary_unary(
                 '/actstore.v1.Query/Entropy',
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.EntropyRequest.SerializeToString,
@@ -703,6 +708,13 @@ class QueryServicer(object):
 
     def Similarity(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Measure(self, request, context):
+        """any registered measure (MEASURE of Similarity, generic)
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -762,6 +774,11 @@ def add_QueryServicer_to_server(servicer, server):
             'Similarity': grpc.unary_unary_rpc_method_handler(
                     servicer.Similarity,
                     request_deserializer=actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
+            ),
+            'Measure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Measure,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.MeasureRequest.FromString,
                     response_serializer=actstore_dot_v1_dot_actstore__pb2.QueryResult.SerializeToString,
             ),
             'Entropy': grpc.unary_unary_rpc_method_handler(
@@ -831,6 +848,33 @@ class Query(object):
             target,
             '/actstore.v1.Query/Similarity',
             actstore_dot_v1_dot_actstore__pb2.SimilarityRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Measure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Query/Measure',
+            actstore_dot_v1_dot_actstore__pb2.MeasureRequest.SerializeToString,
             actstore_dot_v1_dot_actstore__pb2.QueryResult.FromString,
             options,
             channel_credentials,
