@@ -249,3 +249,22 @@ def test_whitening_measures_say_when_too_few_samples_make_them_one(client, tiny_
     assert np.allclose(cca.values, 1.0) and any("1 by construction" in note for note in cca.notes)
     procrustes = client.measure("procrustes-distance=angular", run, layers_a=[2], layers_b=[3])
     assert not any("by construction" in note for note in procrustes.notes)
+
+
+def test_result_keys_are_those_of_results_cached_before_the_registry(client, runs):
+    """The registry must not move a cached result: each key is the one the code before it wrote
+    (metric = the filled identifier, version 1, these option layouts), so results cached by an older
+    server are found (provenance.cached) and not recomputed."""
+    from actstore.store.keys import result_key
+
+    shape = "shape_metric-alpha={alpha}-distance=angular"
+    answer = client.measure(shape, runs[0], runs[1], layers_a=[1], layers_b=[0, 2], alpha=0.5)
+    old = {"layers_a": [1], "layers_b": [0, 2], "measure": shape,
+           "identifier": "shape_metric-alpha=0.5-distance=angular", "alpha": 0.5}
+    assert answer.provenance.result_key == result_key(old["identifier"], 1, old, runs)
+    knn = client.measure("cknna-topk={topk}", runs[0], layers_a=[2], layers_b=[2], k=5)
+    old = {"layers_a": [2], "layers_b": [2], "measure": "cknna-topk={topk}", "identifier": "cknna-topk=5", "k": 5}
+    assert knn.provenance.result_key == result_key("cknna-topk=5", 1, old, [runs[0], runs[0]])
+    matrix = client.measure_matrix(runs, "cca-score")
+    old = {"runs": 2, "measure": "cca-score", "identifier": "cca-score"}
+    assert matrix.provenance.result_key == result_key("cca-score", 1, old, runs)
