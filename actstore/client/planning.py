@@ -1,15 +1,17 @@
 """Dry runs from the client: what a capture or a CKA matrix job would cost, answered by the
-server without running it (`Client.plan_capture`, `Client.plan_cka_matrix`)."""
+server without running it (`Client.plan_capture`, `Client.plan_cka_matrix`). The plans are the
+server's own records (`actstore.records`), built here from their protos."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import planning_pb2
 from actstore.client.arguments import options
 from actstore.options import CAPTURE
+from actstore.records import CapturePlanInfo, CKAMatrixPlanInfo
 
 
 def capture_request(model: str, dataset: str, pooling: str | None, dtype: str | None, max_len: int | None,
@@ -20,55 +22,16 @@ def capture_request(model: str, dataset: str, pooling: str | None, dtype: str | 
                              max_len=max_len, sites=[s for each in sites for s in each.split(",")])
 
 
-@dataclass(frozen=True)
-class CapturePlanInfo:
-    """A capture's cost: per run (each site is one run) its rows and shards; for the runs still to
-    capture, the raw and estimated stored bytes and the estimated wall time (0: no basis yet)."""
-
-    sites: dict[str, str]  # site -> run key
-    stored: dict[str, bool]  # site -> already committed (nothing to compute)
-    n: int
-    rows: int
-    num_shards: int
-    num_layers: int
-    width: int
-    dtype: str
-    pooling: str
-    max_len: int
-    raw_bytes: int
-    stored_bytes: int
-    compression: float
-    compression_basis: str
-    seconds: float
-    seconds_basis: str
-
-    @staticmethod
-    def from_proto(p: planning_pb2.CapturePlan) -> CapturePlanInfo:
-        rest = {f.name: getattr(p, f.name) for f in fields(CapturePlanInfo) if f.name not in ("sites", "stored")}
-        return CapturePlanInfo({s.site: s.run_key for s in p.sites}, {s.site: s.stored for s in p.sites}, **rest)
+def capture_plan(p: planning_pb2.CapturePlan) -> CapturePlanInfo:
+    """The plan of a capture, from its proto (the sites' run keys and stored flags as dicts)."""
+    rest = {f.name: getattr(p, f.name) for f in fields(CapturePlanInfo) if f.name not in ("sites", "stored")}
+    return CapturePlanInfo({s.site: s.run_key for s in p.sites}, {s.site: s.stored for s in p.sites}, **rest)
 
 
-@dataclass(frozen=True)
-class CKAMatrixPlanInfo:
-    """A CKA matrix job's plan: feature or Gram space, the tiles and map tasks, the peak accumulator
-    memory of the largest tile against the server's limit, FLOPs, decoded bytes read."""
-
-    run_keys: list[str]
-    blocks: int
-    rows: int
-    mode: str
-    tiles: int
-    map_tasks: int
-    memory_bytes: int
-    memory_limit_bytes: int
-    flops: float
-    read_bytes: int
-    cached: bool
-
-    @staticmethod
-    def from_proto(p: planning_pb2.CKAMatrixPlan) -> CKAMatrixPlanInfo:
-        values = {f.name: getattr(p, f.name) for f in fields(CKAMatrixPlanInfo)}
-        return CKAMatrixPlanInfo(**{**values, "run_keys": list(p.run_keys)})
+def cka_matrix_plan(p: planning_pb2.CKAMatrixPlan) -> CKAMatrixPlanInfo:
+    """The plan of a CKA matrix job, from its proto."""
+    values = {f.name: getattr(p, f.name) for f in fields(CKAMatrixPlanInfo)}
+    return CKAMatrixPlanInfo(**{**values, "run_keys": list(p.run_keys)})
 
 
 class PlanningMixin:
@@ -82,8 +45,8 @@ class PlanningMixin:
                      site: Sequence[str] | str | None = None) -> CapturePlanInfo:
         """What `capture` with these arguments would store and take, checked like a submit."""
         request = capture_request(model, dataset, pooling, dtype, max_len, site)
-        return CapturePlanInfo.from_proto(self._planning.PlanCapture(request))
+        return capture_plan(self._planning.PlanCapture(request))
 
     def plan_cka_matrix(self, runs: Sequence[str]) -> CKAMatrixPlanInfo:
         """What `cka_matrix(runs)` would take: tiles, memory, FLOPs."""
-        return CKAMatrixPlanInfo.from_proto(self._planning.PlanCKAMatrix(pb.CKAMatrixRequest(runs=list(runs))))
+        return cka_matrix_plan(self._planning.PlanCKAMatrix(pb.CKAMatrixRequest(runs=list(runs))))

@@ -1,4 +1,6 @@
-"""What the client returns: numpy arrays in small dataclasses, never raw protos."""
+"""What the client returns: numpy arrays in small dataclasses, never raw protos. The records the
+server describes too (provenance, metric answers, scrub damage, garbage) come from
+`actstore.records`."""
 
 from __future__ import annotations
 
@@ -9,23 +11,14 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client.frames import layer_frame, matrix_frame
+from actstore.records import Damage, GarbageItem, MetricAnswer, Provenance
 from actstore.wire import from_ndarray
 
 
-@dataclass(frozen=True)
-class Provenance:
-    metric: str
-    definition_version: int
-    options: dict
-    run_keys: list[str]
-    cached: bool
-    seconds: float
-    result_key: str
-
-    @staticmethod
-    def from_proto(p: pb.Provenance) -> Provenance:
-        return Provenance(p.metric, p.definition_version, json.loads(p.options_json or "{}"), list(p.run_keys),
-                          p.cached, p.seconds, p.result_key)
+def provenance(p: pb.Provenance) -> Provenance:
+    """The provenance of an answer, from its proto."""
+    return Provenance(p.metric, p.definition_version, json.loads(p.options_json or "{}"), list(p.run_keys),
+                      p.cached, p.seconds, p.result_key)
 
 
 @dataclass(frozen=True)
@@ -152,19 +145,13 @@ class CaptureResult:
         return self.job.cache_hit
 
 
-@dataclass(frozen=True)
-class QueryAnswer:
-    """Any metric's answer: named arrays and scalars, with provenance and notes."""
-
-    arrays: dict[str, np.ndarray]
-    scalars: dict[str, float]
-    provenance: Provenance
-    notes: list[str]
+class QueryAnswer(MetricAnswer):
+    """Any metric's answer (`records.MetricAnswer`), decoded from the wire."""
 
     @staticmethod
     def from_proto(r: pb.QueryResult) -> QueryAnswer:
         return QueryAnswer({k: from_ndarray(v) for k, v in r.arrays.items()}, dict(r.scalars),
-                           Provenance.from_proto(r.provenance), list(r.notes))
+                           provenance(r.provenance), list(r.notes))
 
 
 @dataclass(frozen=True)
@@ -288,28 +275,12 @@ class LensResult:
 
 
 @dataclass(frozen=True)
-class Damage:
-    array: str  # acts | tokens | layer_sums | token_ids | means | sample_ids | ... | catalog | group
-    shard: int  # -1: the whole array
-    layer: int  # -1: every layer, or not per layer
-    reason: str
-
-
-@dataclass(frozen=True)
 class BackupInfo:
     """A catalog backup the server made: its path on the server, its size, and every backup kept."""
 
     path: str
     bytes: int
     kept: list[str]
-
-
-@dataclass(frozen=True)
-class GarbageItem:
-    kind: str  # result | partials | orphaned-run | failed-run
-    name: str
-    bytes: int
-    reason: str
 
 
 @dataclass(frozen=True)

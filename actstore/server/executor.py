@@ -7,12 +7,14 @@ import copy
 import functools
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import ray
 
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition
+from actstore.metrics.accumulator import Accumulator
 from actstore.server.dispatch import gather
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
@@ -34,7 +36,10 @@ def remote(function, **options):
     return ray.remote(**options)(function)
 
 
-def merged(partials: list):
+A = TypeVar("A", bound=Accumulator)
+
+
+def merged(partials: list[A]) -> A:
     """The accumulators from map tasks merged into one."""
     total = copy.deepcopy(partials[0])  # objects from Ray's store are read-only
     for part in partials[1:]:
@@ -42,13 +47,13 @@ def merged(partials: list):
     return total
 
 
-def accumulated_and_finalized(store: StoreHandle, sources, ranges, accumulator, labels=None,
+def accumulated_and_finalized(store: StoreHandle, sources, ranges, accumulator: Accumulator, labels=None,
                               device_policy: str = "cpu"):
     """`map_finalize` with one map task: it accumulates and finalizes, so the state never leaves it."""
     return accumulate(store, sources, ranges, accumulator, labels, device_policy).finalize()
 
 
-def merged_and_finalized(*partials):
+def merged_and_finalized(*partials: Accumulator):
     """`map_finalize`'s reduce task: the map tasks' accumulators merged, then finalized (a single
     one as it came: `map_finalize` is for accumulators whose finalize only reads their state)."""
     return (partials[0] if len(partials) == 1 else merged(list(partials))).finalize()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actstore.records import GarbageItem
 from actstore.server.jobs import JobManager
 from actstore.store.catalog import Catalog
 from actstore.store.handle import StoreHandle
@@ -30,17 +31,9 @@ from actstore.store.handle import StoreHandle
 FINISHED = ("done", "failed", "cancelled")
 
 
-@dataclass(frozen=True)
-class Garbage:
-    kind: str  # result | partials | orphaned-run | failed-run
-    name: str  # the result key, the partials' result key, or the run key
-    bytes: int
-    reason: str
-
-
 @dataclass
 class GcReport:
-    items: list[Garbage] = field(default_factory=list)
+    items: list[GarbageItem] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # found, looked like garbage, kept on purpose
     applied: bool = False
 
@@ -73,7 +66,7 @@ class GarbageCollector:
 
     def collect(self, older_than: float, max_bytes: int | None, apply: bool) -> GcReport:
         report = GcReport(applied=apply)
-        removals: list[tuple[Garbage, Callable[[], bool]]] = []
+        removals: list[tuple[GarbageItem, Callable[[], bool]]] = []
         removals += self._results(older_than, max_bytes)
         removals += self._partials(older_than)
         removals += self._runs(older_than, report)
@@ -83,7 +76,7 @@ class GarbageCollector:
         return report
 
     # ---- cached results --------------------------------------------------------------------------
-    def _results(self, older_than: float, max_bytes: int | None) -> list[tuple[Garbage, Callable[[], bool]]]:
+    def _results(self, older_than: float, max_bytes: int | None) -> list[tuple[GarbageItem, Callable[[], bool]]]:
         rows = self.catalog.results.cached()
         remaining = sum(nbytes for _, _, nbytes, _ in rows)
         found = []
@@ -95,7 +88,7 @@ class GarbageCollector:
             else:
                 continue
             remaining -= nbytes
-            found.append((Garbage("result", key, nbytes, reason), lambda k=key: self._remove_result(k)))
+            found.append((GarbageItem("result", key, nbytes, reason), lambda k=key: self._remove_result(k)))
         return found
 
     def _remove_result(self, key: str) -> bool:
@@ -103,7 +96,7 @@ class GarbageCollector:
         return True
 
     # ---- matrix-job partials ---------------------------------------------------------------------
-    def _partials(self, older_than: float) -> list[tuple[Garbage, Callable[[], bool]]]:
+    def _partials(self, older_than: float) -> list[tuple[GarbageItem, Callable[[], bool]]]:
         root = self.store.path / "partials"
         found = []
         for folder in sorted(root.iterdir()) if root.is_dir() else []:
@@ -123,7 +116,7 @@ class GarbageCollector:
                 reason = f"partials of matrix job {job.job_id} ({job.status}), {_age_text(age)} old"
             else:
                 continue  # an unfinished job of an earlier server: the next start resumes it
-            found.append((Garbage("partials", folder.name, nbytes, reason),
+            found.append((GarbageItem("partials", folder.name, nbytes, reason),
                           lambda f=folder: self._remove_partials(f)))
         return found
 
@@ -134,7 +127,7 @@ class GarbageCollector:
         return True
 
     # ---- run folders -----------------------------------------------------------------------------
-    def _runs(self, older_than: float, report: GcReport) -> list[tuple[Garbage, Callable[[], bool]]]:
+    def _runs(self, older_than: float, report: GcReport) -> list[tuple[GarbageItem, Callable[[], bool]]]:
         found = []
         known = {r.run_key for r in self.catalog.runs.all()}
         for key in self.arrays.group_keys():
@@ -144,13 +137,13 @@ class GarbageCollector:
                 report.kept.append(f"run {key}: committed in the store but not in the catalog (restored from an "
                                    "older backup?): `actstore catalog rebuild` recovers it")
                 continue
-            found.append((Garbage("orphaned-run", key, self.arrays.group_nbytes(key),
-                                  "run folder with no catalog row (left by a deletion)"),
+            found.append((GarbageItem("orphaned-run", key, self.arrays.group_nbytes(key),
+                                      "run folder with no catalog row (left by a deletion)"),
                           lambda k=key: self._remove_run(k, None)))
         for key in self.catalog.runs.failed_keys(older_than):
             if self.jobs.live_for(key) is None:
-                found.append((Garbage("failed-run", key, self.arrays.group_nbytes(key),
-                                      f"failed run, created over {_age_text(older_than)} ago"),
+                found.append((GarbageItem("failed-run", key, self.arrays.group_nbytes(key),
+                                          f"failed run, created over {_age_text(older_than)} ago"),
                               lambda k=key: self._remove_run(k, "failed")))
         return found
 

@@ -11,10 +11,9 @@ tile's accumulation (2 x `similarity.cka_mode_costs`) and the bytes read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from actstore.errors import Unavailable
 from actstore.metrics import similarity as sim
+from actstore.records import CapturePlanInfo, CKAMatrixPlanInfo
 from actstore.server import cka_job
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
 from actstore.server.dispatch import get_or_raise
@@ -26,40 +25,6 @@ from actstore.store.catalog import Catalog, RunRecord
 RECENT_JOBS = 20  # finished capture jobs the rate is taken from
 
 
-@dataclass(frozen=True)
-class CapturePlan:
-    sites: list[tuple[str, str, bool]]  # (site, run key, already stored)
-    n: int
-    rows: int
-    num_shards: int
-    num_layers: int
-    width: int
-    dtype: str
-    pooling: str
-    max_len: int
-    raw_bytes: int
-    stored_bytes: int
-    compression: float
-    compression_basis: str
-    seconds: float
-    seconds_basis: str
-
-
-@dataclass(frozen=True)
-class CkaMatrixPlan:
-    run_keys: list[str]
-    blocks: int
-    rows: int
-    mode: str
-    tiles: int
-    map_tasks: int
-    memory_bytes: int
-    memory_limit_bytes: int
-    flops: float
-    read_bytes: int
-    cached: bool
-
-
 class CostPlanner:
     def __init__(self, catalog: Catalog, captures: CaptureJobs, parts: QueryParts) -> None:
         self.catalog = catalog
@@ -67,7 +32,7 @@ class CostPlanner:
         self.parts = parts
         self.arrays = captures.arrays
 
-    def capture(self, request: CaptureRequest) -> CapturePlan:
+    def capture(self, request: CaptureRequest) -> CapturePlanInfo:
         target = self.captures.target(request)
         model, dataset, options = target.model, target.dataset, target.options
         stored = [(found := self.catalog.runs.find(key)) is not None and found.status == "committed"
@@ -78,9 +43,9 @@ class CostPlanner:
         raw = per_run * sum(not s for s in stored)
         ratio, ratio_basis = self._compression(model.digest, options["dtype"])
         seconds, seconds_basis = self._seconds(model.digest, rows, any(not s for s in stored))
-        return CapturePlan(
-            sites=list(zip(target.sites, target.keys, stored)), n=dataset.n, rows=rows,
-            num_shards=-(-rows // shard_rows), num_layers=model.num_layers, width=model.hidden_size,
+        return CapturePlanInfo(
+            sites=dict(zip(target.sites, target.keys)), stored=dict(zip(target.sites, stored)), n=dataset.n,
+            rows=rows, num_shards=-(-rows // shard_rows), num_layers=model.num_layers, width=model.hidden_size,
             dtype=options["dtype"], pooling=options["pooling"], max_len=options["max_len"], raw_bytes=raw,
             stored_bytes=int(raw * ratio), compression=ratio, compression_basis=ratio_basis, seconds=seconds,
             seconds_basis=seconds_basis)
@@ -123,7 +88,7 @@ class CostPlanner:
         keys = request.get("run_keys") or []
         return self.catalog.runs.find(keys[0]) if keys else None
 
-    def cka_matrix(self, runs: list[str]) -> CkaMatrixPlan:
+    def cka_matrix(self, runs: list[str]) -> CKAMatrixPlanInfo:
         parts = self.parts
         records, key, _ = cka_job.plan(parts, runs)
         blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
@@ -134,15 +99,16 @@ class CostPlanner:
         if gram is not None:  # the sample-space tiles of `gram_matrix`: each Gram entry once
             data = sum(rows * run.width * ITEMSIZE[run.dtype] for run, _ in blocks)
             flops = 2 * sim.cka_mode_costs([run.width for run, _ in blocks], rows)["gram"]
-            return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, "gram", len(gram.tiles),
-                                 len(groups) + len(gram.tiles), gram.memory_bytes, parts.sizing.limit, float(flops),
-                                 data * (len(gram.panels) + 1), self.catalog.results.get_record(key) is not None)
+            return CKAMatrixPlanInfo([r.run_key for r in records], len(blocks), rows, "gram", len(gram.tiles),
+                                     len(groups) + len(gram.tiles), gram.memory_bytes, parts.sizing.limit,
+                                     float(flops), data * (len(gram.panels) + 1),
+                                     self.catalog.results.get_record(key) is not None)
         mode = parts.sizing.mode([run.width for run, _ in blocks], rows, itemsize)
         tiles = cka_job.tile_groups(parts, blocks, mode, rows)
         widths = [[blocks[i][0].width for i in tile] for tile in tiles]
         memory = max(parts.sizing.nbytes(w, mode, rows, itemsize) for w in widths)
         flops = sum(2 * sim.cka_mode_costs(w, rows)[mode] for w in widths)
         read = sum(rows * blocks[i][0].width * ITEMSIZE[blocks[i][0].dtype] for tile in tiles for i in tile)
-        return CkaMatrixPlan([r.run_key for r in records], len(blocks), rows, mode, len(tiles),
-                             len(tiles) * len(groups), memory, parts.sizing.limit, float(flops), read,
-                             self.catalog.results.get_record(key) is not None)
+        return CKAMatrixPlanInfo([r.run_key for r in records], len(blocks), rows, mode, len(tiles),
+                                 len(tiles) * len(groups), memory, parts.sizing.limit, float(flops), read,
+                                 self.catalog.results.get_record(key) is not None)

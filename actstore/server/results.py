@@ -14,36 +14,21 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 from cachetools import LRUCache
 
 from actstore.errors import NotFound
+from actstore.records import MetricAnswer, Provenance
 from actstore.store.catalog import Catalog
 from actstore.store.keys import result_key
 
 Computed = tuple[dict[str, np.ndarray], dict[str, float], list[str]]
 
 
-@dataclass(frozen=True)
-class Provenance:
-    metric: str
-    definition_version: int
-    options: dict[str, Any]
-    run_keys: list[str]
-    cached: bool
-    seconds: float
-    result_key: str
-
-
-@dataclass(frozen=True)
-class MetricResult:
-    arrays: dict[str, np.ndarray]
-    scalars: dict[str, float]
-    provenance: Provenance
-    notes: list[str] = field(default_factory=list)
+class MetricResult(MetricAnswer):
+    """A metric's answer (`records.MetricAnswer`) with the encoding the catalog stores it in."""
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()

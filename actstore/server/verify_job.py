@@ -18,18 +18,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import asdict
 
 import ray
 
 from actstore.config import Settings
 from actstore.errors import ActStoreError, Cancelled, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from actstore.records import Damage
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.store.array_store import RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import result_key
-from actstore.store.scrub import METADATA, WHOLE, Finding, check_run, created_once
+from actstore.store.scrub import METADATA, WHOLE, check_run, created_once
 from actstore.workers import cluster
 from actstore.workers.metric_tasks import deal
 from actstore.workers.verify_tasks import verify_shards
@@ -76,7 +78,7 @@ class VerifyJobs:
     # ---- the job --------------------------------------------------------------------------------
     def _run(self, job: JobState, records: list[RunRecord], repair: bool, target: str) -> None:
         started = time.perf_counter()
-        findings: dict[str, list[Finding]] = {}
+        findings: dict[str, list[Damage]] = {}
         plans: dict[str, dict[int, dict[int, int]]] = {}
         for record in records:
             findings[record.run_key], plans[record.run_key] = self._plan(record)
@@ -110,7 +112,7 @@ class VerifyJobs:
         self.catalog.results.put(target, KINDS[repair], 1, {"repair": repair}, [r.run_key for r in records],
                                 json.dumps(report).encode(), time.perf_counter() - started)
 
-    def _plan(self, record: RunRecord) -> tuple[list[Finding], dict[int, dict[int, int]]]:
+    def _plan(self, record: RunRecord) -> tuple[list[Damage], dict[int, dict[int, int]]]:
         """The run-wide findings, and the shards to read with the crc32c of each recorded layer;
         the catalog's chunk rows are compared with the shards the run should have here."""
         try:
@@ -131,21 +133,21 @@ class VerifyJobs:
                 continue  # not captured yet: the capture writes it
             start, stop = layout.shard_range(shard)
             if len(rows) != layout.num_states:
-                findings.append(Finding("catalog", shard, WHOLE, f"has chunk rows for {len(rows)} of "
-                                                                 f"{layout.num_states} layers"))
+                findings.append(Damage("catalog", shard, WHOLE, f"has chunk rows for {len(rows)} of "
+                                                                f"{layout.num_states} layers"))
             elif any(count != stop - start for count, _ in rows.values()):
-                findings.append(Finding("catalog", shard, WHOLE, f"its chunk rows count rows other than "
-                                                                 f"{stop - start}"))
+                findings.append(Damage("catalog", shard, WHOLE, f"its chunk rows count rows other than "
+                                                                f"{stop - start}"))
             plan[shard] = {layer: checksum for layer, (_, checksum) in rows.items()}
         return findings, plan
 
     @staticmethod
-    def _verdict(record: RunRecord, findings: list[Finding], shards: int) -> dict:
+    def _verdict(record: RunRecord, findings: list[Damage], shards: int) -> dict:
         findings = list(dict.fromkeys(findings))  # damaged metadata: the same finding from every shard's task
         damaged_shards = sorted({f.shard for f in findings if f.shard != WHOLE})
         status = "damaged" if findings else ("ok" if record.status == "committed" else "incomplete")
         return {"run_key": record.run_key, "status": status, "shards": shards,
-                "damage": [f.to_dict() for f in sorted(findings, key=lambda f: (f.shard, f.array, f.layer))],
+                "damage": [asdict(f) for f in sorted(findings, key=lambda f: (f.shard, f.array, f.layer))],
                 "damaged_shards": damaged_shards, "recapture": status != "ok", "run_status": record.status}
 
     def _repair(self, record: RunRecord, verdict: dict) -> dict:
@@ -153,8 +155,8 @@ class VerifyJobs:
         if verdict["status"] != "damaged":
             return verdict
         if self.jobs.live_for(key) is not None:
-            busy = Finding("run", WHOLE, WHOLE, "a capture of the run is running: not repaired; verify it when it ends")
-            return {**verdict, "damage": [*verdict["damage"], busy.to_dict()]}
+            busy = Damage("run", WHOLE, WHOLE, "a capture of the run is running: not repaired; verify it when it ends")
+            return {**verdict, "damage": [*verdict["damage"], asdict(busy)]}
         if any(created_once(d["array"]) for d in verdict["damage"]):
             self.catalog.runs.delete(key)
             self.arrays.delete_run(key)

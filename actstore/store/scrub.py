@@ -5,18 +5,18 @@ catalog says the run is, sample ids, labels, offsets, means); `check_shard` read
 chunk of one shard (each layer alone, so its crc32c is checked and a failure names the layer),
 its layer sums, kept chunk rows and statistics, and token ids, and compares each layer's bytes
 with the crc32c the capture recorded in the catalog. Both only use the `ArrayStore` interface
-and return `Finding`s; the verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks
-and compares the catalog's chunk rows with the shards present.
+and return findings, `Damage` records (`actstore.records`: the client reads the same record); the
+verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks and compares the catalog's
+chunk rows with the shards present.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
 
 import crc32c
 import numpy as np
 
 from actstore.errors import DataLoss, NotFound
+from actstore.records import Damage
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.damage import GROUP, metadata_key
 
@@ -32,17 +32,6 @@ def created_once(array: str) -> bool:
     """Whether damage to `array` (a finding's) needs the run captured again whole: what the run's
     creation writes once, and every metadata object (zarr reads nothing of an array without it)."""
     return array in CREATED_ONCE or array.endswith(METADATA)
-
-
-@dataclass(frozen=True)
-class Finding:
-    array: str
-    shard: int
-    layer: int
-    reason: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _reason(exc: DataLoss) -> str:
@@ -70,24 +59,24 @@ def expected_shapes(layout: RunLayout, labelled: bool) -> dict[str, tuple[tuple[
 
 
 def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: bool,
-              spec: dict | None = None) -> list[Finding]:
+              spec: dict | None = None) -> list[Damage]:
     """The run-wide checks; `expected` is the layout and `spec` the identity the catalog records."""
     try:
         layout = arrays.layout(run_key)
     except DataLoss as exc:
         return [_finding(exc, GROUP)]
     except NotFound as exc:
-        return [Finding(GROUP, WHOLE, WHOLE, str(exc))]
+        return [Damage(GROUP, WHOLE, WHOLE, str(exc))]
     findings = []
     try:
         stored_spec = arrays.spec(run_key)
     except DataLoss as exc:  # the layout was remembered from before the damage
         return [_finding(exc, GROUP)]
     if spec is not None and stored_spec is not None and stored_spec != spec:
-        findings.append(Finding("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
+        findings.append(Damage("group", WHOLE, WHOLE, "its spec is not the run's in the catalog"))
     if layout != expected:
-        findings.append(Finding(GROUP, WHOLE, WHOLE, f"its layout {layout.to_dict()} (in {metadata_key(run_key)}) is "
-                                                     f"not the run's in the catalog {expected.to_dict()}"))
+        findings.append(Damage(GROUP, WHOLE, WHOLE, f"its layout {layout.to_dict()} (in {metadata_key(run_key)}) is "
+                                                    f"not the run's in the catalog {expected.to_dict()}"))
         return findings
     def labels_fit() -> bool:
         labels = arrays.labels(run_key)
@@ -103,12 +92,12 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
     for name, fits in readers.items():
         try:
             if not fits():
-                findings.append(Finding(name, WHOLE, WHOLE, "does not match the run's shape"))
+                findings.append(Damage(name, WHOLE, WHOLE, "does not match the run's shape"))
         except DataLoss as exc:
             findings.append(_finding(exc, name))
         except NotFound:
             if committed:  # the means are written at commit
-                findings.append(Finding(name, WHOLE, WHOLE, "is missing from a committed run"))
+                findings.append(Damage(name, WHOLE, WHOLE, "is missing from a committed run"))
     try:
         shapes = arrays.array_shapes(run_key)
     except DataLoss as exc:  # an array's metadata: named already where a reader above met it
@@ -118,10 +107,10 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
     for name, (shape, dtype) in expected_shapes(layout, labelled).items():
         if name not in shapes:
             if name != "means" or committed:
-                findings.append(Finding(name, WHOLE, WHOLE, "is missing from the store"))
+                findings.append(Damage(name, WHOLE, WHOLE, "is missing from the store"))
         elif shapes[name] != (shape, dtype):
-            findings.append(Finding(name, WHOLE, WHOLE, f"is {shapes[name][1]} {shapes[name][0]}, the run's spec "
-                                                        f"says {dtype} {shape}"))
+            findings.append(Damage(name, WHOLE, WHOLE, f"is {shapes[name][1]} {shapes[name][0]}, the run's spec "
+                                                       f"says {dtype} {shape}"))
     return findings
 
 
@@ -138,13 +127,13 @@ def _named(exc: DataLoss, default: str) -> str:
     return default
 
 
-def _finding(exc: DataLoss, default: str, shard: int = WHOLE, layer: int = WHOLE) -> Finding:
+def _finding(exc: DataLoss, default: str, shard: int = WHOLE, layer: int = WHOLE) -> Damage:
     """The finding of a DataLoss about `default` (or what it names) in `shard` and `layer`; damaged
     metadata is about the whole array, whichever shard's read met it."""
     array = _named(exc, default)
     if array == GROUP or array.endswith(METADATA):
         shard = layer = WHOLE
-    return Finding(array, shard, layer, _reason(exc))
+    return Damage(array, shard, layer, _reason(exc))
 
 
 def _offsets_fit(offsets: np.ndarray | None, layout: RunLayout) -> bool:
@@ -161,7 +150,7 @@ def stored_bytes(values: np.ndarray, dtype: str) -> bytes:
 
 
 def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int],
-                ids_expected: bool = False) -> list[Finding]:
+                ids_expected: bool = False) -> list[Damage]:
     """Every inner chunk of one shard, its layer sums, kept rows and statistics, and token ids;
     `checksums` maps a layer to the crc32c the catalog recorded for it (a layer without one is not
     compared). With `ids_expected` (a token-level run of a text model), rows without a token id
@@ -169,7 +158,7 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
     layout = arrays.layout(run_key)
     name = layout.array_name
     if not arrays.shard_present(run_key, shard):
-        return [Finding(name, shard, WHOLE, "is missing from the store")]
+        return [Damage(name, shard, WHOLE, "is missing from the store")]
     start, stop = layout.shard_range(shard)
     findings = []
     for layer in range(layout.num_states):
@@ -183,12 +172,12 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
             continue
         recorded = checksums.get(layer)
         if recorded is not None and crc32c.crc32c(stored_bytes(values, layout.dtype)) != recorded:
-            findings.append(Finding(name, shard, layer, "reads, but its bytes are not the ones the capture "
-                                                        "recorded in the catalog (crc32c differs)"))
+            findings.append(Damage(name, shard, layer, "reads, but its bytes are not the ones the capture "
+                                                       "recorded in the catalog (crc32c differs)"))
     try:
         sums = arrays.layer_sums(run_key, shard)
         if sums.shape != (layout.num_states, layout.width):
-            findings.append(Finding("layer_sums", shard, WHOLE, f"has shape {sums.shape}"))
+            findings.append(Damage("layer_sums", shard, WHOLE, f"has shape {sums.shape}"))
     except DataLoss as exc:
         findings.append(_finding(exc, "layer_sums", shard))
     try:
@@ -198,9 +187,9 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
     try:
         ids = arrays.token_ids(run_key, start, stop)
         if ids is not None and len(ids) != stop - start:
-            findings.append(Finding("token_ids", shard, WHOLE, f"has {len(ids)} rows, not {stop - start}"))
+            findings.append(Damage("token_ids", shard, WHOLE, f"has {len(ids)} rows, not {stop - start}"))
         elif ids is not None and ids_expected and (ids < 0).any():
-            findings.append(Finding("token_ids", shard, WHOLE, "is missing from the store"))
+            findings.append(Damage("token_ids", shard, WHOLE, "is missing from the store"))
     except DataLoss as exc:
         findings.append(_finding(exc, "token_ids", shard))
     return findings

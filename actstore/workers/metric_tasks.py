@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 import ray
 
 from actstore.errors import FailedPrecondition
+from actstore.metrics.accumulator import Accumulator, OnDevice, Seekable
 from actstore.metrics.similarity import gram_strip_products
 from actstore.store.handle import StoreHandle
 from actstore.workers.heap import unmap_large_frees
-
-
-class Accumulator(Protocol):
-    def update(self, blocks: list) -> None: ...
 
 
 def task_device(policy: str) -> str | None:
@@ -47,17 +43,18 @@ def accumulate(store: StoreHandle, sources: list[tuple[str, list[int]]],
                labels: np.ndarray | None = None, device_policy: str = "cpu") -> Accumulator:
     """Feed rows [start, stop) of every range to `accumulator`; `sources` lists (run key, layers)
     in the accumulator's block order. With `labels`, each update also gets the rows' labels.
-    An accumulator with a `device` attribute forms its products where `device_policy` says."""
+    An `OnDevice` accumulator forms its products where `device_policy` says; a `Seekable` one is
+    told each range's first row."""
     unmap_large_frees()
     arrays = store.open()
     accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
-    if hasattr(accumulator, "device"):
+    if isinstance(accumulator, OnDevice):
         accumulator.device = task_device(device_policy)
     for start, stop in ranges:
         blocks = []
         for run_key, layers in sources:
             blocks.extend(arrays.read_layers(run_key, layers, start, stop))
-        if hasattr(accumulator, "seek"):  # resampling accumulators key their weights on the global row
+        if isinstance(accumulator, Seekable):  # resampling: weights keyed on the global row
             accumulator.seek(start)
         accumulator.update(blocks, *(() if labels is None else (labels[start:stop],)))
     return accumulator
@@ -83,7 +80,7 @@ def split_ranges(rows: int, shard_rows: int, parts: int) -> list[list[tuple[int,
 class PerLayer:
     """One accumulator per block: every chunk's block b goes to accumulator b."""
 
-    def __init__(self, accumulators: list) -> None:
+    def __init__(self, accumulators: list[Accumulator]) -> None:
         self.accumulators = accumulators
 
     def update(self, blocks: list, *extra) -> None:
@@ -95,14 +92,18 @@ class PerLayer:
             mine.merge(theirs)
         return self
 
+    def finalize(self, *args, **kwargs) -> list:
+        """Each block's answer, in block order."""
+        return [accumulator.finalize(*args, **kwargs) for accumulator in self.accumulators]
+
     @property
     def device(self) -> str | None:
-        return next((a.device for a in self.accumulators if hasattr(a, "device")), None)
+        return next((a.device for a in self.accumulators if isinstance(a, OnDevice)), None)
 
     @device.setter
     def device(self, device: str | None) -> None:
         for accumulator in self.accumulators:
-            if hasattr(accumulator, "device"):
+            if isinstance(accumulator, OnDevice):
                 accumulator.device = device
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from actstore.records import Damage
 from actstore.store.handle import StoreHandle
-from actstore.store.scrub import Finding, check_shard
+from actstore.store.scrub import check_shard
 
 
 def verify_shards(store: StoreHandle, run_key: str, checksums: dict[int, dict[int, int]],
-                  ids_expected: bool) -> list[Finding]:
+                  ids_expected: bool) -> list[Damage]:
     """`check_shard` for every shard in `checksums` (shard -> layer -> the catalog's crc32c)."""
     arrays = store.open()
     return [found for shard, recorded in checksums.items()

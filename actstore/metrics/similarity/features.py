@@ -10,8 +10,8 @@
 - Exclude: the listed dimensions are dropped before any product.
 
 `TransformedAccumulator` applies one `FeatureTransform` per block to each chunk and passes the
-result to any streaming similarity accumulator (update / merge / finalize, and `seek` when the
-inner accumulator resamples rows).
+result to any streaming similarity accumulator (`metrics.accumulator.Accumulator`; its `device`
+and `seek` too when the inner accumulator has them).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..accumulator import Accumulator, OnDevice, Seekable
 
 
 @dataclass(frozen=True)
@@ -63,22 +65,22 @@ def feature_transform(width: int, exclude: Sequence[int] = (), mean: np.ndarray 
 class TransformedAccumulator:
     """Feeds `inner` each chunk's blocks through their transforms; otherwise it is `inner`."""
 
-    def __init__(self, inner, transforms: Sequence[FeatureTransform]) -> None:
+    def __init__(self, inner: Accumulator, transforms: Sequence[FeatureTransform]) -> None:
         self.inner = inner
         self.transforms = tuple(transforms)
 
     @property
     def device(self) -> str | None:
         """The inner accumulator's device (where its products run), if it has one."""
-        return getattr(self.inner, "device", None)
+        return self.inner.device if isinstance(self.inner, OnDevice) else None
 
     @device.setter
     def device(self, device: str | None) -> None:
-        if hasattr(self.inner, "device"):
+        if isinstance(self.inner, OnDevice):
             self.inner.device = device
 
     def seek(self, row: int) -> None:
-        if hasattr(self.inner, "seek"):
+        if isinstance(self.inner, Seekable):
             self.inner.seek(row)
 
     def update(self, blocks: Sequence[np.ndarray], *extra) -> None:

@@ -1,0 +1,107 @@
+"""The records the server and the client both describe, defined once.
+
+The server builds these (a metric answer's provenance, a dry run's plan, a scrub's finding, a
+garbage collection's item) and the thin client builds the same classes back from the protos, so
+the fields a user reads on a client object are the fields the server filled in. Plain frozen
+dataclasses, importing nothing of actstore's nor anything heavy (numpy only for type checking):
+the client imports this module without torch, Ray, Zarr or DuckDB.
+
+Not here, on purpose: the catalog's rows (`store.catalog_schema`: a model's or run's record holds
+server paths and the capture spec, the client's `ModelInfo`/`RunInfo` hold aliases, health and
+sizes instead) and a job's state (`server.jobs.JobSnapshot` keeps who submitted it, which the wire
+does not carry, so the client's `JobInfo` is its own record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a metric answer comes from: the metric and its definition version, the options and
+    input runs it was asked for, whether it came from the result cache, and its result key."""
+
+    metric: str
+    definition_version: int
+    options: dict[str, Any]
+    run_keys: list[str]
+    cached: bool
+    seconds: float
+    result_key: str
+
+
+@dataclass(frozen=True)
+class MetricAnswer:
+    """Any metric's answer: named arrays and scalars, with provenance and notes. The server's
+    `MetricResult` adds its storage encoding, the client's `QueryAnswer` its decoding from the wire."""
+
+    arrays: dict[str, np.ndarray]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CapturePlanInfo:
+    """A capture's cost: per run (each site is one run) its rows and shards; for the runs still to
+    capture, the raw and estimated stored bytes and the estimated wall time (0: no basis yet)."""
+
+    sites: dict[str, str]  # site -> run key, in the order of the request's sites
+    stored: dict[str, bool]  # site -> already committed (nothing to compute)
+    n: int
+    rows: int
+    num_shards: int
+    num_layers: int
+    width: int
+    dtype: str
+    pooling: str
+    max_len: int
+    raw_bytes: int
+    stored_bytes: int
+    compression: float
+    compression_basis: str
+    seconds: float
+    seconds_basis: str
+
+
+@dataclass(frozen=True)
+class CKAMatrixPlanInfo:
+    """A CKA matrix job's plan: feature or Gram space, the tiles and map tasks, the peak accumulator
+    memory of the largest tile against the server's limit, FLOPs, decoded bytes read."""
+
+    run_keys: list[str]
+    blocks: int
+    rows: int
+    mode: str
+    tiles: int
+    map_tasks: int
+    memory_bytes: int
+    memory_limit_bytes: int
+    flops: float
+    read_bytes: int
+    cached: bool
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One finding of a scrub (`actstore verify`): what is damaged, where, and why."""
+
+    array: str  # acts | tokens | layer_sums | token_ids | means | sample_ids | ... | catalog | group | run
+    shard: int  # -1: the whole array
+    layer: int  # -1: every layer, or not per layer
+    reason: str
+
+
+@dataclass(frozen=True)
+class GarbageItem:
+    """One thing `actstore gc` removes (or would): its kind, name, bytes, and why it goes."""
+
+    kind: str  # result | partials | orphaned-run | failed-run
+    name: str  # the result key, the partials' result key, or the run key
+    bytes: int
+    reason: str
