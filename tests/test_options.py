@@ -297,8 +297,8 @@ CLIENT = {
     "cos": (SIMILARITY, {"center", "align", "word_pool"}),
     "minibatch_cka": (SIMILARITY, {"batch_size", "remainder"}),
     "mutual_knn": (SIMILARITY, {"k"}),
-    "measure": (SIMILARITY, {"measure", "alpha", "sigma_fraction", "k"}),
-    "measure_matrix": (SIMILARITY, {"measure", "alpha"}),
+    "measure": (SIMILARITY, {"measure"}),  # its own options come as **options, checked by the measure's spec
+    "measure_matrix": (SIMILARITY, {"measure"}),
     "entropy": (ENTROPY, set(ENTROPY)),
     "lens": (LENS, {"epsilon", "taus", "heads"}),
     "neural_collapse": (LENS, {"rcond"}),
