@@ -28,9 +28,26 @@ def runs(client, tiny_models) -> list[str]:
     """A tiny BERT (16 wide) and GPT-2 over the same 96 texts, mean-pooled: two runs, 3 layers each."""
     for name in ("bert", "gpt2"):
         client.register_model(tiny_models[name], name=name)
-    client.register_dataset(texts=sentences(96, seed=5), name="measure-module")
-    jobs = [client.submit_capture(name, "measure-module", pooling="mean") for name in ("bert", "gpt2")]
+    client.register_dataset(texts=sentences(96, seed=11), name="measures")
+    jobs = [client.submit_capture(name, "measures", pooling="mean") for name in ("bert", "gpt2")]
     return [client.wait(job.job_id).target for job in jobs]
+
+
+def streamed(name: str, x: np.ndarray, y: np.ndarray, chunks: int = 5, **options) -> np.ndarray:
+    """The registered measure between blocks x and y (2 x 2, both orders), from moments accumulated
+    in `chunks` parts merged in reverse order."""
+    from actstore.metrics.similarity import MomentMeasures
+
+    parts = []
+    for rows in np.array_split(np.arange(len(x)), chunks):
+        part = MomentMeasures([x.shape[1], y.shape[1]])
+        part.update([x[rows], y[rows]])
+        parts.append(part)
+    total = parts[-1]
+    for part in reversed(parts[:-1]):
+        total.merge(part)
+    spec = measures.get(name)
+    return total.finalize(spec.build(spec.resolve(options)), [0, 1], [0, 1])
 
 
 def layers_of(client, run: str) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ from scipy.stats import ortho_group
 
 from actstore import measures
 from actstore.metrics import similarity as sim
-from tests.measures.served import assert_served, client, runs  # noqa: F401  (fixtures)
+from tests.measures.served import assert_served, client, runs, streamed  # noqa: F401  (fixtures)
 
 NAME = "nbs-score"
 
@@ -25,19 +25,6 @@ def bures_reference(x: np.ndarray, y: np.ndarray) -> float:
     return float(fidelity / np.sqrt(np.trace(kx) * np.trace(ky)))
 
 
-def streamed(x: np.ndarray, y: np.ndarray, chunks: int = 4) -> np.ndarray:
-    parts = []
-    for rows in np.array_split(np.arange(len(x)), chunks):
-        part = sim.MomentMeasures([x.shape[1], y.shape[1]])
-        part.update([x[rows], y[rows]])
-        parts.append(part)
-    total = parts[-1]
-    for part in reversed(parts[:-1]):
-        total.merge(part)
-    spec = measures.get(NAME)
-    return total.finalize(spec.build(spec.resolve({})), [0, 1], [0, 1])
-
-
 def _pair(seed: int = 0, n: int = 60) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     latent = rng.normal(size=(n, 4))
@@ -48,7 +35,7 @@ def _pair(seed: int = 0, n: int = 60) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_equals_the_bures_fidelity_of_the_kernels(seed):
     x, y = _pair(seed)
-    matrix = streamed(x, y)
+    matrix = streamed(NAME, x, y)
     assert matrix[0, 1] == pytest.approx(bures_reference(x, y), rel=1e-7)
     assert matrix[1, 0] == matrix[0, 1]  # symmetric
     assert matrix[0, 0] == matrix[1, 1] == 1.0
@@ -60,21 +47,22 @@ def test_is_the_cosine_of_the_procrustes_angle():
     total = sim.MomentMeasures([9, 6])
     total.update([x, y])
     angle = measures.get("procrustes-distance=angular")
-    assert np.cos(total.finalize(angle.build({}), [0], [1])[0, 0]) == pytest.approx(streamed(x, y)[0, 1], rel=1e-9)
+    nbs = streamed(NAME, x, y)[0, 1]
+    assert np.cos(total.finalize(angle.build({}), [0], [1])[0, 0]) == pytest.approx(nbs, rel=1e-9)
 
 
 def test_invariances_and_what_it_is_not_invariant_to():
     x, y = _pair(4)
-    before = streamed(x, y)[0, 1]
+    before = streamed(NAME, x, y)[0, 1]
     rotated = x @ ortho_group.rvs(9, random_state=1)
-    assert streamed(rotated * 3.5 - 7.0, y)[0, 1] == pytest.approx(before, rel=1e-9)  # orthogonal, scale, shift
+    assert streamed(NAME, rotated * 3.5 - 7.0, y)[0, 1] == pytest.approx(before, rel=1e-9)  # orthogonal, scale, shift
     stretched = x * np.linspace(0.2, 5.0, 9)  # an anisotropic (invertible, not orthogonal) map changes it
-    assert abs(streamed(stretched, y)[0, 1] - before) > 1e-3
+    assert abs(streamed(NAME, stretched, y)[0, 1] - before) > 1e-3
 
 
 def test_a_constant_layer_is_nan():
     x, _ = _pair(5)
-    assert np.isnan(streamed(x, np.ones((len(x), 3)))[0, 1])
+    assert np.isnan(streamed(NAME, x, np.ones((len(x), 3)))[0, 1])
 
 
 def test_served_end_to_end(client, module_server, runs):  # noqa: F811

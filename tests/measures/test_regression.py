@@ -10,8 +10,7 @@ import pytest
 from scipy.stats import ortho_group
 
 from actstore import measures
-from actstore.metrics import similarity as sim
-from tests.measures.served import assert_served, client, runs  # noqa: F401  (fixtures)
+from tests.measures.served import assert_served, client, runs, streamed  # noqa: F401  (fixtures)
 
 
 def r2_reference(x: np.ndarray, y: np.ndarray) -> float:
@@ -20,19 +19,6 @@ def r2_reference(x: np.ndarray, y: np.ndarray) -> float:
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     residual = y - design @ coef
     return float(1.0 - (residual**2).sum() / ((y - y.mean(axis=0)) ** 2).sum())
-
-
-def streamed(name: str, x: np.ndarray, y: np.ndarray, chunks: int = 5) -> np.ndarray:
-    parts = []
-    for rows in np.array_split(np.arange(len(x)), chunks):
-        part = sim.MomentMeasures([x.shape[1], y.shape[1]])
-        part.update([x[rows], y[rows]])
-        parts.append(part)
-    total = parts[0]
-    for part in parts[:0:-1]:
-        total.merge(part)
-    spec = measures.get(name)
-    return total.finalize(spec.build(spec.resolve({})), [0, 1], [0, 1])
 
 
 def _pair(seed: int = 0, n: int = 70) -> tuple[np.ndarray, np.ndarray]:

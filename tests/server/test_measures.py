@@ -21,10 +21,13 @@ from tests.measure_formulas import (
     shape_metric_reference,
     svcca_reference,
 )
+from tests.measures import served
+from tests.measures.served import layers_of
 from tests.server.test_cka_matrix_job import slow_server  # noqa: F401  (a fixture)
 from tests.test_cli import actstore, ok
 
 ALPHA = 0.25
+client, runs = served.client, served.runs  # the fixtures: a tiny BERT and GPT-2 run over 96 texts
 REFERENCES = {
     "procrustes-distance=angular": lambda x, y: procrustes_reference(x, y, "angular"),
     "procrustes-distance=euclidean": lambda x, y: procrustes_reference(x, y, "euclidean"),
@@ -34,25 +37,6 @@ REFERENCES = {
     "svcca-var=0.99-score": svcca_reference,
     "pwcca-score": pwcca_reference,
 }
-
-
-@pytest.fixture(scope="module")
-def client(module_client):
-    return module_client
-
-
-@pytest.fixture(scope="module")
-def runs(client, tiny_models) -> list[str]:
-    for name in ("bert", "gpt2"):
-        client.register_model(tiny_models[name], name=name)
-    client.register_dataset(texts=sentences(96, seed=11), name="measures")
-    jobs = [client.submit_capture(name, "measures", pooling="mean") for name in ("bert", "gpt2")]
-    return [client.wait(job.job_id).target for job in jobs]
-
-
-def layers_of(client, run: str) -> list[np.ndarray]:
-    info = client.describe(run)
-    return [client.read_activations(run, layer)[0].astype(np.float64) for layer in range(info.num_layers + 1)]
 
 
 @pytest.mark.parametrize("measure", list(REFERENCES))
