@@ -42,12 +42,11 @@ class QueryEngine:
         )
         self._generations = itertools.count(1)
         self._generation = 0
-        self.similarity = SimilarityPlanner(self.parts)
-        self.measures = MeasurePlanner(self.parts)
-        self.entropy = EntropyPlanner(self.parts)
-        self.depth = DepthPlanner(self.parts)
-        self.stitching = StitchPlanner(self.parts)
-        self.diagnostics = DiagnosticsPlanner(self.parts)
+        parts = self.parts  # one planner per family, each over the same parts
+        self.similarity, self.measures, self.entropy = (SimilarityPlanner(parts), MeasurePlanner(parts),
+                                                        EntropyPlanner(parts))
+        self.depth, self.stitching, self.diagnostics = (DepthPlanner(parts), StitchPlanner(parts),
+                                                        DiagnosticsPlanner(parts))
 
     def result(self, result_key: str) -> MetricResult:
         return self.parts.results.result(result_key)

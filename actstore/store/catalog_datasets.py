@@ -11,15 +11,8 @@ _COLUMNS = "digest, kind, n, num_labels, has_groups, path, source"
 
 
 class Datasets(AliasedFamily):
+    columns = tuple(_COLUMNS.split(", "))
     table, alias_table, what = "datasets", "dataset_aliases", "dataset"
-
-    def add(self, record: DatasetRecord) -> None:
-        """Insert the dataset; a digest already known keeps its row as it is."""
-        self._catalog.execute(
-            f"INSERT INTO datasets ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [record.digest, record.kind, record.n, record.num_labels, record.has_groups,
-             record.path, json.dumps(record.source)],
-        )
 
     def get(self, name_or_digest: str) -> DatasetRecord:
         """The dataset an alias, digest or unambiguous digest prefix names; NotFound otherwise."""

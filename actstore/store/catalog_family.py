@@ -7,7 +7,8 @@ user-chosen aliases (a table ``<family>_aliases``) or by an unambiguous digest p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from actstore.errors import InvalidArgument, NotFound
 
@@ -31,6 +32,14 @@ class AliasedFamily(Family):
     table: str
     alias_table: str
     what: str
+    columns: tuple[str, ...]  # the record's fields stored in `table`, in order; a dict is stored as JSON
+
+    def add(self, record: Any) -> None:
+        """Insert the record; a digest already known keeps its row as it is."""
+        values = [getattr(record, column) for column in self.columns]
+        self._catalog.execute(
+            f"INSERT INTO {self.table} ({', '.join(self.columns)}) VALUES ({', '.join('?' * len(values))}) "
+            "ON CONFLICT DO NOTHING", [json.dumps(v) if isinstance(v, dict) else v for v in values])
 
     def set_alias(self, alias: str, digest: str) -> None:
         if not alias or alias != alias.strip() or "/" in alias and alias.startswith("/"):

@@ -11,15 +11,8 @@ _COLUMNS = "digest, kind, arch, num_layers, hidden_size, max_positions, path, ha
 
 
 class Models(AliasedFamily):
+    columns = tuple(_COLUMNS.split(", "))
     table, alias_table, what = "models", "model_aliases", "model"
-
-    def add(self, record: ModelRecord) -> None:
-        """Insert the model; a digest already known keeps its row as it is."""
-        self._catalog.execute(
-            f"INSERT INTO models ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [record.digest, record.kind, record.arch, record.num_layers, record.hidden_size,
-             record.max_positions, record.path, record.has_head, json.dumps(record.lineage)],
-        )
 
     def get(self, name_or_digest: str) -> ModelRecord:
         """The model an alias, digest or unambiguous digest prefix names; NotFound otherwise."""
