@@ -106,7 +106,25 @@ def test_an_int_too_large_for_its_field_names_the_argument(client, call, message
 # ---- types: every argument is checked against its annotation before anything is sent ---------------
 PARAMETERS = [(name, p.name) for name, method in inspect.getmembers(Client, inspect.isfunction)
               if not name.startswith("_")
-              for p in list(inspect.signature(method).parameters.values())[1:]]
+              for p in list(inspect.signature(method).parameters.values())[1:]
+              if p.kind is not inspect.Parameter.VAR_KEYWORD]  # a measure's **options: its spec checks them
+
+
+SHAPE = "shape_metric-alpha={alpha}-distance=angular"
+MEASURE_CALLS = {"measure": lambda c, **o: c.measure(SHAPE, "run", **o),
+                 "measure_matrix": lambda c, **o: c.measure_matrix(["run"], SHAPE, **o),
+                 "submit_measure_matrix": lambda c, **o: c.submit_measure_matrix(["run"], SHAPE, **o)}
+
+
+@pytest.mark.parametrize("method", list(MEASURE_CALLS))
+def test_a_measures_own_option_is_checked_by_its_spec_before_any_call(client, method):
+    with pytest.raises(InvalidArgument, match="^alpha must be a float, got 'x'"):
+        MEASURE_CALLS[method](client, alpha="x")
+    shape = SHAPE
+    with pytest.raises(InvalidArgument, match="^alpha 2.0 must be in"):
+        client.measure(shape, "run", alpha=2.0)
+    with pytest.raises(InvalidArgument, match="cca-score does not take beta"):
+        client.measure("cca-score", "run", beta=1)
 
 
 @pytest.mark.parametrize(("method", "parameter"), PARAMETERS, ids=lambda x: x)
