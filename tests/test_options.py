@@ -35,6 +35,7 @@ from actstore.options import (
     from_wire,
     resolve,
 )
+from actstore.server.requests import SimilarityQuery
 
 ALL_OPTIONS = [(table, name) for table in TABLES.values() for name in table]
 
@@ -382,14 +383,13 @@ def test_the_servicer_fills_in_the_tables_defaults():
     _, args, kwargs = _call(query, "Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"))
     assert args[0] == "dime" and kwargs == {**{n: o.default for n, o in ENTROPY.items() if n != "metric"},
                                             "refresh": False}
-    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.COS, run_a="r"))
-    assert args[5] == "global-mean"
-    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.MUTUAL_KNN,
-                                                                 run_a="r"))
-    assert args[9] == 10
-    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.MINIBATCH_CKA,
-                                                                 run_a="r", batch_size=8))
-    assert (args[7], args[8]) == (8, "drop")
+    # the Similarity RPC resolves its request into a SimilarityQuery: the options the metric uses
+    assert SimilarityQuery.options_of("cos", pb.SimilarityRequest(run_a="r"))["center"] == "global-mean"
+    assert SimilarityQuery.options_of("mutual_knn", pb.SimilarityRequest(run_a="r"))["k"] == 10
+    minibatch = SimilarityQuery.options_of("minibatch_cka", pb.SimilarityRequest(run_a="r", batch_size=8))
+    assert (minibatch["batch_size"], minibatch["remainder"]) == (8, "drop")
+    name, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.COS, run_a="r"))
+    assert name == "pair" and args[0] == "r"  # then the runs and layers, before any planner
     _, args, _ = _call(query, "Lens", pb.LensRequest(run="r"))
     assert args[1:4] == (0.1, list(LENS.taus.default), "shared")
     _, args, _ = _call(query, "NeuralCollapse", pb.NeuralCollapseRequest(run="r"))
@@ -433,7 +433,6 @@ def test_the_servicer_refuses_what_the_tables_refuse():
             getattr(query, method)(request, None)
     with pytest.raises(InvalidArgument, match="dtype 'int8'"):
         CaptureServicer(_Recorder()).SubmitCapture(pb.CaptureRequest(model="m", dataset="d", dtype="int8"), None)
-    # an option the metric does not use passes through unread, as before
-    _, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r",
-                                                                 center="bogus"))
-    assert args[5] == "bogus"
+    # an option the metric does not use is not read, as before
+    assert "center" not in SimilarityQuery.options_of("cka", pb.SimilarityRequest(run_a="r", center="bogus"))
+    _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r", center="bogus"))

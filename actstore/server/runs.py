@@ -78,15 +78,22 @@ class RunChecks:
                 self._runs[name] = record
         return record
 
-    def pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
+    def aligned_pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
                      ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
-        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
-        the matrix within limits, the same samples, no NaN/Inf in the layers."""
+        """Both runs (B defaults to A) and their layers for an aligned query (two tokenizations of
+        the same texts, whose rows differ): committed, layers in range, the matrix within limits."""
         a = self.committed_run(run_a)
         b = self.committed_run(run_b) if run_b else a
         la = self.check_layers(a, layers_a, "layer")
         lb = self.check_layers(b, layers_b, "layer")
         self.check_matrix(len(la), len(lb))
+        return a, b, la, lb
+
+    def pair(self, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int]
+             ) -> tuple[RunRecord, RunRecord, list[int], list[int]]:
+        """Both runs (B defaults to A) and their layer lists, checked: committed, layers in range,
+        the matrix within limits (`aligned_pair`), the same samples, no NaN/Inf in the layers."""
+        a, b, la, lb = self.aligned_pair(run_a, run_b, layers_a, layers_b)
         self.check_same_samples(a, b)
         self.check_finite(a, la)
         self.check_finite(b, lb)

@@ -25,7 +25,7 @@ from actstore.options import (
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.replies import KeptReplies
-from actstore.server.requests import MeasureQuery, options_from_json, shared_options
+from actstore.server.requests import MeasureQuery, SimilarityQuery, options_from_json, shared_options
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -189,18 +189,8 @@ class QueryServicer(rpc.QueryServicer):
             return queries.measures.measure(MeasureQuery.resolve(
                 queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a,
                 request.layers_b, shared_options(spec, legacy) if spec else {}, request.refresh))
-        # only the options the metric uses are resolved; the others pass through, unread
-        center, batch_size, remainder, k = request.center, request.batch_size, request.remainder, request.k
-        if metric == "cos":
-            center = from_wire(SIMILARITY, "center", center)
-        elif metric == "minibatch_cka":
-            batch_size = from_message(SIMILARITY, "batch_size", request) or 0  # required: unset is refused
-            remainder = from_wire(SIMILARITY, "remainder", remainder)
-        elif metric == "mutual_knn":
-            k = from_message(SIMILARITY, "k", request)
-        return queries.similarity.similarity(metric, request.run_a, request.run_b, list(request.layers_a),
-                                             list(request.layers_b), center, request.refresh, batch_size, remainder,
-                                             k, align=request.align, word_pool=request.word_pool)
+        # only the options the metric uses are resolved; the others are not read
+        return queries.similarity.similarity(SimilarityQuery.resolve(queries.parts.checks, metric, request))
 
     def Measure(self, request, context):
         queries = self.service.queries

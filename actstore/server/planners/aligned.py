@@ -12,6 +12,7 @@ from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import alignment as align
 from actstore.metrics import similarity as sim
 from actstore.server.planners.token_units import TokenUnitsPlanner
+from actstore.server.requests import SimilarityQuery
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 
@@ -20,13 +21,10 @@ UNIT = {"words": "word", "spans": "shared span"}
 
 class AlignedPlanner(TokenUnitsPlanner):
 
-    def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
-                   units: str, word_pool: str, center: str, refresh: bool) -> MetricResult:
-        a = self.checks.committed_run(run_a)
-        b = self.checks.committed_run(run_b) if run_b else a
-        la = self.checks.check_layers(a, layers_a, "layer")
-        lb = self.checks.check_layers(b, layers_b, "layer")
-        self.checks.check_matrix(len(la), len(lb))
+    def similarity(self, query: SimilarityQuery) -> MetricResult:
+        """CKA or COS over the rows both tokenizations share (`query.align`: words or spans)."""
+        metric, a, b, la, lb = query.metric, query.a, query.b, query.layers_a, query.layers_b
+        units, word_pool, center, refresh = query.align, query.word_pool, query.center, query.refresh
         self.require_tokens(f"--align {units}", a, b)
         if metric == "cos" and a.width != b.width:
             raise InvalidArgument(f"COS compares one unit's vectors directly, so the widths must match "

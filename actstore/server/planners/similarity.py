@@ -10,9 +10,10 @@ import numpy as np
 from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
 from actstore.metrics.similarity.features import TransformedAccumulator
-from actstore.options import SIMILARITY, from_wire, resolve
+from actstore.options import SIMILARITY
 from actstore.server.planners import Planner
 from actstore.server.planners.aligned import AlignedPlanner
+from actstore.server.requests import SimilarityQuery
 from actstore.server.results import MetricResult
 from actstore.server.tiling import pair_blocks, row_itemsize
 from actstore.store.catalog import RunRecord
@@ -33,24 +34,17 @@ def constant_layers_note(constant: list[tuple[str, int]], n: int) -> str:
 
 class SimilarityPlanner(Planner):
 
-    def similarity(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
-                   center: str = "", refresh: bool = False, batch_size: int = 0, remainder: str = "",
-                   k: int = 0, align: str = "", word_pool: str = "") -> MetricResult:
-        align = from_wire(SIMILARITY, "align", align)
-        if align != "none":  # different tokenizers: rows are shared words (or spans)
-            if metric not in ("cka", "cos"):
-                raise InvalidArgument(f"--align {align} is implemented for cka and cos, not {metric}")
-            return AlignedPlanner(self.parts).similarity(metric, run_a, run_b, layers_a, layers_b, align,
-                                                         from_wire(SIMILARITY, "word_pool", word_pool),
-                                                         from_wire(SIMILARITY, "center", center), refresh)
-        a, b, la, lb = self.checks.pair(run_a, run_b, layers_a, layers_b)
-        run_keys = [a.run_key, b.run_key]
+    def similarity(self, query: SimilarityQuery) -> MetricResult:
+        if query.align != "none":  # different tokenizers: rows are shared words (or spans)
+            return AlignedPlanner(self.parts).similarity(query)
+        metric, a, b, la, lb, refresh = query.metric, query.a, query.b, query.layers_a, query.layers_b, query.refresh
+        run_keys = query.run_keys
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
             return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
-                                           lambda: self._cka(a, b, la, lb))
+                                                  lambda: self._cka(a, b, la, lb))
         if metric == "cos":
-            center = from_wire(SIMILARITY, "center", center)
+            center = query.center
             if a.width != b.width:
                 raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
                                       f"({a.width} != {b.width}): COS is for layers of one model or of models "
@@ -60,36 +54,29 @@ class SimilarityPlanner(Planner):
                                      f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
             options = {"layers_a": la, "layers_b": lb, "center": center}
             return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
-                                           refresh, lambda: self._cos(a, b, la, lb, center))
+                                                  refresh, lambda: self._cos(a, b, la, lb, center))
         if metric == "minibatch_cka":
-            try:  # the table's type and minimum (required: 0, not given, is below it), and at most n
-                batch_size = resolve(SIMILARITY, "batch_size", batch_size or 0)
-                in_range = batch_size <= a.rows
-            except InvalidArgument:
-                in_range = False
-            if a.rows < SIMILARITY.batch_size.minimum:
-                raise InvalidArgument(f"minibatch CKA needs batches of at least {SIMILARITY.batch_size.minimum} "
+            minimum = SIMILARITY.batch_size.minimum
+            if a.rows < minimum:
+                raise InvalidArgument(f"minibatch CKA needs batches of at least {minimum} "
                                       f"samples and the runs hold {a.rows}: use cka, or a run with more samples")
-            if not in_range:
-                raise InvalidArgument(f"batch_size {batch_size!r} must be an int between "
-                                      f"{SIMILARITY.batch_size.minimum} and n={a.rows}")
-            remainder = from_wire(SIMILARITY, "remainder", remainder)
+            batch_size, remainder = query.batch_size, query.remainder  # required: None was not given
+            if batch_size is None or batch_size > a.rows:
+                raise InvalidArgument(f"batch_size {batch_size or 0!r} must be an int between {minimum} and n={a.rows}")
             options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
             return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
-                                           lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
-        if metric == "mutual_knn":
-            k = from_wire(SIMILARITY, "k", k)
-            if not SIMILARITY.k.minimum <= k < a.rows:
-                raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
-            self.checks.check_in_memory(a, 2, square=True)
-            options = {"layers_a": la, "layers_b": lb, "k": k}
+                                                  lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
+        k = query.k  # mutual_knn: the only other metric a SimilarityQuery holds
+        if not SIMILARITY.k.minimum <= k < a.rows:
+            raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
+        self.checks.check_in_memory(a, 2, square=True)
+        options = {"layers_a": la, "layers_b": lb, "k": k}
 
-            def knn():
-                values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
-                return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
+        def knn():
+            values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
+            return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
 
-            return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
-        raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
+        return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
 
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):
