@@ -412,8 +412,12 @@ def test_the_readers_servicer_fills_in_the_tables_defaults():
     from actstore.server.readers_servicer import ReadersServicer
 
     readers = ReadersServicer(_Recorder())
-    _, args, kwargs = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
-    assert args == ("r", []) and kwargs == {**BATCHES.defaults(), "batch_size": 4, "shuffle": False}
+    # ReadBatches resolves its request into BatchOptions: the table first (a bad value is refused
+    # before the run is looked up), then the run
+    name, args, _ = _call(readers, "ReadBatches", pb.BatchesRequest(run="r", batch_size=4))
+    assert (name, args) == ("committed_run", ("r",))
+    with pytest.raises(InvalidArgument, match="buffer_shards 1 must be >= 2"):
+        readers.ReadBatches(pb.BatchesRequest(run="r", batch_size=4, buffer_shards=1), None).__next__()
     _, args, _ = _call(readers, "Sql", pb.SqlRequest(query="SELECT 1"))
     assert args[:2] == ("SELECT 1", None)  # None: the server's sql_max_rows
 

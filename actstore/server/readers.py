@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from actstore.config import Settings
 from actstore.errors import InvalidArgument, ResourceExhausted
-from actstore.options import BATCHES, SQL, resolve
+from actstore.options import BATCHES, from_wire
 from actstore.server.runs import RunChecks, byte_size
 from actstore.store import batches
 from actstore.store.array_store import ArrayStore, RunLayout
@@ -35,6 +36,10 @@ class BatchPiece:
 
 @dataclass(frozen=True)
 class BatchOptions:
+    """A ReadBatches request, resolved once at the boundary: the committed run, its layers checked,
+    every option through the BATCHES table (`resolve`)."""
+
+    record: RunRecord
     layers: list[int]
     batch_size: int
     shuffle: bool
@@ -44,6 +49,19 @@ class BatchOptions:
     world_size: int
     buffer_shards: int
     drop_last: bool
+
+    @staticmethod
+    def resolve(checks: RunChecks, request: Any) -> BatchOptions:
+        """From a BatchesRequest (proto3: a zero value is "not given", the table's default)."""
+        resolved = {name: from_wire(BATCHES, name, getattr(request, name)) for name in BATCHES}
+        record = checks.committed_run(request.run)
+        if resolved["batch_size"] is None:
+            raise InvalidArgument("batch_size is required: the rows of one batch")
+        if resolved["rank"] >= resolved["world_size"]:
+            raise InvalidArgument(f"rank {resolved['rank']} is out of range for world_size {resolved['world_size']}: "
+                                  "ranks are 0..world_size-1")
+        chosen = checks.check_layers(record, list(request.layers), "layer")
+        return BatchOptions(record=record, layers=chosen, shuffle=request.shuffle, **resolved)
 
 
 @dataclass(frozen=True)
@@ -62,20 +80,8 @@ class Readers:
         self._sql = CatalogSql(catalog.cursor, settings.sql_memory_bytes)
 
     # ---- batches ------------------------------------------------------------------------------
-    def options(self, record: RunRecord, layers: list[int], **given) -> BatchOptions:
-        """The request's options, checked against the tables (None: the default)."""
-        resolved = {name: resolve(BATCHES, name, given.get(name)) for name in BATCHES}
-        if resolved["batch_size"] is None:
-            raise InvalidArgument("batch_size is required: the rows of one batch")
-        if resolved["rank"] >= resolved["world_size"]:
-            raise InvalidArgument(f"rank {resolved['rank']} is out of range for world_size {resolved['world_size']}: "
-                                  "ranks are 0..world_size-1")
-        chosen = self.checks.check_layers(record, layers, "layer")
-        return BatchOptions(layers=chosen, shuffle=bool(given.get("shuffle")), **resolved)
-
-    def batches(self, run: str, layers: list[int], **given) -> Iterator[BatchPiece]:
-        record = self.checks.committed_run(run)
-        options = self.options(record, layers, **given)
+    def batches(self, options: BatchOptions) -> Iterator[BatchPiece]:
+        record = options.record
         layout = self.arrays.layout(record.run_key)
         k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)
         itemsize = 2 if record.dtype == "float16" else 4  # bfloat16 is read back as float32
@@ -128,7 +134,8 @@ class Readers:
 
     # ---- SQL ----------------------------------------------------------------------------------
     def sql(self, query: str, limit: int | None, role: str | None) -> SqlAnswer:
-        """One read-only SELECT; `role` None (no auth: the store's one user) reads what an admin reads."""
-        limit = resolve(SQL, "limit", limit, self.settings) or self.settings.sql_max_rows
+        """One read-only SELECT of at most `limit` rows (resolved at the boundary; None: the server's
+        sql_max_rows); `role` None (no auth: the store's one user) reads what an admin reads."""
+        limit = limit or self.settings.sql_max_rows
         tables = ADMIN_TABLES if role in (None, "admin") else READABLE_TABLES
         return self._sql.run(query, tables, limit, self.settings.sql_timeout_seconds)

@@ -9,8 +9,9 @@ from typing import Any
 from actstore._proto.actstore.v1 import readers_pb2 as pb
 from actstore._proto.actstore.v1 import readers_pb2_grpc as rpc
 from actstore.errors import ResourceExhausted
-from actstore.options import BATCHES, SQL, from_message, from_wire
+from actstore.options import SQL, from_message
 from actstore.server.interceptors import current_role
+from actstore.server.readers import BatchOptions
 from actstore.server.runs import byte_size
 from actstore.server.service import ActStoreService
 from actstore.wire import to_ndarray
@@ -43,8 +44,8 @@ class ReadersServicer(rpc.ReadersServicer):
         self.service = service
 
     def ReadBatches(self, request, context):
-        given = {name: from_wire(BATCHES, name, getattr(request, name)) for name in BATCHES}
-        for piece in self.service.readers.batches(request.run, list(request.layers), shuffle=request.shuffle, **given):
+        readers = self.service.readers
+        for piece in readers.batches(BatchOptions.resolve(readers.checks, request)):
             if not context.is_active():
                 return
             yield pb.BatchPart(batch=piece.batch, batch_rows=piece.batch_rows, offset=piece.offset,
@@ -59,7 +60,8 @@ class ReadersServicer(rpc.ReadersServicer):
                               pooling=r.pooling, n=r.n, rows=r.rows, num_layers=r.num_layers, width=r.width)
 
     def Sql(self, request, context):
-        answer = self.service.readers.sql(request.query, from_message(SQL, "limit", request), current_role.get())
+        limit = from_message(SQL, "limit", request, self.service.settings)  # capped by sql_max_rows
+        answer = self.service.readers.sql(request.query, limit, current_role.get())
         result = pb.SqlResult(columns=answer.columns, types=answer.types, truncated=answer.truncated)
         budget = self.service.settings.max_message_bytes // 2  # the rest of the message is small
         left = budget

@@ -22,7 +22,7 @@ import numpy as np
 from actstore import measures
 from actstore.config import Settings
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument
-from actstore.options import GC, duration_seconds, resolve
+from actstore.options import duration_seconds
 from actstore.server import auth, cka_job
 from actstore.server.backup_schedule import BackupSchedule
 from actstore.server.capture_job import CaptureJobs, CaptureRequest
@@ -173,10 +173,10 @@ class ActStoreService:
         made = self.backups.backup()
         return made, backups.list_backups(self.catalog.path)
 
-    def collect_garbage(self, older_than: str | None = None, max_bytes: int | None = None,
-                        apply: bool = False) -> GcReport:
-        age = duration_seconds(resolve(GC, "older_than", older_than))
-        report = self.garbage.collect(age, resolve(GC, "max_bytes", max_bytes), apply)
+    def collect_garbage(self, older_than: str, max_bytes: int | None, apply: bool = False) -> GcReport:
+        """Cached results, partials and failed runs older than `older_than` (a duration such as 7d)
+        or beyond `max_bytes`; the options are resolved at the boundary (the GC table)."""
+        report = self.garbage.collect(duration_seconds(older_than), max_bytes, apply)
         if report.applied and report.items:
             self.queries.forget()
         return report

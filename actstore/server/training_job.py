@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import ray
 
 from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
-from actstore.options import TRAIN, from_wire, resolve, trained_model_name
+from actstore.options import TRAIN, trained_model_name
 from actstore.server.dispatch import WAIT_SECONDS, get_or_raise
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.registration import Registrar
@@ -25,6 +25,8 @@ from actstore.workers.train_task import run_training
 
 @dataclass(frozen=True)
 class TrainRequest:
+    """A SubmitTrain request, its options resolved through the TRAIN table at the boundary."""
+
     recipe: str
     method: str
     seed: int = 0
@@ -46,15 +48,11 @@ class TrainingJobs:
             raise NotFound(f"no recipe {request.recipe!r}; the recipes are {', '.join(RECIPES)}")
         if not request.method:  # required: the table has no default
             raise InvalidArgument(f"method is required: one of {', '.join(TRAIN.method.choices)}")
-        try:
-            steps = from_wire(TRAIN, "steps", request.steps)  # 0 (not given): the recipe's budget
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{e} (steps 0: the recipe's budget)") from None
-        spec = {"recipe": request.recipe, "method": resolve(TRAIN, "method", request.method),
-                "seed": resolve(TRAIN, "seed", request.seed), "steps": steps, "smoke": request.smoke,
-                "alternating": request.alternating, "weights": from_wire(TRAIN, "weights", request.weights)}
+        spec = {"recipe": request.recipe, "method": request.method, "seed": request.seed,
+                "steps": request.steps or None,  # 0 (not given): the recipe's budget
+                "smoke": request.smoke, "alternating": request.alternating, "weights": request.weights}
         if request.beta is not None:  # only when given, so the keys of earlier jobs stay as they were
-            spec["beta"] = resolve(TRAIN, "beta", request.beta)
+            spec["beta"] = request.beta
         key = sha256_hex({"training": spec})
         state, joined = self.jobs.start("train", key, spec, lambda job: self._train(job, spec, key),
                                         principal=principal)
