@@ -18,6 +18,7 @@ from actstore.metrics.similarity.resampling import calibrated_score, percentile_
 from actstore.metrics.similarity.uncertain_cos import ResampledCosine
 from actstore.server.planners import Planner
 from actstore.server.planners.cka_bootstrap import BootstrapPlan, plan_bootstrap, resampled_cka
+from actstore.server.planners.similarity import SimilarityPlanner
 from actstore.server.results import MetricResult
 from actstore.server.tiling import pair_blocks, row_itemsize
 from actstore.store.catalog import RunRecord
@@ -183,7 +184,7 @@ class DiagnosticsPlanner(Planner):
         if not (opts.bootstrap or opts.null):  # the plain query's tiled path, on transformed rows
             keyed = None if transforms is None else {
                 (run, layer): t for (run, layer), t in zip([(r, x) for r, ls in sources for x in ls], transforms)}
-            arrays, scalars, plain_notes = self._cka(a, b, la, lb, keyed)
+            arrays, scalars, plain_notes = SimilarityPlanner(self.parts).tiled_cka(a, b, la, lb, keyed)
             return {**arrays, **excluded}, scalars, plain_notes + notes
         itemsize = 8 if transforms is not None else row_itemsize(a, b)
         stats = resampled_cka(self.parts, a.rows, sources, widths, pairs, transforms, itemsize, opts.bootstrap,

@@ -42,7 +42,7 @@ class SimilarityPlanner(Planner):
         if metric == "cka":
             options = {"layers_a": la, "layers_b": lb}
             return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
-                                                  lambda: self._cka(a, b, la, lb))
+                                                  lambda: self.tiled_cka(a, b, la, lb))
         if metric == "cos":
             center = query.center
             if a.width != b.width:
@@ -97,7 +97,7 @@ class SimilarityPlanner(Planner):
         return ({"values": total.finalize().reshape(len(la), len(lb))},
                 {"n": float(a.rows), "batches": float(len(batches)), "batch_size": float(batch_size)}, notes)
 
-    def _cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], transforms: dict | None = None):
+    def tiled_cka(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], transforms: dict | None = None):
         """Biased and debiased CKA of la x lb, tiled to the memory limit. `transforms` maps (run key,
         layer) to a `features.FeatureTransform` applied to that block's rows first (float64 rows)."""
         def blocks_of(sources):
