@@ -39,7 +39,8 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 __all__ = [
     "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "PROGRESSION", "SERVE",
     "SIMILARITY", "SQL", "STITCH", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
-    "Option", "Table", "duration_seconds", "from_message", "from_wire", "resolve", "trained_model_name",
+    "Option", "Table", "comma_separated", "duration_seconds", "from_message", "from_wire", "resolve",
+    "trained_model_name",
 ]
 
 
@@ -59,6 +60,7 @@ class Option:
     maximum: float | None = None
     exclusive: bool = False
     many: bool = False
+    split: bool = False  # a list of names that may be written comma-separated (`comma_separated`)
     help: str = ""
     default_text: str | None = None  # how to describe a default of None (or a clearer wording)
     limit: str | None = None  # the Settings field that caps the value on the server (ACTSTORE_<LIMIT>)
@@ -87,8 +89,11 @@ class Option:
         """`value` validated and normalised (an int for a float option becomes a float; a list
         option becomes a list), or InvalidArgument naming the option and what it allows. With
         `limits` (the server's Settings), a value over the setting named by `limit` is
-        ResourceExhausted naming the setting."""
+        ResourceExhausted naming the setting. A `split` option's values are parsed here, and only
+        here: "a, b", ["a", "b"] and ["a,b"] are all ["a", "b"] (`comma_separated`)."""
         if self.many:
+            if self.split:
+                value = comma_separated(value)
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
                 raise InvalidArgument(f"{self.name} must be a list of {self.type.__name__} values, got {value!r}")
             return [self._check_one(v, limits) for v in value]
@@ -177,6 +182,21 @@ class Table(Mapping[str, Option]):
 
     def resolve(self, name: str, value: Any = None) -> Any:
         return resolve(self, name, value)
+
+
+def comma_separated(value: Any) -> Any:
+    """The names of a comma-separated list option: a string or a list of strings, each split at its
+    commas and stripped, empty names dropped, each name once in order ("a, b", ["a", "b"] and
+    ["a,b", "a"] are all ["a", "b"]). Anything else is returned as it is, for `Option.check` to refuse."""
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, bytes) or not isinstance(items, Sequence):
+        return value
+    chosen: list = []
+    for item in items:
+        for part in ((p.strip() for p in item.split(",")) if isinstance(item, str) else (item,)):
+            if part != "" and part not in chosen:
+                chosen.append(part)
+    return chosen
 
 
 def resolve(table: Table, name: str, value: Any = None, limits: Any = None) -> Any:
@@ -316,7 +336,7 @@ CAPTURE = Table(
     Option("dtype", str, "float16", choices=("float16", "float32", "bfloat16"), help="storage dtype"),
     Option("max_len", int, None, minimum=2, help="token limit",
            default_text="the server's default_max_len, 128 unless configured"),
-    Option("site", str, ("resid_post",), many=True,
+    Option("site", str, ("resid_post",), many=True, split=True,
            help="capture sites, comma-separated, all from one forward pass (one run each): resid_post (the "
                 "block's output), attn_out, mlp_out (what attention / the MLP adds to the stream), or a module "
                 "path pattern of the model with * for the block index (model.layers.*.mlp.down_proj)"),

@@ -398,7 +398,7 @@ def test_the_servicer_fills_in_the_tables_defaults():
     assert args[4:6] == (0.25, 0)
 
     _, args, _ = _call(CaptureServicer(_Recorder()), "SubmitCapture", pb.CaptureRequest(model="m", dataset="d"))
-    assert (args[0].pooling, args[0].dtype, args[0].max_len) == ("", "float16", 0)
+    assert (args[0].pooling, args[0].dtype, args[0].max_len, args[0].sites) == (None, "float16", None, ("resid_post",))
     _, args, _ = _call(CaptureServicer(_Recorder()), "SubmitTrain", pb.TrainRequest(recipe="x", method="aligned"))
     assert (args[0].weights, args[0].steps, args[0].seed) == ("linear", 0, 0)
     _, args, _ = _call(CatalogServicer(_Recorder()), "RegisterDataset", pb.RegisterDatasetRequest(builtin="b"))

@@ -222,8 +222,13 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
                        max_len: int | None = CAPTURE.max_len.default,
                        site: Sequence[str] | str | None = None) -> JobInfo:
         """`site`: one site, a list, or a comma-separated string (see `capture`)."""
-        request = capture_request(model, dataset, pooling, dtype, max_len, site)
-        return JobInfo.from_proto(self._capture.SubmitCapture(request))
+        return self._submit_capture(model, dataset, pooling, dtype, max_len, site)
+
+    def _submit_capture(self, model: str, dataset: str, pooling: str | None, dtype: str | None, max_len: int | None,
+                        sites: list[str] | None) -> JobInfo:
+        """`submit_capture` and `capture` past their checks: the arguments are checked once, by the public call."""
+        return JobInfo.from_proto(self._capture.SubmitCapture(capture_request(model, dataset, pooling, dtype, max_len,
+                                                                              sites)))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
         for event in self._capture.WatchJob(pb.WatchJobRequest(job_id=job_id)):
@@ -259,7 +264,7 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
         for the block index; several sites come from one forward pass, one run each
         (`result.runs` maps site -> run key)."""
-        job = self.submit_capture(model, dataset, pooling=pooling, dtype=dtype, max_len=max_len, site=site)
+        job = self._submit_capture(model, dataset, pooling, dtype, max_len, site)
         return self._run_of(job, progress, f"capture {model}")
 
     @options(TRAIN, leave=("recipe",))

@@ -40,7 +40,8 @@ def options(*tables: Table, leave: tuple[str, ...] = ()):
     """Check the arguments named like an option of `tables` (the first table that has the name)
     before the method runs; None means "the default" and is passed on unchecked. ``leave`` names
     options the server checks itself with another code (an unknown recipe is NOT_FOUND). A list option
-    whose annotation also takes a str (`site`) takes a comma-separated string."""
+    whose annotation also takes a str (`site`) takes a comma-separated string: the option parses it
+    (`Option.split`)."""
 
     def decorate(method):
         signature = inspect.signature(method)
@@ -53,8 +54,6 @@ def options(*tables: Table, leave: tuple[str, ...] = ()):
             for name, option in checked.items():
                 value = bound.arguments.get(name)
                 if value is not None:
-                    if option.many and isinstance(value, str):
-                        value = value.split(",")
                     bound.arguments[name] = option.check(value)
             return method(*bound.args, **bound.kwargs)
 

@@ -15,11 +15,10 @@ from actstore.records import CapturePlanInfo, CKAMatrixPlanInfo
 
 
 def capture_request(model: str, dataset: str, pooling: str | None, dtype: str | None, max_len: int | None,
-                    site: Sequence[str] | str | None) -> pb.CaptureRequest:
-    """The request of a capture; `site` is one site, a list, or a comma-separated string."""
-    sites = [site] if isinstance(site, str) else list(site or [])
+                    sites: list[str] | None) -> pb.CaptureRequest:
+    """The request of a capture, from arguments `@options(CAPTURE)` checked (`sites` parsed: a list of names)."""
     return pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                             max_len=max_len, sites=[s for each in sites for s in each.split(",")])
+                             max_len=max_len, sites=sites or [])
 
 
 def capture_plan(p: planning_pb2.CapturePlan) -> CapturePlanInfo:

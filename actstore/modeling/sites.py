@@ -42,7 +42,7 @@ from actstore.modeling.loading import skeleton
 from actstore.store.keys import CANONICAL_SITES, RESID_POST
 
 __all__ = ["CANDIDATES", "RESID_POST", "ResolvedSite", "collected", "generic_name", "resolve_in_folder",
-           "resolve_site", "split_sites"]
+           "resolve_site"]
 
 # Block-relative module paths, tried in order: the first present in every block is the site.
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -63,18 +63,6 @@ class ResolvedSite:
     def pattern(self) -> str:
         """The modules as one pattern, `*` for the block index (what the run spec records)."""
         return generic_name(self.modules[0]) if self.modules else ""
-
-
-def split_sites(sites: Sequence[str] | str | None) -> list[str]:
-    """Sites from a list or a comma-separated string, each once, in order; none means resid_post."""
-    if isinstance(sites, str):
-        sites = [sites]
-    chosen: list[str] = []
-    for item in sites or ():
-        for site in (s.strip() for s in item.split(",")):
-            if site and site not in chosen:
-                chosen.append(site)
-    return chosen or [RESID_POST]
 
 
 def generic_name(name: str) -> str:

@@ -23,8 +23,8 @@ import ray
 
 from actstore.config import Settings
 from actstore.errors import Cancelled, InvalidArgument, NotFound, Unavailable
-from actstore.modeling.sites import RESID_POST, ResolvedSite, resolve_in_folder, split_sites
-from actstore.options import CAPTURE, from_wire
+from actstore.modeling.sites import RESID_POST, ResolvedSite, resolve_in_folder
+from actstore.options import CAPTURE
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
@@ -50,12 +50,22 @@ MAX_SITES = 16  # runs one capture writes from one forward pass (each shard hold
 
 @dataclass(frozen=True)
 class CaptureRequest:
+    """A capture request as the server boundary reads it (`servicer.capture_request`): every option
+    checked by the CAPTURE table once, the sites parsed. What depends on the model and the dataset
+    is decided once, by `CaptureJobs.target`."""
+
     model: str
     dataset: str
-    pooling: str = ""
-    dtype: str = ""
-    max_len: int = 0
-    sites: tuple[str, ...] = ()  # empty: resid_post
+    pooling: str | None = CAPTURE.pooling.default  # None: the model's (`model_pooling`)
+    dtype: str = CAPTURE.dtype.default
+    max_len: int | None = CAPTURE.max_len.default  # None: the server's default_max_len (within the model's)
+    sites: tuple[str, ...] = CAPTURE.site.default
+
+
+def model_pooling(model: ModelRecord) -> str:
+    """The pooling of a capture or import of `model` that names none: last for a causal LM (its last
+    token has seen the whole text), cls otherwise."""
+    return "last" if model.kind == "causal-lm" else "cls"
 
 
 @dataclass(frozen=True)
@@ -71,11 +81,15 @@ class OpenRun:
 
 @dataclass(frozen=True)
 class CaptureTarget:
-    """A validated capture request: its model, dataset, options and each site's run spec and key."""
+    """A capture request resolved, once (`CaptureJobs.target`): its model and dataset, the options
+    it runs with (pooling and max_len decided), and each site's run spec and key. Everything below
+    reads these and checks nothing again."""
 
     model: ModelRecord
     dataset: DatasetRecord
-    options: dict
+    pooling: str
+    dtype: str
+    max_len: int
     sites: list[str]
     specs: list[dict]
     keys: list[str]
@@ -93,21 +107,23 @@ class CaptureJobs:
         self.submissions = threading.Lock()
 
     def target(self, request: CaptureRequest) -> CaptureTarget:
-        """Check a request (InvalidArgument / NotFound) and name the run of each of its sites."""
+        """Check a request against its model and dataset (InvalidArgument / NotFound), decide its
+        pooling and max_len, and name the run of each of its sites."""
         model = self.catalog.models.get(request.model)
         dataset = self.catalog.datasets.get(request.dataset)
-        options = self._spec(request, model, dataset)
+        pooling, max_len = self._options(request, model, dataset)
         sites = self._sites(request.sites, model)
-        specs = [run_spec(**options, site=site.site, modules=site.pattern) for site in sites]
-        return CaptureTarget(model, dataset, options, [site.site for site in sites], specs,
+        specs = [run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
+                          pooling=pooling, max_len=max_len, dtype=request.dtype, site=site.site, modules=site.pattern)
+                 for site in sites]
+        return CaptureTarget(model, dataset, pooling, request.dtype, max_len, [site.site for site in sites], specs,
                              [run_key(spec) for spec in specs])
 
     def submit(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
         target = self.target(request)
-        model, dataset, options, specs, keys = target.model, target.dataset, target.options, target.specs, target.keys
-        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": options["pooling"],
-                       "dtype": options["dtype"], "max_len": options["max_len"], "sites": target.sites,
-                       "run_keys": keys}
+        model, dataset, specs, keys = target.model, target.dataset, target.specs, target.keys
+        job_request = {"model": model.digest, "dataset": dataset.digest, "pooling": target.pooling,
+                       "dtype": target.dtype, "max_len": target.max_len, "sites": target.sites, "run_keys": keys}
         todo = [(key, spec) for key, spec in zip(keys, specs)
                 if (found := self.catalog.runs.find(key)) is None or found.status != "committed"]
         if not todo:
@@ -147,8 +163,8 @@ class CaptureJobs:
         return True
 
     def _sites(self, requested: tuple[str, ...], model: ModelRecord) -> list[ResolvedSite]:
-        """The requested sites (resid_post when none), each resolved to its modules in the model."""
-        sites = split_sites(list(requested))
+        """The requested sites (parsed by the table: resid_post when none), each resolved to its modules."""
+        sites = list(requested)
         if len(sites) > MAX_SITES:
             raise InvalidArgument(f"{len(sites)} sites in one capture: at most {MAX_SITES} (each is a run written "
                                   "from the same forward pass); split them over several captures")
@@ -156,29 +172,24 @@ class CaptureJobs:
             return [ResolvedSite(RESID_POST, ())]
         return resolve_in_folder(self.store.local(model.path), sites)
 
-    def _spec(self, request: CaptureRequest, model: ModelRecord, dataset: DatasetRecord) -> dict:
-        # the table checks the choice and leaves the default to the model kind
-        pooling = from_wire(CAPTURE, "pooling", request.pooling) or ("last" if model.kind == "causal-lm" else "cls")
+    def _options(self, request: CaptureRequest, model: ModelRecord, dataset: DatasetRecord) -> tuple[str, int]:
+        """The pooling and max_len the request runs with. The table checked both; what is left
+        depends on the model: the pooling it defaults to, the positions it takes."""
+        pooling = request.pooling or model_pooling(model)
         if pooling == "cls" and model.kind == "causal-lm":
             raise InvalidArgument("pooling 'cls' takes the first token, which in a causal LM sees only "
                                   "itself: use 'last', 'mean' or 'tokens'")
-        dtype = from_wire(CAPTURE, "dtype", request.dtype)
         if dataset.kind == "image" and model.kind != "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds images but model {request.model!r} "
                                   f"is a {model.kind}: capture it with a vision model")
         if dataset.kind == "text" and model.kind == "vision":
             raise InvalidArgument(f"dataset {request.dataset!r} holds texts but model {request.model!r} is "
                                   "a vision model")
-        try:  # the table's minimum (2 tokens)
-            max_len = from_wire(CAPTURE, "max_len", request.max_len)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"{e} tokens (0 picks the default)") from None
+        max_len = request.max_len
         if max_len and model.max_positions and max_len > model.max_positions:
             raise InvalidArgument(f"max_len {max_len} is more than model {request.model!r} can take "
                                   f"({model.max_positions} positions): ask for at most {model.max_positions}")
-        max_len = max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
-        return dict(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
-                    pooling=pooling, max_len=max_len, dtype=dtype)
+        return pooling, max_len or min(self.settings.default_max_len, model.max_positions or 1 << 30)
 
     def _open(self, key: str, spec: dict, model: ModelRecord, dataset: DatasetRecord, offsets: dict) -> OpenRun:
         """Create (or find) the run's arrays and catalog row; the run is visible as running from now on.
@@ -227,8 +238,8 @@ class CaptureJobs:
 
     def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
         first, layout = opened[0], opened[0].layout
-        plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, pooling=layout.pooling,
-                           max_len=first.record.max_len, batch_size=self.settings.capture_batch_size, layout=layout,
+        plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, max_len=first.record.max_len,
+                           batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
         started = time.perf_counter()
         actors, tasks_per_replica = self.pool.acquire(first.model.digest, first.model.path)

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.config import Settings
 from actstore.errors import Cancelled, InvalidArgument
 from actstore.options import CAPTURE, IMPORTS, from_wire
-from actstore.server.capture_job import commit, fill_shards
+from actstore.server.capture_job import commit, fill_shards, model_pooling
 from actstore.server.dispatch import get_or_raise
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.registration import Registrar, server_path
@@ -66,7 +66,7 @@ class ImportJobs:
         model = self.catalog.models.get(request.model)
         dataset = self.catalog.datasets.get(request.dataset)
         fmt = from_wire(IMPORTS, "format", request.format)
-        pooling = from_wire(IMPORTS, "pooling", request.pooling) or ("last" if model.kind == "causal-lm" else "cls")
+        pooling = from_wire(IMPORTS, "pooling", request.pooling) or model_pooling(model)
         dtype = from_wire(IMPORTS, "dtype", request.dtype)
 
         def inspect() -> SourceSummary:

@@ -15,7 +15,7 @@ from actstore.errors import Unavailable
 from actstore.metrics import similarity as sim
 from actstore.records import CapturePlanInfo, CKAMatrixPlanInfo
 from actstore.server import cka_job
-from actstore.server.capture_job import CaptureJobs, CaptureRequest
+from actstore.server.capture_job import CaptureJobs, CaptureRequest, CaptureTarget
 from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import QueryParts
 from actstore.server.runs import ITEMSIZE, stored_ratio
@@ -34,29 +34,30 @@ class CostPlanner:
 
     def capture(self, request: CaptureRequest) -> CapturePlanInfo:
         target = self.captures.target(request)
-        model, dataset, options = target.model, target.dataset, target.options
+        model, dataset = target.model, target.dataset
         stored = [(found := self.catalog.runs.find(key)) is not None and found.status == "committed"
                   for key in target.keys]
-        rows = self._rows(model.digest, model.path, dataset, options)
+        rows = self._rows(target)
         shard_rows = self.captures.settings.shard_rows
-        per_run = rows * (model.num_layers + 1) * model.hidden_size * ITEMSIZE[options["dtype"]]
+        per_run = rows * (model.num_layers + 1) * model.hidden_size * ITEMSIZE[target.dtype]
         raw = per_run * sum(not s for s in stored)
-        ratio, ratio_basis = self._compression(model.digest, options["dtype"])
+        ratio, ratio_basis = self._compression(model.digest, target.dtype)
         seconds, seconds_basis = self._seconds(model.digest, rows, any(not s for s in stored))
         return CapturePlanInfo(
             sites=dict(zip(target.sites, target.keys)), stored=dict(zip(target.sites, stored)), n=dataset.n,
             rows=rows, num_shards=-(-rows // shard_rows), num_layers=model.num_layers, width=model.hidden_size,
-            dtype=options["dtype"], pooling=options["pooling"], max_len=options["max_len"], raw_bytes=raw,
+            dtype=target.dtype, pooling=target.pooling, max_len=target.max_len, raw_bytes=raw,
             stored_bytes=int(raw * ratio), compression=ratio, compression_basis=ratio_basis, seconds=seconds,
             seconds_basis=seconds_basis)
 
-    def _rows(self, model_digest: str, model_path: str, dataset, options: dict) -> int:
-        if options["pooling"] != "tokens":
+    def _rows(self, target: CaptureTarget) -> int:
+        dataset = target.dataset
+        if target.pooling != "tokens":
             return dataset.n
-        for run in self.catalog.runs.all(model_digest, dataset.digest):  # any site's run counted them already
-            if run.pooling == "tokens" and run.max_len == options["max_len"]:
+        for run in self.catalog.runs.all(target.model.digest, dataset.digest):  # any site's run counted them already
+            if run.pooling == "tokens" and run.max_len == target.max_len:
                 return run.rows
-        task = self.captures.pool.token_rows(model_path, dataset.path, options["max_len"], spans=False)
+        task = self.captures.pool.token_rows(target.model.path, dataset.path, target.max_len, spans=False)
         offsets, _ = get_or_raise(task, lambda cause: Unavailable(f"tokenising the dataset failed: {cause}"))
         return int(offsets[-1])
 

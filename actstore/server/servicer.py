@@ -68,11 +68,13 @@ def job_proto(s: JobSnapshot) -> pb.Job:
 
 
 def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
+    """The one reading of a capture's (or its dry run's) options: the CAPTURE table checks each and
+    parses the sites (an empty list: the default); `CaptureJobs.target` decides the rest."""
     return CaptureRequest(model=request.model, dataset=request.dataset,
-                          pooling=from_wire(CAPTURE, "pooling", request.pooling) or "",
+                          pooling=from_wire(CAPTURE, "pooling", request.pooling),
                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
-                          max_len=from_message(CAPTURE, "max_len", request) or 0,
-                          sites=tuple(from_wire(CAPTURE, "site", list(request.sites))))
+                          max_len=from_message(CAPTURE, "max_len", request),
+                          sites=tuple(from_wire(CAPTURE, "site", list(request.sites)) or CAPTURE.site.default))
 
 
 class CatalogServicer(rpc.CatalogServicer):

@@ -40,7 +40,6 @@ _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16"
 class CapturePlan:
     run_key: str
     dataset_path: str
-    pooling: str
     max_len: int
     batch_size: int
     layout: RunLayout

@@ -222,3 +222,47 @@ def test_a_token_that_is_not_printable_ascii_is_refused_before_sending(token):
             as refused:
         Client("127.0.0.1:1", token=token)
     assert token not in str(refused.value)  # a token is a secret: the message does not show it
+
+
+class _Sent:
+    """Stands in for the Capture and Planning stubs: keeps each request, answers a finished job."""
+
+    def __init__(self) -> None:
+        self.requests: list = []
+
+    def SubmitCapture(self, request):
+        from actstore._proto.actstore.v1 import actstore_pb2 as pb
+
+        self.requests.append(request)
+        return pb.Job(job_id="j", kind="capture", status="done", target="k" * 64, run_keys=["k" * 64])
+
+    def PlanCapture(self, request):
+        from actstore._proto.actstore.v1 import planning_pb2
+
+        self.requests.append(request)
+        return planning_pb2.CapturePlan()
+
+
+@pytest.mark.parametrize("site", ["attn_out,mlp_out", ["attn_out", "mlp_out"], ["attn_out,mlp_out"],
+                                  ("attn_out", " mlp_out", "attn_out")])
+@pytest.mark.parametrize("method", ["capture", "submit_capture", "plan_capture"])
+def test_a_capture_checks_its_arguments_once_and_sends_the_sites_parsed(monkeypatch, method, site):
+    """`capture` submits through the same path as `submit_capture`, past its checks: each argument
+    is checked against its annotation once and by the CAPTURE table once, and `site` in any of its
+    spellings is sent as the list of sites (split at commas by the table's `site` option alone)."""
+    from actstore.client import arguments
+    from actstore.options import Option
+
+    annotations, tables = [], []
+    conform, check = arguments._conform, Option.check
+    monkeypatch.setattr(arguments, "_conform", lambda name, *rest: annotations.append(name) or conform(name, *rest))
+    monkeypatch.setattr(Option, "check", lambda self, *rest: tables.append(self.name) or check(self, *rest))
+    sent = _Sent()
+    with Client("127.0.0.1:1") as c:
+        c._capture = c._planning = sent
+        getattr(c, method)("gpt2", "toy", pooling="last", max_len=64, site=site)
+    assert sorted(tables) == ["max_len", "pooling", "site"]  # dtype: its default, passed on unchecked
+    assert sorted(n for n in annotations if n in ("pooling", "site", "max_len")) == ["max_len", "pooling", "site"]
+    (request,) = sent.requests
+    assert (request.model, request.pooling, request.max_len, list(request.sites)) == \
+        ("gpt2", "last", 64, ["attn_out", "mlp_out"])

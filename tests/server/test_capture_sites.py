@@ -107,6 +107,26 @@ def test_resid_post_is_the_default_and_keeps_its_key(module_client, data):
     assert module_client.describe(both.runs["mlp_out"]).site_modules == "encoder.layer.*.output.dense"
 
 
+def test_a_request_is_resolved_once_pooling_and_sites_included(module_server, data):
+    """The servicer reads the wire once through the CAPTURE table (the sites parsed, the pooling left
+    to the model); `CaptureJobs.target` decides the rest once: the capture and its dry run read it."""
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.server.servicer import capture_request
+
+    request = capture_request(pb.CaptureRequest(model="gpt2", dataset="texts",
+                                                sites=["mlp_out, attn_out", "mlp_out", ""]))
+    assert (request.pooling, request.dtype, request.max_len, request.sites) == \
+        (None, "float16", None, ("mlp_out", "attn_out"))
+    service = module_server.service
+    target = service.captures.target(request)
+    gpt2 = service.catalog.models.get("gpt2")
+    assert (target.pooling, target.dtype, target.sites) == ("last", "float16", ["mlp_out", "attn_out"])
+    assert target.max_len == min(service.settings.default_max_len, gpt2.max_positions or 1 << 30)
+    assert all((spec["pooling"], spec["max_len"]) == ("last", target.max_len) for spec in target.specs)
+    bert = service.captures.target(capture_request(pb.CaptureRequest(model="bert", dataset="texts", sites=[""])))
+    assert (bert.pooling, bert.sites) == ("cls", ["resid_post"])
+
+
 def test_layer_statistics_are_those_of_the_stored_values(module_client, data):
     result = module_client.capture("gpt2", "texts", pooling="mean", site="attn_out")
     run = module_client.describe(result.run_key)

@@ -38,8 +38,7 @@ def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny
     copy = "f" * 64
     arrays.create_run(copy, layout, arrays.sample_ids(run.run_key), arrays.labels(run.run_key),
                       arrays.offsets(run.run_key), arrays.spec(run.run_key))
-    plan = CapturePlan(run_key=copy, dataset_path=dataset.path, pooling=layout.pooling, max_len=record.max_len,
-                       batch_size=8, layout=layout)
+    plan = CapturePlan(run_key=copy, dataset_path=dataset.path, max_len=record.max_len, batch_size=8, layout=layout)
     replica = ray.remote(ShardCapturer).options(max_concurrency=2).remote(
         model.path, service.store, None, 1, True)
     try:

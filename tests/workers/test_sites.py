@@ -7,7 +7,8 @@ import pytest
 
 from actstore.errors import InvalidArgument
 from actstore.modeling.introspection import find_blocks
-from actstore.modeling.sites import generic_name, resolve_site, split_sites
+from actstore.modeling.sites import generic_name, resolve_site
+from actstore.options import CAPTURE, from_wire
 from tests.factories import build_tiny_model
 
 
@@ -43,7 +44,14 @@ def test_bad_sites(site, message):
         _resolve("llama", site)
 
 
-def test_split_sites():
-    assert split_sites(None) == split_sites([]) == ["resid_post"]
-    assert split_sites(["mlp_out, attn_out", "mlp_out", ""]) == ["mlp_out", "attn_out"]
-    assert split_sites("a.*,b.*") == ["a.*", "b.*"]
+def test_the_capture_tables_site_option_parses_the_sites():
+    """The one place sites are split at commas, for the client and the server alike."""
+    site = CAPTURE.site
+    assert from_wire(CAPTURE, "site", []) == ["resid_post"]
+    assert site.check(["mlp_out, attn_out", "mlp_out", ""]) == ["mlp_out", "attn_out"]
+    assert site.check("a.*,b.*") == site.check(["a.*", "b.*"]) == site.check(["a.*,b.*"]) == ["a.*", "b.*"]
+    assert site.check(site.check(" a.*, b.*,")) == ["a.*", "b.*"]
+    with pytest.raises(InvalidArgument, match="^site must be a string, got 5$"):
+        site.check(["a.*", 5])
+    with pytest.raises(InvalidArgument, match="^site must be a list of str values, got 5$"):
+        site.check(5)
