@@ -35,7 +35,13 @@ from actstore.options import (
     from_wire,
     resolve,
 )
-from actstore.server.requests import SimilarityQuery
+from actstore.server.requests import (
+    EntropyQuery,
+    LensQuery,
+    NeuralCollapseQuery,
+    SimilarityQuery,
+    StitchQuery,
+)
 
 ALL_OPTIONS = [(table, name) for table in TABLES.values() for name in table]
 
@@ -380,9 +386,27 @@ def test_the_servicer_fills_in_the_tables_defaults():
     from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
 
     query = QueryServicer(_Recorder())
-    _, args, kwargs = _call(query, "Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"))
-    assert args[0] == "dime" and kwargs == {**{n: o.default for n, o in ENTROPY.items() if n != "metric"},
-                                            "refresh": False}
+    # each query RPC resolves its request into a typed query (server/requests.py): the options the metric
+    # uses, through its table; those it does not use hold the table's defaults, unread
+    dime = EntropyQuery.options_of("dime", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"))
+    assert dime == {n: ENTROPY[n].default for n in ("alpha", "permutations", "seed", "preset", "align")}
+    words = EntropyQuery.options_of("curvature", pb.EntropyRequest(run="r", align="words"))
+    assert words == {"abs_cos": False, "preset": "none", "align": "words", "word_pool": "mean"}
+    preset = EntropyQuery.options_of("effective_rank", pb.EntropyRequest(run="r", preset="skean2025"))
+    assert set(preset) == {"alpha", "normalization", "clamp", "abs_cos", "preset", "align"}  # what it fixes
+    assert LensQuery.options_of(pb.LensRequest(run="r")) == {"epsilon": 0.1, "taus": list(LENS.taus.default),
+                                                             "heads": "shared"}
+    assert LensQuery.options_of(pb.LensRequest(run="r", taus=[0.9, 0.5]))["taus"] == [0.5, 0.9]
+    assert NeuralCollapseQuery.options_of(pb.NeuralCollapseRequest(run="r")) == {"rcond": 1e-10}
+    assert StitchQuery.options_of(pb.StitchRequest(run_a="a", run_b="b")) == \
+        {"test_fraction": 0.25, "seed": 0, "tune_steps": 0, "tune_lr": 1e-3}
+    # then the runs, before any planner
+    for method, request, run in [("Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"), "r"),
+                                 ("ResidualNorm", pb.ResidualNormRequest(run="r"), "r"),
+                                 ("Lens", pb.LensRequest(run="r"), "r"),
+                                 ("NeuralCollapse", pb.NeuralCollapseRequest(run="r"), "r"),
+                                 ("Stitch", pb.StitchRequest(run_a="a", run_b="b"), "a")]:
+        assert _call(query, method, request)[:2] == ("committed_run", (run,)), method
     # the Similarity RPC resolves its request into a SimilarityQuery: the options the metric uses
     assert SimilarityQuery.options_of("cos", pb.SimilarityRequest(run_a="r"))["center"] == "global-mean"
     assert SimilarityQuery.options_of("mutual_knn", pb.SimilarityRequest(run_a="r"))["k"] == 10
@@ -390,12 +414,6 @@ def test_the_servicer_fills_in_the_tables_defaults():
     assert (minibatch["batch_size"], minibatch["remainder"]) == (8, "drop")
     name, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.COS, run_a="r"))
     assert name == "pair" and args[0] == "r"  # then the runs and layers, before any planner
-    _, args, _ = _call(query, "Lens", pb.LensRequest(run="r"))
-    assert args[1:4] == (0.1, list(LENS.taus.default), "shared")
-    _, args, _ = _call(query, "NeuralCollapse", pb.NeuralCollapseRequest(run="r"))
-    assert args[2] == 1e-10
-    _, args, _ = _call(query, "Stitch", pb.StitchRequest(run_a="a", run_b="b"))
-    assert args[4:6] == (0.25, 0)
 
     _, args, _ = _call(CaptureServicer(_Recorder()), "SubmitCapture", pb.CaptureRequest(model="m", dataset="d"))
     assert (args[0].pooling, args[0].dtype, args[0].max_len, args[0].sites) == (None, "float16", None, ("resid_post",))
@@ -437,6 +455,19 @@ def test_the_servicer_refuses_what_the_tables_refuse():
             getattr(query, method)(request, None)
     with pytest.raises(InvalidArgument, match="dtype 'int8'"):
         CaptureServicer(_Recorder()).SubmitCapture(pb.CaptureRequest(model="m", dataset="d", dtype="int8"), None)
+    # the server's limits cap an option at once; a preset with --align is refused before the run is read
+    limits = Settings(max_dime_permutations=50, max_stitch_tune_steps=100)
+    with pytest.raises(ResourceExhausted, match="permutations 51 is over this server's limit of 50"):
+        EntropyQuery.options_of("dime", pb.EntropyRequest(run="r", permutations=51), limits)
+    with pytest.raises(ResourceExhausted, match="tune_steps 101 is over this server's limit of 100"):
+        StitchQuery.options_of(pb.StitchRequest(run_a="a", run_b="b", tune_steps=101), limits)
+    with pytest.raises(InvalidArgument, match="preset skean2025 reproduces a pipeline over token rows: drop --align"):
+        query.Entropy(pb.EntropyRequest(metric=pb.EntropyRequest.CURVATURE, run="r", preset="skean2025",
+                                        align="words"), None)
     # an option the metric does not use is not read, as before
     assert "center" not in SimilarityQuery.options_of("cka", pb.SimilarityRequest(run_a="r", center="bogus"))
+    unused = pb.EntropyRequest(run="r", temperature=-1, permutations=-1, convention="bogus", word_pool="first")
+    assert set(EntropyQuery.options_of("dataset_entropy", unused)) == {"alpha", "normalization", "clamp", "preset",
+                                                                      "align"}
+    _call(query, "Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DATASET_ENTROPY, run="r", temperature=-1))
     _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r", center="bogus"))

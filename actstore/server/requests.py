@@ -22,7 +22,7 @@ from typing import Any
 from actstore import measures
 from actstore.errors import InvalidArgument
 from actstore.metrics.similarity import MIN_HSIC_SAMPLES
-from actstore.options import SIMILARITY, from_message, from_wire
+from actstore.options import ENTROPY, LENS, SIMILARITY, STITCH, from_message, from_wire
 from actstore.server.runs import RunChecks
 from actstore.store.catalog import RunRecord
 
@@ -143,3 +143,165 @@ class SimilarityQuery:
     @property
     def run_keys(self) -> list[str]:
         return [self.a.run_key, self.b.run_key]
+
+
+# ---- one run's families: entropy, depth (lens, NC1, residual norm); and stitching --------------------
+ENTROPY_USES = {  # the options that name each entropy metric's result, in the ENTROPY table's order
+    "dataset_entropy": ("alpha", "normalization", "clamp"), "prompt_entropy": ("alpha", "normalization", "clamp"),
+    "effective_rank": ("convention",), "curvature": ("abs_cos",), "infonce": ("temperature",),
+    "dime": ("alpha", "permutations", "seed"), "lidar": ("alpha", "exp"),
+}
+PRESET_ASKS = ("alpha", "normalization", "clamp", "abs_cos")  # a preset fixes these: read to refuse others
+
+
+@dataclass(frozen=True)
+class EntropyQuery:
+    """An entropy-family query: the committed run, its layers in range (all when none given) and
+    finite, and in `options` what `options_of` read through the ENTROPY table and this server's
+    limits (DiME permutations): the pipeline (preset, align, and word_pool with align words) and
+    the options the metric uses (`ENTROPY_USES`; with a preset, those it fixes: `PRESET_ASKS`).
+    The others are not read, as before: an old client sends every field."""
+
+    metric: str
+    run: RunRecord
+    layers: list[int]
+    options: dict[str, Any]
+    refresh: bool = False
+
+    @staticmethod
+    def options_of(metric: str, request: Any, limits: Any = None) -> dict[str, Any]:
+        """The pipeline's options and those `metric` uses, from an EntropyRequest (`limits`: the server's
+        settings)."""
+        preset = from_wire(ENTROPY, "preset", request.preset)
+        uses = PRESET_ASKS if preset != "none" else ENTROPY_USES.get(metric, ())
+        options = {name: from_message(ENTROPY, name, request, limits) for name in ENTROPY if name in uses}
+        options.update(preset=preset, align=from_wire(ENTROPY, "align", request.align))
+        if options["align"] == "words":  # a token-level run's tokens pooled to words first
+            options["word_pool"] = from_wire(ENTROPY, "word_pool", request.word_pool)
+        if preset != "none" and options["align"] != "none":
+            raise InvalidArgument(f"preset {preset} reproduces a pipeline over token rows: "
+                                  f"drop --align {options['align']}")
+        return options
+
+    @staticmethod
+    def resolve(checks: RunChecks, metric: str, request: Any) -> EntropyQuery:
+        options = EntropyQuery.options_of(metric, request, checks.settings)
+        run = checks.committed_run(request.run)
+        layers = checks.check_layers(run, list(request.layers), "layer")
+        checks.check_finite(run, layers)
+        return EntropyQuery(metric, run, layers, options, request.refresh)
+
+    @property
+    def result_options(self) -> dict[str, Any]:
+        """What names a result (without a preset): the layers and the options the metric uses."""
+        return {"layers": self.layers, **{name: self.options[name] for name in ENTROPY_USES.get(self.metric, ())}}
+
+
+@dataclass(frozen=True)
+class ResidualNormQuery:
+    """The residual norm ratio of layers l -> l+1: the committed run, each layer (all when none
+    given) once and with a next layer, both finite."""
+
+    run: RunRecord
+    layers: list[int]
+    refresh: bool = False
+
+    @staticmethod
+    def resolve(checks: RunChecks, request: Any) -> ResidualNormQuery:
+        run = checks.committed_run(request.run)
+        layers = checks.distinct(list(request.layers) if request.layers else list(range(run.num_layers)), "layer")
+        bad = [layer for layer in layers if not 0 <= layer < run.num_layers]
+        if bad:
+            raise InvalidArgument(f"layer {bad[0]} has no next layer: run {run.run_key[:12]} allows 0.."
+                                  f"{run.num_layers - 1}")
+        checks.check_finite(run, sorted(set(layers) | {x + 1 for x in layers}))
+        return ResidualNormQuery(run, layers, request.refresh)
+
+
+@dataclass(frozen=True)
+class LensQuery:
+    """A logit-lens query: the committed run and the LENS options (the thresholds sorted). What the
+    lens needs of the run's model (a head; exit heads) and pooling, the planner checks."""
+
+    run: RunRecord
+    epsilon: float
+    taus: list[float]
+    heads: str
+    refresh: bool = False
+
+    @staticmethod
+    def options_of(request: Any) -> dict[str, Any]:
+        return {"epsilon": from_wire(LENS, "epsilon", request.epsilon),  # in (0, 1)
+                "taus": sorted(from_wire(LENS, "taus", list(request.taus))),  # each in [0, 1]
+                "heads": from_wire(LENS, "heads", request.heads)}
+
+    @staticmethod
+    def resolve(checks: RunChecks, request: Any) -> LensQuery:
+        options = LensQuery.options_of(request)
+        return LensQuery(checks.committed_run(request.run), refresh=request.refresh, **options)
+
+
+@dataclass(frozen=True)
+class NeuralCollapseQuery:
+    """NC1 per layer: a pooled committed run, its layers in range (all when none given) and finite,
+    and `rcond` through the LENS table. Its labels the planner reads."""
+
+    run: RunRecord
+    layers: list[int]
+    rcond: float = LENS.rcond.default
+    refresh: bool = False
+
+    @staticmethod
+    def options_of(request: Any) -> dict[str, Any]:
+        return {"rcond": from_wire(LENS, "rcond", request.rcond)}
+
+    @staticmethod
+    def resolve(checks: RunChecks, request: Any) -> NeuralCollapseQuery:
+        options = NeuralCollapseQuery.options_of(request)
+        run = checks.committed_run(request.run)
+        if run.pooling == "tokens":
+            raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
+        layers = checks.check_layers(run, list(request.layers), "layer")
+        checks.check_finite(run, layers)
+        return NeuralCollapseQuery(run, layers, refresh=request.refresh, **options)
+
+
+@dataclass(frozen=True)
+class StitchQuery:
+    """A stitch of run A's layer into run B's model at B's layer: the STITCH options (tune_steps
+    capped by this server's limit), both runs committed, each layer in range. The planner checks
+    the rest in its order: token-level runs, B's head, the same samples, finite layers, memory."""
+
+    a: RunRecord
+    layer_a: int
+    b: RunRecord
+    layer_b: int
+    test_fraction: float = STITCH.test_fraction.default
+    seed: int = STITCH.seed.default
+    tune_steps: int = STITCH.tune_steps.default
+    tune_lr: float = STITCH.tune_lr.default
+    refresh: bool = False
+
+    @staticmethod
+    def options_of(request: Any, limits: Any = None) -> dict[str, Any]:
+        return {"test_fraction": from_message(STITCH, "test_fraction", request),  # in (0, 1)
+                "seed": from_wire(STITCH, "seed", request.seed),
+                "tune_steps": from_wire(STITCH, "tune_steps", request.tune_steps, limits),
+                "tune_lr": from_wire(STITCH, "tune_lr", request.tune_lr)}
+
+    @staticmethod
+    def resolve(checks: RunChecks, request: Any) -> StitchQuery:
+        options = StitchQuery.options_of(request, checks.settings)
+        a, b = checks.committed_run(request.run_a), checks.committed_run(request.run_b)
+        checks.check_layers(a, [request.layer_a], "layer_a")
+        checks.check_layers(b, [request.layer_b], "layer_b")
+        return StitchQuery(a, request.layer_a, b, request.layer_b, refresh=request.refresh, **options)
+
+    @property
+    def result_options(self) -> dict[str, Any]:
+        """What names the result; the tuning only when asked, so untuned results keep their keys."""
+        options = {"layer_a": self.layer_a, "layer_b": self.layer_b, "test_fraction": self.test_fraction,
+                   "seed": self.seed}
+        if self.tune_steps:
+            options.update(tune_steps=self.tune_steps, tune_lr=self.tune_lr)
+        return options

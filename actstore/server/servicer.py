@@ -13,11 +13,8 @@ from actstore.errors import InvalidArgument
 from actstore.options import (
     CAPTURE,
     DATASETS,
-    ENTROPY,
     GC,
-    LENS,
     SIMILARITY,
-    STITCH,
     TRAIN,
     from_message,
     from_wire,
@@ -25,7 +22,17 @@ from actstore.options import (
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.replies import KeptReplies
-from actstore.server.requests import MeasureQuery, SimilarityQuery, options_from_json, shared_options
+from actstore.server.requests import (
+    EntropyQuery,
+    LensQuery,
+    MeasureQuery,
+    NeuralCollapseQuery,
+    ResidualNormQuery,
+    SimilarityQuery,
+    StitchQuery,
+    options_from_json,
+    shared_options,
+)
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -202,19 +209,19 @@ class QueryServicer(rpc.QueryServicer):
 
     def Entropy(self, request, context):
         metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
-        options = {name: from_message(ENTROPY, name, request) for name in ENTROPY if name != "metric"}
-        return self._replies.answer("Entropy", request, lambda: self.service.queries.entropy.entropy(
-            metric, request.run, list(request.layers), **options, refresh=request.refresh))
+        queries = self.service.queries  # only the options the metric uses are resolved; the others are not read
+        return self._replies.answer("Entropy", request, lambda: queries.entropy.entropy(
+            EntropyQuery.resolve(queries.parts.checks, metric, request)))
 
     def ResidualNorm(self, request, context):
-        return self._replies.answer("ResidualNorm", request, lambda: self.service.queries.depth.residual_norm(
-            request.run, list(request.layers), request.refresh))
+        queries = self.service.queries
+        return self._replies.answer("ResidualNorm", request, lambda: queries.depth.residual_norm(
+            ResidualNormQuery.resolve(queries.parts.checks, request)))
 
     def Stitch(self, request, context):
-        return self._replies.answer("Stitch", request, lambda: self.service.queries.stitching.stitch(
-            request.run_a, request.layer_a, request.run_b, request.layer_b,
-            from_message(STITCH, "test_fraction", request), from_wire(STITCH, "seed", request.seed),
-            request.refresh, tune_steps=request.tune_steps, tune_lr=request.tune_lr))
+        queries = self.service.queries
+        return self._replies.answer("Stitch", request, lambda: queries.stitching.stitch(
+            StitchQuery.resolve(queries.parts.checks, request)))
 
     def SubmitCKAMatrix(self, request, context):
         options = {}
@@ -227,13 +234,14 @@ class QueryServicer(rpc.QueryServicer):
                                                         options=options))
 
     def Lens(self, request, context):
-        return self._replies.answer("Lens", request, lambda: self.service.queries.depth.lens(
-            request.run, from_wire(LENS, "epsilon", request.epsilon), from_wire(LENS, "taus", list(request.taus)),
-            from_wire(LENS, "heads", request.heads), request.refresh))
+        queries = self.service.queries
+        return self._replies.answer("Lens", request, lambda: queries.depth.lens(
+            LensQuery.resolve(queries.parts.checks, request)))
 
     def NeuralCollapse(self, request, context):
-        return self._replies.answer("NeuralCollapse", request, lambda: self.service.queries.depth.neural_collapse(
-            request.run, list(request.layers), from_wire(LENS, "rcond", request.rcond), request.refresh))
+        queries = self.service.queries
+        return self._replies.answer("NeuralCollapse", request, lambda: queries.depth.neural_collapse(
+            NeuralCollapseQuery.resolve(queries.parts.checks, request)))
 
     def GetResult(self, request, context):
         return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))

@@ -8,24 +8,18 @@ import numpy as np
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import lens
 from actstore.metrics import similarity as sim
-from actstore.options import LENS, from_wire
 from actstore.server.dispatch import gather
 from actstore.server.executor import merged
 from actstore.server.planners import Planner
+from actstore.server.requests import LensQuery, NeuralCollapseQuery, ResidualNormQuery
 from actstore.server.results import MetricResult
 from actstore.workers.metric_tasks import PerLayer
 
 
 class DepthPlanner(Planner):
 
-    def residual_norm(self, run: str, layers: list[int], refresh: bool = False) -> MetricResult:
-        record = self.checks.committed_run(run)
-        chosen = self.checks.distinct(list(layers) if layers else list(range(record.num_layers)), "layer")
-        bad = [layer for layer in chosen if not 0 <= layer < record.num_layers]
-        if bad:
-            raise InvalidArgument(f"layer {bad[0]} has no next layer: run {record.run_key[:12]} allows 0.."
-                                  f"{record.num_layers - 1}")
-        self.checks.check_finite(record, sorted(set(chosen) | {x + 1 for x in chosen}))
+    def residual_norm(self, query: ResidualNormQuery) -> MetricResult:
+        record, chosen = query.run, query.layers
         options = {"layers": chosen}
 
         def compute():
@@ -39,17 +33,15 @@ class DepthPlanner(Planner):
                     {"n": float(record.rows)}, notes)
 
         return self.results.cached_or_compute("residual_norm_ratio", lens.DEFINITION_VERSION, options, [record.run_key],
-                                       refresh, compute)
+                                       query.refresh, compute)
 
-    def lens(self, run: str, epsilon: float = 0.0, taus: list[float] | None = None, heads: str = "",
-             refresh: bool = False) -> MetricResult:
-        record = self.checks.committed_run(run)
+    def lens(self, query: LensQuery) -> MetricResult:
+        record, epsilon, taus, heads = query.run, query.epsilon, query.taus, query.heads
         model = self.catalog.models.get(record.model_digest)
         if not model.has_head:
             raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
                                      "needs a final norm + classifier or unembedding (a *ForCausalLM or "
                                      "*ForSequence/ImageClassification model)")
-        heads = from_wire(LENS, "heads", heads)
         if heads == "exits" and not (self.executor.store.local(model.path) / "exit_heads.safetensors").exists():
             raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
                                      "trained with --method multi-exit")
@@ -61,8 +53,6 @@ class DepthPlanner(Planner):
             raise InvalidArgument(f"the classifier reads one position, but run {record.run_key[:12]} is pooled "
                                   f"'{record.pooling}': capture with the model's own pooling (cls for BERT/ViT)")
         labels = None if next_token else self.checks.labels(record)
-        epsilon = from_wire(LENS, "epsilon", epsilon)  # in (0, 1)
-        taus = sorted(from_wire(LENS, "taus", taus))  # each in [0, 1]
         options = {"epsilon": epsilon, "taus": taus, "heads": heads}
 
         def compute():
@@ -90,22 +80,17 @@ class DepthPlanner(Planner):
             notes = ["next-token labels; each prompt's last token has none and is left out"] if next_token else []
             return arrays, scalars, notes
 
-        return self.results.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
-                                      compute)
+        return self.results.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key],
+                                              query.refresh, compute)
 
-    def neural_collapse(self, run: str, layers: list[int], rcond: float = 0.0, refresh: bool = False) -> MetricResult:
-        record = self.checks.committed_run(run)
-        if record.pooling == "tokens":
-            raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
-        chosen = self.checks.check_layers(record, layers, "layer")
-        self.checks.check_finite(record, chosen)
+    def neural_collapse(self, query: NeuralCollapseQuery) -> MetricResult:
+        record, chosen, rcond = query.run, query.layers, query.rcond
         labels = self.checks.labels(record)
         classes = np.unique(labels)
         if classes.size < 2:
             raise FailedPrecondition(f"NC1 needs at least 2 classes (Sigma_B is over the class means); run "
                                      f"{record.run_key[:12]}'s {record.rows} labels hold {classes.size}: capture a "
                                      "dataset with samples of two or more labels")
-        rcond = from_wire(LENS, "rcond", rcond)
         options = {"layers": chosen, "rcond": rcond}
 
         def compute():
@@ -114,5 +99,5 @@ class DepthPlanner(Planner):
             values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
             return {"values": values}, {"n": float(record.rows), "classes": float(classes.size)}, []
 
-        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key], refresh,
-                                              compute)
+        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key],
+                                              query.refresh, compute)

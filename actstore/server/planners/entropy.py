@@ -12,9 +12,10 @@ import numpy as np
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import entropy as ent
 from actstore.metrics import entropy_presets as presets
-from actstore.options import ENTROPY, from_wire
+from actstore.options import ENTROPY
 from actstore.server.planners import Planner
 from actstore.server.planners.word_entropy import WordEntropyPlanner
+from actstore.server.requests import PRESET_ASKS, EntropyQuery
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 from actstore.store.datasets import load_dataset
@@ -23,41 +24,14 @@ from actstore.workers.metric_tasks import PerLayer
 
 class EntropyPlanner(Planner):
 
-    def entropy(self, metric: str, run: str, layers: list[int], *, alpha: float = 0.0, normalization: str = "",
-                clamp: bool = False, convention: str = "", abs_cos: bool = False, permutations: int = 0,
-                seed: int = 0, exp: bool = False, temperature: float = 0.0, preset: str = "", align: str = "",
-                word_pool: str = "", refresh: bool = False) -> MetricResult:
-        record = self.checks.committed_run(run)
-        chosen = self.checks.check_layers(record, layers, "layer")
-        self.checks.check_finite(record, chosen)
-        alpha = from_wire(ENTROPY, "alpha", alpha)
-        normalization = from_wire(ENTROPY, "normalization", normalization)
-        preset = from_wire(ENTROPY, "preset", preset)
-        align = from_wire(ENTROPY, "align", align)
-        if preset != "none" and align != "none":
-            raise InvalidArgument(f"preset {preset} reproduces a pipeline over token rows: drop --align {align}")
-        if preset != "none":
-            return self._preset(preset, metric, record, chosen, refresh, alpha=alpha, normalization=normalization,
-                                clamp=clamp, abs_cos=abs_cos)
-        options: dict[str, Any] = {"layers": chosen}
-        if metric in ("dataset_entropy", "prompt_entropy", "dime", "lidar"):
-            options["alpha"] = alpha
-        if metric in ("dataset_entropy", "prompt_entropy"):
-            options.update(normalization=normalization, clamp=clamp)
-        if metric == "effective_rank":
-            options["convention"] = from_wire(ENTROPY, "convention", convention)
-        if metric == "curvature":
-            options["abs_cos"] = abs_cos
-        if metric == "dime":
-            options.update(permutations=from_wire(ENTROPY, "permutations", permutations, limits=self.checks.settings),
-                           seed=from_wire(ENTROPY, "seed", seed))
-        if metric == "lidar":
-            options["exp"] = exp
-        if metric == "infonce":
-            options["temperature"] = from_wire(ENTROPY, "temperature", temperature)
-        if align == "words":  # a token-level run's words: the same units whatever the tokenizer
-            return WordEntropyPlanner(self.parts).entropy(metric, record, chosen, options,
-                                                          from_wire(ENTROPY, "word_pool", word_pool), refresh)
+    def entropy(self, query: EntropyQuery) -> MetricResult:
+        metric, record, chosen, refresh = query.metric, query.run, query.layers, query.refresh
+        if query.options["preset"] != "none":
+            return self._preset(query)
+        options: dict[str, Any] = query.result_options
+        if query.options["align"] == "words":  # a token-level run's words: the same units whatever the tokenizer
+            return WordEntropyPlanner(self.parts).entropy(metric, record, chosen, options, query.options["word_pool"],
+                                                          refresh)
         token_level = metric in ("prompt_entropy", "curvature")
         if token_level != (record.pooling == "tokens"):
             raise InvalidArgument(
@@ -76,9 +50,9 @@ class EntropyPlanner(Planner):
         return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
                                        lambda: compute(metric, record, chosen, options))
 
-    def _preset(self, preset: str, metric: str, record: RunRecord, layers: list[int], refresh: bool,
-                **asked) -> MetricResult:
+    def _preset(self, query: EntropyQuery) -> MetricResult:
         """A reference pipeline by name (`metrics.entropy_presets`), from a token-level run."""
+        preset, metric, record, layers = query.options["preset"], query.metric, query.run, query.layers
         fixed = presets.SKEAN2025
         if metric not in ("dataset_entropy", "prompt_entropy", "curvature"):
             raise InvalidArgument(f"preset {preset} covers dataset_entropy, prompt_entropy and curvature, not {metric}")
@@ -86,14 +60,16 @@ class EntropyPlanner(Planner):
             raise InvalidArgument(f"preset {preset} starts from token rows; run {record.run_key[:12]} is pooled "
                                   f"'{record.pooling}': capture with --pooling tokens")
         # the preset fixes these; the wire cannot tell a default from a choice, so a default passes
+        asked = {name: query.options[name] for name in PRESET_ASKS}
         differ = [f"{name}={value}" for name, value in asked.items()
                   if value != fixed[name] and value != ENTROPY[name].default]
         if differ:
             raise InvalidArgument(f"preset {preset} fixes {', '.join(f'{k}={v}' for k, v in fixed.items())}; "
                                   f"drop {', '.join(differ)}")
         options = {"layers": layers, "preset": preset}
-        return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
-                                              lambda: self._preset_values(preset, metric, record, layers, fixed))
+        return self.results.cached_or_compute(
+            metric, ent.DEFINITION_VERSION, options, [record.run_key], query.refresh,
+            lambda: self._preset_values(preset, metric, record, layers, fixed))
 
     @staticmethod
     def _check_prompts(what: str, run: RunRecord, offsets: np.ndarray, least_tokens: int,

@@ -43,7 +43,7 @@ class WordEntropyPlanner(TokenUnitsPlanner):
 
     def entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict, word_pool: str,
                 refresh: bool) -> MetricResult:
-        """`metric` with `options` (resolved by `EntropyPlanner`) over the run's words."""
+        """`metric` with `options` (the result options of its `EntropyQuery`) over the run's words."""
         if metric not in WORD_METRICS:
             raise InvalidArgument(f"--align words covers {', '.join(WORD_METRICS)}, not {metric} (it compares "
                                   "augmented views of pooled prompts): drop --align")
