@@ -466,8 +466,10 @@ def test_the_servicer_refuses_what_the_tables_refuse():
                                         align="words"), None)
     # an option the metric does not use is not read, as before
     assert "center" not in SimilarityQuery.options_of("cka", pb.SimilarityRequest(run_a="r", center="bogus"))
-    unused = pb.EntropyRequest(run="r", temperature=-1, permutations=-1, convention="bogus", word_pool="first")
-    assert set(EntropyQuery.options_of("dataset_entropy", unused)) == {"alpha", "normalization", "clamp", "preset",
-                                                                      "align"}
-    _call(query, "Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DATASET_ENTROPY, run="r", temperature=-1))
+    # an entropy request's every field is checked against the table, as before; only the metric's are kept
+    assert set(EntropyQuery.options_of("dataset_entropy", pb.EntropyRequest(run="r", temperature=0.5))) == {
+        "alpha", "normalization", "clamp", "preset", "align"}
+    for unused in (dict(temperature=-1), dict(permutations=-1), dict(convention="bogus"), dict(word_pool="first")):
+        with pytest.raises(InvalidArgument):
+            EntropyQuery.options_of("dataset_entropy", pb.EntropyRequest(run="r", **unused))
     _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r", center="bogus"))

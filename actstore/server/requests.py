@@ -160,7 +160,7 @@ class EntropyQuery:
     finite, and in `options` what `options_of` read through the ENTROPY table and this server's
     limits (DiME permutations): the pipeline (preset, align, and word_pool with align words) and
     the options the metric uses (`ENTROPY_USES`; with a preset, those it fixes: `PRESET_ASKS`).
-    The others are not read, as before: an old client sends every field."""
+    Every field is checked against the table, as before; only those are kept."""
 
     metric: str
     run: RunRecord
@@ -172,12 +172,16 @@ class EntropyQuery:
     def options_of(metric: str, request: Any, limits: Any = None) -> dict[str, Any]:
         """The pipeline's options and those `metric` uses, from an EntropyRequest (`limits`: the server's
         settings)."""
-        preset = from_wire(ENTROPY, "preset", request.preset)
+        # every field is checked against the table, as before (a bad value of an option this metric
+        # does not use is refused too); the server's limits apply to the options the metric uses
+        checked = {name: from_message(ENTROPY, name, request) for name in ENTROPY if name != "metric"}
+        preset = checked["preset"]
         uses = PRESET_ASKS if preset != "none" else ENTROPY_USES.get(metric, ())
-        options = {name: from_message(ENTROPY, name, request, limits) for name in ENTROPY if name in uses}
-        options.update(preset=preset, align=from_wire(ENTROPY, "align", request.align))
+        options = {name: checked[name] if ENTROPY[name].limit is None else ENTROPY[name].check(checked[name], limits)
+                   for name in ENTROPY if name in uses}
+        options.update(preset=preset, align=checked["align"])
         if options["align"] == "words":  # a token-level run's tokens pooled to words first
-            options["word_pool"] = from_wire(ENTROPY, "word_pool", request.word_pool)
+            options["word_pool"] = checked["word_pool"]
         if preset != "none" and options["align"] != "none":
             raise InvalidArgument(f"preset {preset} reproduces a pipeline over token rows: "
                                   f"drop --align {options['align']}")
