@@ -12,9 +12,12 @@ demo: setup
 	actstore demo
 
 # The default pytest config deselects slow tests. A failing pytest fails the target (make itself
-# then exits 2); pytest's exit code 5, no tests collected, is a failure too.
+# then exits 2); pytest's exit code 5, no tests collected, is a failure too. The suite mostly waits
+# (Ray, servers, subprocesses), so its files are spread over TEST_WORKERS processes (pytest-xdist;
+# a file stays in one process, so its module fixtures are made once); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''
