@@ -15,9 +15,11 @@ demo: setup
 # then exits 2); pytest's exit code 5, no tests collected, is a failure too. The suite mostly waits
 # (Ray, servers, subprocesses), so its files are spread over TEST_WORKERS processes (pytest-xdist;
 # a file stays in one process, so its module fixtures are made once); TEST_WORKERS=0: one process.
+# -p no:benchmark: pytest-benchmark, where a machine has it, warns beside xdist (warnings are errors
+# here); our benchmarks are the bench/ scripts.
 TEST_WORKERS ?= 3
 test: setup
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''
