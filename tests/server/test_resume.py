@@ -41,7 +41,7 @@ def _serve(store, port, ray_address, server_dir=None) -> subprocess.Popen:
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:
     proc.send_signal(sig)
-    proc.wait(60)
+    proc.wait(180)  # a graceful stop of an S3-backed server took over 60 s with the suite's 3 processes
     proc.stdout.close()
 
 
