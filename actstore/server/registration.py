@@ -17,7 +17,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.config import Settings
 from actstore.errors import ActStoreError, AlreadyExists, InvalidArgument, NotFound, Unavailable
 from actstore.modeling.sources import BUILTIN_MODELS
-from actstore.options import DATASETS, resolve
+from actstore.options import DATASETS
 from actstore.server.dispatch import get_or_raise
 from actstore.store import datasets as ds
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
@@ -179,7 +179,6 @@ class Registrar:
             data = ds.from_texts(source.texts, labels=source.labels or None, sample_ids=source.sample_ids or None)
             if source.label_names:
                 data = replace(data, label_names=list(source.label_names))
-        resolve(DATASETS, "augment_views", source.augment_views, limits=self.settings)
         if source.augment_views > 1:
             data = ds.augment_texts(data, n_views=source.augment_views, method=source.augment_method,
                                     seed=source.seed)

@@ -134,7 +134,7 @@ class CatalogServicer(rpc.CatalogServicer):
             split=request.split or None, text_column=from_wire(DATASETS, "text_column", request.text_column),
             label_column=request.label_column or None, id_column=request.id_column or None,
             group_column=request.group_column or None,
-            augment_views=from_wire(DATASETS, "augment_views", request.augment_views),
+            augment_views=from_wire(DATASETS, "augment_views", request.augment_views, self.service.settings),
             augment_method=from_wire(DATASETS, "augment_method", request.augment_method),
         )
         return dataset_proto(self.service.register_dataset(source, request.name or None))
