@@ -213,15 +213,17 @@ class QueryServicer(rpc.QueryServicer):
         return self._replies.answer("Entropy", request, lambda: queries.entropy.entropy(
             EntropyQuery.resolve(queries.parts.checks, metric, request)))
 
+    def _planned(self, method: str, request, query_type, plan):
+        """The reply of a query RPC: kept, or `plan(query)` with the request resolved once into
+        `query_type` (`server/requests.py`)."""
+        checks = self.service.queries.parts.checks
+        return self._replies.answer(method, request, lambda: plan(query_type.resolve(checks, request)))
+
     def ResidualNorm(self, request, context):
-        queries = self.service.queries
-        return self._replies.answer("ResidualNorm", request, lambda: queries.depth.residual_norm(
-            ResidualNormQuery.resolve(queries.parts.checks, request)))
+        return self._planned("ResidualNorm", request, ResidualNormQuery, self.service.queries.depth.residual_norm)
 
     def Stitch(self, request, context):
-        queries = self.service.queries
-        return self._replies.answer("Stitch", request, lambda: queries.stitching.stitch(
-            StitchQuery.resolve(queries.parts.checks, request)))
+        return self._planned("Stitch", request, StitchQuery, self.service.queries.stitching.stitch)
 
     def SubmitCKAMatrix(self, request, context):
         options = {}
@@ -234,14 +236,11 @@ class QueryServicer(rpc.QueryServicer):
                                                         options=options))
 
     def Lens(self, request, context):
-        queries = self.service.queries
-        return self._replies.answer("Lens", request, lambda: queries.depth.lens(
-            LensQuery.resolve(queries.parts.checks, request)))
+        return self._planned("Lens", request, LensQuery, self.service.queries.depth.lens)
 
     def NeuralCollapse(self, request, context):
-        queries = self.service.queries
-        return self._replies.answer("NeuralCollapse", request, lambda: queries.depth.neural_collapse(
-            NeuralCollapseQuery.resolve(queries.parts.checks, request)))
+        return self._planned("NeuralCollapse", request, NeuralCollapseQuery,
+                             self.service.queries.depth.neural_collapse)
 
     def GetResult(self, request, context):
         return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))
