@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -33,6 +34,10 @@ def _serve(store, port, ray_address, server_dir=None) -> subprocess.Popen:
     while time.monotonic() < deadline:
         line = proc.stdout.readline().decode()
         if "actstore serving on" in line:
+            # keep reading what it prints: a full pipe would block the server (seen as a server that
+            # did not stop on SIGTERM within minutes, on a loaded machine that made it log more)
+            proc.drain = threading.Thread(target=proc.stdout.read, name="server-output", daemon=True)
+            proc.drain.start()
             return proc
         if proc.poll() is not None:
             raise AssertionError(f"server exited: {line}{proc.stdout.read().decode()}")
@@ -42,6 +47,7 @@ def _serve(store, port, ray_address, server_dir=None) -> subprocess.Popen:
 def _stop(proc: subprocess.Popen, sig: int) -> None:
     proc.send_signal(sig)
     proc.wait(180)  # a graceful stop of an S3-backed server took over 60 s with the suite's 3 processes
+    proc.drain.join(30)  # the output ends with the process
     proc.stdout.close()
 
 
