@@ -262,10 +262,13 @@ class ModelAdapter:
         seen: dict[str, torch.Tensor] = {}
         caller = threading.get_ident()
 
-        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        # kwargs has a default: torch decides per call whether to pass it by looking the hook's id up
+        # in `_forward_pre_hooks_with_kwargs`, so a forward on another thread that iterates the hooks
+        # while this call removes its handle can call this hook without it (a TypeError before)
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict | None = None) -> None:
             if threading.get_ident() != caller:
                 return
-            x = args[0] if args else kwargs.get("hidden_states")
+            x = args[0] if args else (kwargs or {}).get("hidden_states")
             if isinstance(x, torch.Tensor):
                 seen["in"] = x
 
