@@ -51,11 +51,13 @@ CHECKPOINT_SECONDS = 20.0
 GROUPS_PER_TASK_SLOT = 4  # more map tasks than CPUs, so progress moves in small steps
 
 
-def plan(parts: QueryParts, runs: list[str], measure: str = "",
+def plan(parts: QueryParts, runs: list[str], measure: str = "", strict: bool = False,
          **given: object) -> tuple[list[RunRecord], str, dict]:
     """Validate the request; returns the runs, the result key and the options. `measure`: empty
-    for linear CKA, else a MOMENTS measure, whose options are `given` (its identifier and options
-    go in the result's options)."""
+    for linear CKA, else a MOMENTS measure, whose options `given` are resolved here, once (its
+    identifier and options go in the result's options). `strict`: an option the measure does not
+    take is refused; otherwise it is not read (the legacy wire field alpha, which old clients send
+    for every measure, and requests stored by older servers, which a resume replays)."""
     if len(runs) < 1:
         raise InvalidArgument("give at least one run")
     spec = None
@@ -78,8 +80,8 @@ def plan(parts: QueryParts, runs: list[str], measure: str = "",
         checks.check_finite(record, list(range(record.num_layers + 1)))
     options = {"runs": len(records)}
     if spec is not None:
-        # a resumed job's request, or an old one, may carry options this measure does not take
-        options.update(measure_options(spec, spec.resolve(shared_options(spec, given), parts.checks.settings)))
+        taken = given if strict else shared_options(spec, given)
+        options.update(measure_options(spec, spec.resolve(taken, parts.checks.settings)))
     key = result_key(_metric(options), _version(options), options, [r.run_key for r in records])
     return records, key, options
 

@@ -172,13 +172,13 @@ class EntropyQuery:
     def options_of(metric: str, request: Any, limits: Any = None) -> dict[str, Any]:
         """The pipeline's options and those `metric` uses, from an EntropyRequest (`limits`: the server's
         settings)."""
-        # every field is checked against the table, as before (a bad value of an option this metric
-        # does not use is refused too); the server's limits apply to the options the metric uses
-        checked = {name: from_message(ENTROPY, name, request) for name in ENTROPY if name != "metric"}
-        preset = checked["preset"]
+        # every field is checked against the table, once, as before (a bad value of an option this
+        # metric does not use is refused too); the server's limits apply to the options it uses
+        preset = from_message(ENTROPY, "preset", request)
         uses = PRESET_ASKS if preset != "none" else ENTROPY_USES.get(metric, ())
-        options = {name: checked[name] if ENTROPY[name].limit is None else ENTROPY[name].check(checked[name], limits)
-                   for name in ENTROPY if name in uses}
+        checked = {name: from_message(ENTROPY, name, request, limits if name in uses else None)
+                   for name in ENTROPY if name not in ("metric", "preset")}
+        options = {name: value for name, value in checked.items() if name in uses}
         options.update(preset=preset, align=checked["align"])
         if options["align"] == "words":  # a token-level run's tokens pooled to words first
             options["word_pool"] = checked["word_pool"]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from actstore import measures
 from actstore.config import Settings
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument
 from actstore.options import duration_seconds
@@ -192,12 +191,13 @@ class ActStoreService:
         return self.training.submit(request, principal)
 
     def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None,
-                          measure: str = "", options: dict | None = None) -> JobSnapshot:
-        """The matrix job of linear CKA, or of a streamed `measure` with its `options`."""
-        records, key, planned = cka_job.plan(self.queries.parts, runs, measure, **(options or {}))
-        spec = measures.get(measure) if measure else None
-        taken = {option.name: planned[option.name] for option in spec.options} if spec else {}
-        request = {"runs": [r.run_key for r in records], **({"measure": measure, **taken} if measure else {})}
+                          measure: str = "", options: dict | None = None, strict: bool = False) -> JobSnapshot:
+        """The matrix job of linear CKA, or of a streamed `measure` with its `options` (`cka_job.plan`
+        resolves them; `strict`: refuse one the measure does not take)."""
+        records, key, planned = cka_job.plan(self.queries.parts, runs, measure, strict, **(options or {}))
+        # what a resume replays: the runs, and the measure with its resolved options
+        request = {"runs": [r.run_key for r in records],
+                   **{name: value for name, value in planned.items() if name not in ("runs", "identifier")}}
         if not refresh and self.catalog.results.get_record(key) is not None:
             return self.jobs.record_finished("cka-matrix", key, request, principal=principal)
         state, joined = self.jobs.start("cka-matrix", key, request,

@@ -226,14 +226,12 @@ class QueryServicer(rpc.QueryServicer):
         return self._planned("Stitch", request, StitchQuery, self.service.queries.stitching.stitch)
 
     def SubmitCKAMatrix(self, request, context):
-        options = {}
-        if request.measure and request.options_json:
-            options = measures.get(request.measure).resolve(options_from_json(request.options_json))
-        elif request.measure:
-            options = {"alpha": from_message(SIMILARITY, "alpha", request)}  # the legacy field
+        strict = bool(request.options_json)  # the measure's own options, or the legacy alpha field
+        options = options_from_json(request.options_json) if strict else (
+            {"alpha": from_message(SIMILARITY, "alpha", request)} if request.measure else {})
         return job_proto(self.service.submit_cka_matrix(list(request.runs), request.refresh,
                                                         principal=current_principal.get(), measure=request.measure,
-                                                        options=options))
+                                                        options=options, strict=strict))
 
     def Lens(self, request, context):
         return self._planned("Lens", request, LensQuery, self.service.queries.depth.lens)

@@ -12,6 +12,8 @@ version, its options record the layers and the measure's options (`MeasureQuery.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from actstore.measures import MOMENTS
@@ -26,11 +28,8 @@ from actstore.server.tiling import chunks, pair_blocks, row_itemsize
 class MeasurePlanner(Planner):
     def measure(self, query: MeasureQuery) -> MetricResult:
         """The len(layers_a) x len(layers_b) matrix of the query's measure."""
-        if query.measure.needs == MOMENTS:
-            def compute():
-                return self._streamed(query)
-        else:
-            compute = self._in_memory(query)
+        # a ROWS measure checks its memory before the cache is asked, as before
+        compute = partial(self._streamed, query) if query.measure.needs == MOMENTS else self._in_memory(query)
         return self.results.cached_or_compute(query.identifier, query.measure.version, query.result_options,
                                               query.run_keys, query.refresh, compute)
 
