@@ -31,9 +31,9 @@ def measure_options(measure: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """`given` checked against the measure's options (defaults filled); a legacy keyword the
     measure does not take is dropped, as it always was, any other unknown option is refused."""
     spec = measures.get(measure)
-    takes = {option.name for option in spec.options}
-    return spec.resolve({name: value for name, value in given.items()
-                         if value is not None and (name in takes or name not in LEGACY)})
+    legacy = spec.taken({name: value for name, value in given.items() if name in LEGACY})
+    own = {name: value for name, value in given.items() if name not in LEGACY and value is not None}
+    return spec.resolve({**own, **legacy})
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,13 @@ class Measure:
             resolved[name] = option.default if value is None else option.check(value, limits)
         return resolved
 
+    def taken(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of `given` this measure takes (None: not given): for messages and keywords
+        that carry every measure's options (the legacy alpha, sigma_fraction, k), whose others were
+        never read."""
+        takes = {option.name for option in self.options}
+        return {name: value for name, value in given.items() if name in takes and value is not None}
+
     def filled(self, options: Mapping[str, Any]) -> str:
         """The identifier with its placeholders filled (`shape_metric-alpha=0.5-distance=angular`)."""
         name = self.identifier

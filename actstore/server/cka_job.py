@@ -38,7 +38,7 @@ from actstore.server.dispatch import gather, run_windowed
 from actstore.server.jobs import JobState
 from actstore.server.planners import QueryParts
 from actstore.server.planners.similarity import constant_layers_note
-from actstore.server.requests import measure_options, shared_options
+from actstore.server.requests import measure_options
 from actstore.server.results import MetricResult, Provenance
 from actstore.server.tiling import chunks, row_itemsize
 from actstore.store.atomic import atomic_write_bytes
@@ -80,7 +80,7 @@ def plan(parts: QueryParts, runs: list[str], measure: str = "", strict: bool = F
         checks.check_finite(record, list(range(record.num_layers + 1)))
     options = {"runs": len(records)}
     if spec is not None:
-        taken = given if strict else shared_options(spec, given)
+        taken = given if strict else spec.taken(given)
         options.update(measure_options(spec, spec.resolve(taken, parts.checks.settings)))
     key = result_key(_metric(options), _version(options), options, [r.run_key for r in records])
     return records, key, options

@@ -41,13 +41,6 @@ def options_from_json(text: str) -> dict[str, Any]:
     return options
 
 
-def shared_options(measure: measures.Measure, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of a legacy message that carries every measure's fields (SimilarityRequest,
-    CKAMatrixRequest): those this measure takes; the others were never read, and still are not."""
-    takes = {option.name for option in measure.options}
-    return {name: value for name, value in given.items() if name in takes and value is not None}
-
-
 @dataclass(frozen=True)
 class MeasureQuery:
     measure: measures.Measure

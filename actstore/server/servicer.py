@@ -31,7 +31,6 @@ from actstore.server.requests import (
     SimilarityQuery,
     StitchQuery,
     options_from_json,
-    shared_options,
 )
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
@@ -197,7 +196,7 @@ class QueryServicer(rpc.QueryServicer):
             spec = measures.get(request.measure) if request.measure else None
             return queries.measures.measure(MeasureQuery.resolve(
                 queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a,
-                request.layers_b, shared_options(spec, legacy) if spec else {}, request.refresh))
+                request.layers_b, spec.taken(legacy) if spec else {}, request.refresh))
         # only the options the metric uses are resolved; the others are not read
         return queries.similarity.similarity(SimilarityQuery.resolve(queries.parts.checks, metric, request))
 
