@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,8 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 __all__ = [
     "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "PROGRESSION", "SERVE",
     "SIMILARITY", "SQL", "STITCH", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
-    "Option", "Table", "comma_separated", "duration_seconds", "from_message", "from_wire", "resolve",
+    "Option", "Table", "comma_separated", "duration_seconds", "from_message", "from_wire", "given_in_message",
+    "resolve",
     "trained_model_name",
 ]
 
@@ -213,14 +214,25 @@ def from_wire(table: Table, name: str, value: Any, limits: Any = None) -> Any:
     return resolve(table, name, value if value else None, limits)
 
 
+def given_in_message(message: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The options `names` as a request message gives them (None: not given). A field with
+    presence (`optional` in the .proto: the numeric options whose 0 is no valid value) is given
+    when set, 0 included, so the table refuses an explicit 0 as the CLI and client do; in any other
+    field the proto3 zero value ("" / 0 / 0.0 / False / []) means not given. Repeated fields come
+    as lists."""
+    given = {}
+    for name in names:
+        value = getattr(message, name)
+        if message.DESCRIPTOR.fields_by_name[name].has_presence:
+            given[name] = value if message.HasField(name) else None
+        else:
+            given[name] = (list(value) if not isinstance(value, (str, bytes, int, float)) else value) or None
+    return given
+
+
 def from_message(table: Table, name: str, message: Any, limits: Any = None) -> Any:
-    """Resolve field `name` of a request message. A field with presence (`optional` in the
-    .proto: the numeric options whose 0 is no valid value) is given when set, 0 included, so the
-    table refuses an explicit 0 as the CLI and client do; any other field as `from_wire`."""
-    value = getattr(message, name)
-    if message.DESCRIPTOR.fields_by_name[name].has_presence:
-        return resolve(table, name, value if message.HasField(name) else None, limits)
-    return from_wire(table, name, value, limits)
+    """Resolve field `name` of a request message (`given_in_message` says when it is given)."""
+    return resolve(table, name, given_in_message(message, [name])[name], limits)
 
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -386,19 +386,20 @@ def test_the_servicer_fills_in_the_tables_defaults():
     from actstore.server.servicer import CaptureServicer, CatalogServicer, QueryServicer
 
     query = QueryServicer(_Recorder())
-    # each query RPC resolves its request into a typed query (server/requests.py): the options the metric
-    # uses, through its table; those it does not use hold the table's defaults, unread
-    dime = EntropyQuery.options_of("dime", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"))
+    # each query RPC resolves its request (the options it gives: options.given_in_message) into a typed
+    # query (server/requests.py): the options the metric uses, through its table; those it does not use
+    # hold the table's defaults, unread
+    dime = EntropyQuery.options_of("dime", {})
     assert dime == {n: ENTROPY[n].default for n in ("alpha", "permutations", "seed", "preset", "align")}
-    words = EntropyQuery.options_of("curvature", pb.EntropyRequest(run="r", align="words"))
+    words = EntropyQuery.options_of("curvature", {"align": "words"})
     assert words == {"abs_cos": False, "preset": "none", "align": "words", "word_pool": "mean"}
-    preset = EntropyQuery.options_of("effective_rank", pb.EntropyRequest(run="r", preset="skean2025"))
+    preset = EntropyQuery.options_of("effective_rank", {"preset": "skean2025"})
     assert set(preset) == {"alpha", "normalization", "clamp", "abs_cos", "preset", "align"}  # what it fixes
-    assert LensQuery.options_of(pb.LensRequest(run="r")) == {"epsilon": 0.1, "taus": list(LENS.taus.default),
+    assert LensQuery.options_of({}) == {"epsilon": 0.1, "taus": list(LENS.taus.default),
                                                              "heads": "shared"}
-    assert LensQuery.options_of(pb.LensRequest(run="r", taus=[0.9, 0.5]))["taus"] == [0.5, 0.9]
-    assert NeuralCollapseQuery.options_of(pb.NeuralCollapseRequest(run="r")) == {"rcond": 1e-10}
-    assert StitchQuery.options_of(pb.StitchRequest(run_a="a", run_b="b")) == \
+    assert LensQuery.options_of({"taus": [0.9, 0.5]})["taus"] == [0.5, 0.9]
+    assert NeuralCollapseQuery.options_of({}) == {"rcond": 1e-10}
+    assert StitchQuery.options_of({}) == \
         {"test_fraction": 0.25, "seed": 0, "tune_steps": 0, "tune_lr": 1e-3}
     # then the runs, before any planner
     for method, request, run in [("Entropy", pb.EntropyRequest(metric=pb.EntropyRequest.DIME, run="r"), "r"),
@@ -408,9 +409,9 @@ def test_the_servicer_fills_in_the_tables_defaults():
                                  ("Stitch", pb.StitchRequest(run_a="a", run_b="b"), "a")]:
         assert _call(query, method, request)[:2] == ("committed_run", (run,)), method
     # the Similarity RPC resolves its request into a SimilarityQuery: the options the metric uses
-    assert SimilarityQuery.options_of("cos", pb.SimilarityRequest(run_a="r"))["center"] == "global-mean"
-    assert SimilarityQuery.options_of("mutual_knn", pb.SimilarityRequest(run_a="r"))["k"] == 10
-    minibatch = SimilarityQuery.options_of("minibatch_cka", pb.SimilarityRequest(run_a="r", batch_size=8))
+    assert SimilarityQuery.options_of("cos", {})["center"] == "global-mean"
+    assert SimilarityQuery.options_of("mutual_knn", {})["k"] == 10
+    minibatch = SimilarityQuery.options_of("minibatch_cka", {"batch_size": 8})
     assert (minibatch["batch_size"], minibatch["remainder"]) == (8, "drop")
     name, args, _ = _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.COS, run_a="r"))
     assert name == "pair" and args[0] == "r"  # then the runs and layers, before any planner
@@ -458,18 +459,18 @@ def test_the_servicer_refuses_what_the_tables_refuse():
     # the server's limits cap an option at once; a preset with --align is refused before the run is read
     limits = Settings(max_dime_permutations=50, max_stitch_tune_steps=100)
     with pytest.raises(ResourceExhausted, match="permutations 51 is over this server's limit of 50"):
-        EntropyQuery.options_of("dime", pb.EntropyRequest(run="r", permutations=51), limits)
+        EntropyQuery.options_of("dime", {"permutations": 51}, limits)
     with pytest.raises(ResourceExhausted, match="tune_steps 101 is over this server's limit of 100"):
-        StitchQuery.options_of(pb.StitchRequest(run_a="a", run_b="b", tune_steps=101), limits)
+        StitchQuery.options_of({"tune_steps": 101}, limits)
     with pytest.raises(InvalidArgument, match="preset skean2025 reproduces a pipeline over token rows: drop --align"):
         query.Entropy(pb.EntropyRequest(metric=pb.EntropyRequest.CURVATURE, run="r", preset="skean2025",
                                         align="words"), None)
     # an option the metric does not use is not read, as before
-    assert "center" not in SimilarityQuery.options_of("cka", pb.SimilarityRequest(run_a="r", center="bogus"))
+    assert "center" not in SimilarityQuery.options_of("cka", {"center": "bogus"})
     # an entropy request's every field is checked against the table, as before; only the metric's are kept
-    assert set(EntropyQuery.options_of("dataset_entropy", pb.EntropyRequest(run="r", temperature=0.5))) == {
+    assert set(EntropyQuery.options_of("dataset_entropy", {"temperature": 0.5})) == {
         "alpha", "normalization", "clamp", "preset", "align"}
     for unused in (dict(temperature=-1), dict(permutations=-1), dict(convention="bogus"), dict(word_pool="first")):
         with pytest.raises(InvalidArgument):
-            EntropyQuery.options_of("dataset_entropy", pb.EntropyRequest(run="r", **unused))
+            EntropyQuery.options_of("dataset_entropy", unused)
     _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r", center="bogus"))

@@ -1,17 +1,28 @@
 """`actstore similarity MEASURE RUN_A [RUN_B]` and `actstore measures`: every registered measure
 (`actstore.measures`), named by its similarity-repository identifier. The help, the flags of the
-measures' options, the colour bounds of the plot and the `measures` table all come from the
-registry, so a new measure module appears here without touching this file."""
+measures' options, the colour bounds of the plot and the `measures` table (every registered
+metric, and the command that asks for it) all come from the registry, so a new measure module
+appears here without touching this file."""
 
 from __future__ import annotations
 
 from actstore import measures
 from actstore.cli.common import add_measure_options, add_option, connect, given_options
 from actstore.cli.compare import _pair_args, show_matrix
+from actstore.errors import InvalidArgument
 from actstore.options import SIMILARITY
 
-NEEDS = {measures.MOMENTS: "streamed second moments: any n, memory O(d^2)",
-         measures.ROWS: "in memory: n up to the server's matrix limit, O(n^2)"}
+NEEDS = {needs: measures.NEEDS[needs] for needs in (measures.MOMENTS, measures.ROWS)}
+# The command that asks for a metric of each query family (the registry's own measures: `similarity`).
+COMMANDS = {"measure": "similarity {identifier}", "entropy": "entropy {identifier}", "residual_norm": "residual-norm",
+            "lens": "lens", "neural_collapse": "nc1", "stitch": "stitch"}
+SIMILARITY_COMMANDS = {"cka": "cka", "cos": "cos", "minibatch_cka": "minibatch-cka", "mutual_knn": "knn"}
+
+
+def command_of(spec: measures.Measure) -> str:
+    """`actstore ...`: the command that asks for `spec` (any metric: `Client.metric` in Python)."""
+    found = SIMILARITY_COMMANDS.get(spec.identifier) if spec.query == "similarity" else COMMANDS.get(spec.query)
+    return "actstore " + (found or "similarity {identifier}").format(identifier=spec.identifier)
 
 
 def _bounds(spec: measures.Measure) -> str:
@@ -39,6 +50,8 @@ def description() -> str:
 
 def cmd_similarity(args) -> int:
     spec = measures.get(args.measure)
+    if spec.query != "measure":
+        raise InvalidArgument(f"{spec.identifier} is not one of this command's measures: ask `{command_of(spec)}`")
     with connect(args) as client:
         result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
                                 layers_b=args.layers_b, refresh=args.refresh, **given_options(args, args.measure))
@@ -49,12 +62,12 @@ def cmd_similarity(args) -> int:
 
 
 def cmd_measures(args) -> int:
-    """The registry as a table: the docs' list of measures, always current."""
-    rows = [("identifier", "kind", "bounds", "needs", "options", "source", "summary")]
-    for spec in measures.measures():
-        options = ", ".join(f"{o.name}={o.default}" for o in spec.options) or "-"
+    """The registry as a table: the docs' list of metrics, always current."""
+    rows = [("identifier", "kind", "bounds", "needs", "options", "command", "source", "summary")]
+    for spec in measures.measures(query=None):
+        options = ", ".join(f"{o.name}={o.default_text or o.default}" for o in spec.options) or "-"
         rows.append((spec.identifier, "distance" if spec.distance else "score", _bounds(spec), spec.needs, options,
-                     spec.source, spec.summary))
+                     command_of(spec), spec.source, spec.summary))
     if args.markdown:
         print("| " + " | ".join(rows[0]) + " |")
         print("|" + "---|" * len(rows[0]))
@@ -62,9 +75,8 @@ def cmd_measures(args) -> int:
             print("| " + " | ".join(f"`{row[0]}`" if i == 0 else cell.replace("|", "\\|")
                                     for i, cell in enumerate(row)) + " |")
         return 0
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths)) + "  " + row[6])
+    for identifier, kind, bounds, needs, options, command, _, summary in rows[1:]:
+        print(f"{identifier}\n    {summary}\n    {kind} in {bounds}, needs {needs}; {command}\n    options: {options}")
     return 0
 
 
@@ -74,7 +86,10 @@ def add_commands(command) -> None:
     add_option(p, SIMILARITY, "measure", "measure", metavar="MEASURE", help="the measure's identifier (see above)")
     _pair_args(p)
     add_measure_options(p)
-    p = command("measures", cmd_measures, "list the registered measures: identifier, score or distance, bounds, "
-                "options, source", "Every measure `actstore similarity` and `cka-matrix --measure` take, from the "
-                "measure registry\n(built-in modules of actstore.measures and the `actstore.measures` entry points).")
+    p = command("measures", cmd_measures, "list every registered metric: identifier, score or distance, bounds, "
+                "options, the command that asks for it", "Every metric the server computes, from the metric registry "
+                "(built-in modules of actstore.measures\nand the `actstore.measures` entry points): the measures "
+                "`actstore similarity` and `cka-matrix --measure`\ntake, and CKA, COS, the entropy family, the "
+                "residual norm, NC1, the lens and stitching with their own\ncommands. In Python, "
+                "`Client.metric(identifier, run_a, run_b, **options)` asks for any of them.")
     p.add_argument("--markdown", action="store_true", help="a Markdown table (docs/metrics.md's list of measures)")

@@ -1,14 +1,18 @@
-"""Client methods for any registered measure (`actstore.measures`; `actstore measures` lists them,
-definitions in docs/metrics.md), by its similarity-repository identifier, through the one generic
-`Measure` RPC: a measure registered on the server needs no new client code.
+"""Client methods for any registered metric (`actstore.measures`; `actstore measures` lists them,
+definitions in docs/metrics.md), by its identifier, through the one generic `Measure` RPC: a
+metric registered on the server needs no new client code.
 
     c.measure("procrustes-distance=angular", run_a, run_b)           # MatrixResult, layers_a x layers_b
     c.measure("shape_metric-alpha={alpha}-distance=angular", run, alpha=0.5)
     c.measure("nbs-score", run_a, run_b)
     c.measure_matrix([run_1, run_2], "linear_regression-r2")        # every layer of every run, one job
+    c.metric("cka", run_a, run_b, align="words")                    # any metric: its QueryAnswer
+    c.metric("dataset_entropy", run, layers_a=[0, 3], alpha=2.0)
+    c.metric("stitch", run_a, run_b, layers_a=[2], layers_b=[3], tune_steps=50)
 
-The options are checked here, once, against the measure's spec (types, defaults, bounds); the
-result's `provenance.metric` is the identifier with its parameters filled in.
+The options are checked here, once, against the metric's spec (types, bounds; the server fills
+the defaults and applies its limits); a measure's result has `provenance.metric`, the identifier
+with its parameters filled in.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ LEGACY = ("alpha", "sigma_fraction", "k")  # keywords every measure method took:
 def measure_options(measure: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """`given` checked against the measure's options (defaults filled); a legacy keyword the
     measure does not take is dropped, as it always was, any other unknown option is refused."""
-    spec = measures.get(measure)
+    spec = measures.get(measure, query="measure")
     legacy = spec.taken({name: value for name, value in given.items() if name in LEGACY})
     own = {name: value for name, value in given.items() if name not in LEGACY and value is not None}
     return spec.resolve({**own, **legacy})
@@ -59,6 +63,20 @@ class MeasureMatrixResult:
 
 class MeasuresMixin:
     """`Client`'s measure queries (needs its `_query` stub, `_matrix`, `wait` and `result`)."""
+
+    def metric(self, metric: str, run_a: str, run_b: str | None = None, *,
+               layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
+               refresh: bool = False, **options: Any) -> QueryAnswer:
+        """Any registered metric (`actstore measures` lists them: measures, cka, cos, the entropy
+        family, residual_norm, nc1, lens, stitch) over run A's layers, or between run A's (rows)
+        and run B's (columns; default A) for a metric of two runs; `options` are the metric's own.
+        The answer is the metric's arrays and scalars as its own method returns them, with
+        provenance and notes (`c.cka(...)` and `c.metric("cka", ...)` share one cached result)."""
+        spec = measures.get(metric)
+        request = pb.MeasureRequest(measure=metric, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
+                                    layers_b=list(layers_b or []), refresh=refresh,
+                                    options_json=json.dumps(spec.check(options)))
+        return QueryAnswer.from_proto(self._query.Measure(request))
 
     def measure(self, measure: str, run_a: str, run_b: str | None = None, *,
                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,

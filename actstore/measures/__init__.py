@@ -1,16 +1,21 @@
-"""The measure registry: every similarity measure is one registered `Measure` spec.
+"""The metric registry: every metric the query service computes is one registered `Measure` spec.
 
-A spec says everything the rest of the system derives: the similarity-repository identifier
-(Cloos et al. 2024, nacloos/similarity-repository; `{alpha}`-style placeholders are filled from
-options), a one-line summary and its source, score or distance and the bounds, what it needs from
-the store (`MOMENTS`: streamed centred second moments, any n, O(d^2) memory; `ROWS`: the layer's
-rows in memory, O(n^2)), the options it takes (`actstore.options.Option`: type, default, limits),
-the factory that builds its computation (a dotted path, loaded only where it runs, so the client
-never imports the numerics), and a definition version that goes into the result key.
+A spec says everything the rest of the system derives: the identifier (the similarity repository's,
+Cloos et al. 2024, nacloos/similarity-repository, where it has one; `{alpha}`-style placeholders
+are filled from options), a one-line summary and its source, score or distance and the bounds, what
+it needs from the store (`NEEDS`: streamed second moments, Gram strips, row pairs, a layer's rows,
+the model's head, a fitted map), the query family that serves it (`QUERIES`), how many runs it
+compares, the options it takes (`actstore.options.Option`: type, default, limits), and for the
+registry's own measures (`MOMENTS`, `ROWS`) the factory that builds the computation (a dotted
+path, loaded only where it runs, so the client never imports the numerics) and a definition version
+that goes into the result key.
 
 From the registry come the CLI's `similarity` help and flags, `cka-matrix --measure`'s choices,
-`actstore measures` (the docs' table), the client's option checks, the server's dispatch, the
-result's cache key and provenance.
+`actstore measures` (the docs' table of every metric), the client's option checks (`Client.metric`,
+`Client.measure`), the server's dispatch of the generic `Measure` RPC (by `query`), the result's
+cache key and provenance. CKA, COS, the entropy family, the logit lens, NC1, the residual norm and
+stitching are specs of `families.py` served by their query families' planners; their older RPCs
+(Similarity, Entropy, Lens, ...) are wire-compatible doors to the same typed queries.
 
     register(Measure("nbs-score", "normalized Bures similarity", MOMENTS, "pkg.module:factory", ...))
     get("procrustes-distance=angular")         -> the spec (InvalidArgument naming the known ones)
@@ -40,26 +45,45 @@ from typing import Any
 from actstore.errors import InvalidArgument
 from actstore.options import Option
 
-__all__ = ["ENTRY_POINT_GROUP", "MOMENTS", "ROWS", "Measure", "get", "measures", "register"]
+__all__ = ["ENTRY_POINT_GROUP", "FIT", "GRAMS", "HEAD", "LAYER", "MOMENTS", "NEEDS", "PAIRS", "QUERIES", "ROWS",
+           "Measure", "get", "measures", "register"]
 
 log = logging.getLogger(__name__)
 
 MOMENTS = "moments"  # streamed centred second moments of every block pair (feature space)
 ROWS = "rows"  # each layer's rows in memory: an n x n prepared form per layer
+GRAMS = "grams"  # centred Gram strips over tiles of samples, streamed (CKA)
+PAIRS = "pairs"  # both runs' rows side by side, sample by sample (COS)
+LAYER = "layer"  # one run's rows of a layer (or two adjacent layers) in memory
+HEAD = "head"  # one run's rows through its model's stored head (final norm + classifier)
+FIT = "fit"  # a map fitted from run A's rows into run B's model and scored on held-out rows
+NEEDS = {MOMENTS: "streamed second moments: any n, memory O(d^2)",
+         ROWS: "in memory: n up to the server's matrix limit, O(n^2)",
+         GRAMS: "Gram strips over tiles of samples: any n, memory O(tile^2)",
+         PAIRS: "both runs' rows, sample by sample",
+         LAYER: "one run's rows of each layer",
+         HEAD: "one run's rows through its model's stored head",
+         FIT: "a map fitted from run A's rows into run B's model"}
+# The query family that serves a spec: "measure" builds the spec's factory (MOMENTS, ROWS); the
+# others are the server's planners of the same names, which the older RPCs reach too.
+QUERIES = ("measure", "similarity", "entropy", "residual_norm", "lens", "neural_collapse", "stitch")
 ENTRY_POINT_GROUP = "actstore.measures"
 
 
 @dataclass(frozen=True)
 class Measure:
-    """One measure. `fills` maps a placeholder of the identifier to the option whose value fills
+    """One metric. `fills` maps a placeholder of the identifier to the option whose value fills
     it (`{"alpha": "alpha"}` makes shape_metric-alpha=0.5-distance=angular); `whitens(options)`
     says whether the measure fits a linear map of the whole space (whitening, regression), so it
-    is 1 by construction when n - 1 <= width."""
+    is 1 by construction when n - 1 <= width. `query` names the family that serves it; `runs`
+    how many runs it takes (1: run A's layers; 2: A's against B's, B defaulting to A)."""
 
     identifier: str
     summary: str
     needs: str
-    factory: str  # "module:attribute", called with `arguments` and the resolved options as keywords
+    factory: str = ""  # "module:attribute" (query "measure"), called with `arguments` and the options as keywords
+    query: str = "measure"
+    runs: int = 2
     distance: bool = False
     bounds: tuple[float | None, float | None] = (None, None)  # None: unbounded on that side
     options: tuple[Option, ...] = ()
@@ -72,27 +96,39 @@ class Measure:
     below_rows: tuple[str, ...] = ()  # options that must be below the number of samples (k neighbours)
 
     def __post_init__(self) -> None:
-        if self.needs not in (MOMENTS, ROWS):
-            raise ValueError(f"{self.identifier}: needs must be {MOMENTS!r} or {ROWS!r}, got {self.needs!r}")
+        if self.needs not in NEEDS:
+            raise ValueError(f"{self.identifier}: needs must be one of {', '.join(NEEDS)}, got {self.needs!r}")
+        if self.query not in QUERIES:
+            raise ValueError(f"{self.identifier}: query must be one of {', '.join(QUERIES)}, got {self.query!r}")
+        if self.query == "measure" and self.needs not in (MOMENTS, ROWS):
+            raise ValueError(f"{self.identifier}: the registry's own measures (query 'measure') need {MOMENTS} "
+                             f"or {ROWS}")
+        if self.runs not in (1, 2):
+            raise ValueError(f"{self.identifier}: runs must be 1 or 2, got {self.runs}")
         names = {option.name for option in self.options}
         if not set(self.fills.values()) <= names:
             raise ValueError(f"{self.identifier}: fills {dict(self.fills)} name options it does not take")
-        if ":" not in self.factory:
+        if self.query == "measure" and ":" not in self.factory:
             raise ValueError(f"{self.identifier}: factory must be 'module:attribute', got {self.factory!r}")
 
-    def resolve(self, given: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
-        """The measure's options, each checked by its Option and defaulted; an option the measure
-        does not take is refused (it would silently change nothing)."""
-        known = {option.name: option for option in self.options}
-        unknown = sorted(set(given) - set(known))
+    def refuse_unknown(self, given: Mapping[str, Any]) -> None:
+        """InvalidArgument for an option the metric does not take (it would silently change nothing)."""
+        unknown = sorted(set(given) - {option.name for option in self.options})
         if unknown:
-            takes = ", ".join(known) or "no options"
+            takes = ", ".join(option.name for option in self.options) or "no options"
             raise InvalidArgument(f"{self.identifier} does not take {', '.join(unknown)} (it takes {takes})")
-        resolved = {}
-        for name, option in known.items():
-            value = given.get(name)
-            resolved[name] = option.default if value is None else option.check(value, limits)
-        return resolved
+
+    def check(self, given: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
+        """The options given (None: not given, dropped), each checked by its Option; an option the
+        metric does not take is refused."""
+        self.refuse_unknown(given)
+        known = {option.name: option for option in self.options}
+        return {name: known[name].check(value, limits) for name, value in given.items() if value is not None}
+
+    def resolve(self, given: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
+        """`check`, and every option not given at its default."""
+        checked = self.check(given, limits)
+        return {option.name: checked.get(option.name, option.default) for option in self.options}
 
     def taken(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The values of `given` this measure takes (None: not given): for messages and keywords
@@ -149,19 +185,24 @@ def _load() -> None:
                 log.warning("measure entry point %s (%s) failed to load: %s", point.name, point.value, exc)
 
 
-def measures(needs: str | None = None) -> list[Measure]:
-    """Every registered spec (or those that need `needs`): the streamed ones first, each kind in
-    registration order."""
+def measures(needs: str | None = None, query: str | None = "measure") -> list[Measure]:
+    """The registered specs that need `needs` and are served by `query` (None: any), grouped by
+    what they need in `NEEDS`'s order, each group in registration order. By default the
+    registry's own measures (`actstore similarity`'s); `query=None` for every metric."""
     _load()
-    found = [m for m in _REGISTRY.values() if needs is None or m.needs == needs]
-    return sorted(found, key=lambda m: m.needs != MOMENTS)
+    found = [m for m in _REGISTRY.values()
+             if (needs is None or m.needs == needs) and (query is None or m.query == query)]
+    order = list(NEEDS)
+    return sorted(found, key=lambda m: order.index(m.needs))
 
 
-def get(identifier: str, needs: str | None = None) -> Measure:
-    """The spec of `identifier`; InvalidArgument listing what there is (of `needs`, if given)."""
+def get(identifier: str, needs: str | None = None, query: str | None = None) -> Measure:
+    """The spec of `identifier`; InvalidArgument listing what there is (of `needs` and `query`, if
+    given)."""
     _load()
     found = _REGISTRY.get(identifier)
-    if found is None or (needs is not None and found.needs != needs):
-        known = ", ".join(m.identifier for m in measures(needs))
-        raise InvalidArgument(f"measure {identifier!r} is not one of {known} (actstore measures lists them)")
+    if found is None or (needs is not None and found.needs != needs) or (query is not None and found.query != query):
+        known = ", ".join(m.identifier for m in measures(needs, query))
+        kind = "measure" if query == "measure" else "metric"
+        raise InvalidArgument(f"{kind} {identifier!r} is not one of {known} (actstore measures lists them)")
     return found

@@ -2,14 +2,16 @@
 
 ``QueryEngine`` only composes: run checks (`runs`), the result cache (`results`), the Ray
 executor (`executor`) and CKA sizing (`tiling`), handed to the planners (`planners/`), which it
-holds as attributes (`similarity`, `measures`, `entropy`, `depth`, `stitching`, `diagnostics`):
-a servicer calls the planner's method itself. The matrix job uses the same parts.
+holds as attributes (`similarity`, `measures`, `entropy`, `depth`, `stitching`, `diagnostics`).
+`planner(family)` is the method that answers a registered metric's typed query (the servicer
+resolves the call into `requests.QUERY_TYPES[family]`). The matrix job uses the same parts.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 from actstore.config import Settings
 from actstore.server.executor import Executor
@@ -47,6 +49,12 @@ class QueryEngine:
                                                         EntropyPlanner(parts))
         self.depth, self.stitching, self.diagnostics = (DepthPlanner(parts), StitchPlanner(parts),
                                                         DiagnosticsPlanner(parts))
+
+    def planner(self, query: str) -> Callable[[Any], MetricResult]:
+        """The planner method that answers a typed query of family `query` (`Measure.query`)."""
+        return {"measure": self.measures.measure, "similarity": self.similarity.similarity,
+                "entropy": self.entropy.entropy, "residual_norm": self.depth.residual_norm, "lens": self.depth.lens,
+                "neural_collapse": self.depth.neural_collapse, "stitch": self.stitching.stitch}[query]
 
     def result(self, result_key: str) -> MetricResult:
         return self.parts.results.result(result_key)

@@ -1,5 +1,11 @@
 """The typed queries a servicer resolves a wire message into, once, at the boundary.
 
+Every query RPC first becomes one `MetricCall`: the registered spec (`actstore.measures`), the
+runs, the layers and the options given. The generic `Measure` RPC makes it from its fields and its
+JSON options (an option the metric does not take is refused); each older RPC (Similarity, Entropy,
+Lens, ...) from its message's fields (`options.given_in_message`). The call then resolves into its
+family's typed query, which the family's planner takes (`QUERY_TYPES`).
+
 A `MeasureQuery` holds everything a measure needs, already checked: the registered spec
 (`actstore.measures`), its options defaulted and bounded by the spec's `Option`s (and this
 server's limits), both runs committed with the same samples, the layer lists expanded and in range,
@@ -7,7 +13,8 @@ the matrix within limits. A `SimilarityQuery` does the same for CKA, COS, miniba
 kNN (the options the metric uses, resolved through the SIMILARITY table; the others are not read,
 as before). Planners below take the object and never re-read the request.
 
-    query = MeasureQuery.resolve(checks, "nbs-score", "run-a", "", [], [], {}, refresh=False)
+    call = MetricCall.of_request(MeasureRequest(measure="nbs-score", run_a="run-a"))
+    query = MeasureQuery.resolve(checks, call)
     query.identifier      -> "nbs-score" (placeholders filled)
     query.result_options  -> what names the cached result (with the layers and the options)
 """
@@ -15,14 +22,15 @@ as before). Planners below take the object and never re-read the request.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from actstore import measures
 from actstore.errors import InvalidArgument
+from actstore.measures.families import ENTROPY_USES, PRESET_ASKS
 from actstore.metrics.similarity import MIN_HSIC_SAMPLES
-from actstore.options import ENTROPY, LENS, SIMILARITY, STITCH, from_message, from_wire
+from actstore.options import ENTROPY, LENS, SIMILARITY, STITCH, resolve
 from actstore.server.runs import RunChecks
 from actstore.store.catalog import RunRecord
 
@@ -42,6 +50,36 @@ def options_from_json(text: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class MetricCall:
+    """A query as the generic `Measure` RPC carries it: the registered spec, run A and run B ("":
+    A), the layers of each (empty: all), the options given (None: not given) and refresh."""
+
+    spec: measures.Measure
+    run_a: str
+    run_b: str = ""
+    layers_a: tuple[int, ...] = ()
+    layers_b: tuple[int, ...] = ()
+    given: Mapping[str, Any] = field(default_factory=dict)
+    refresh: bool = False
+
+    @staticmethod
+    def of_request(request: Any) -> MetricCall:
+        """A MeasureRequest: any registered metric, its options as JSON, refused when the metric
+        does not take them; a one-run metric refuses a second run or its layers."""
+        if not request.measure:
+            raise InvalidArgument("name the metric: one of "
+                                  f"{', '.join(m.identifier for m in measures.measures(query=None))}")
+        spec = measures.get(request.measure)
+        given = options_from_json(request.options_json)
+        spec.refuse_unknown(given)
+        if spec.runs == 1 and (request.run_b or request.layers_b):
+            raise InvalidArgument(f"{spec.identifier} takes one run (run_a and layers_a): leave run_b and "
+                                  "layers_b empty")
+        return MetricCall(spec, request.run_a, request.run_b, tuple(request.layers_a), tuple(request.layers_b),
+                          given, request.refresh)
+
+
+@dataclass(frozen=True)
 class MeasureQuery:
     measure: measures.Measure
     options: dict[str, Any]
@@ -52,21 +90,18 @@ class MeasureQuery:
     refresh: bool = False
 
     @staticmethod
-    def resolve(checks: RunChecks, identifier: str, run_a: str, run_b: str, layers_a: Sequence[int],
-                layers_b: Sequence[int], options: Mapping[str, Any], refresh: bool = False) -> MeasureQuery:
-        if not identifier:
-            raise InvalidArgument("name the measure: one of "
-                                  f"{', '.join(m.identifier for m in measures.measures())}")
-        measure = measures.get(identifier)
-        resolved = measure.resolve(options, checks.settings)
-        a, b, la, lb = checks.pair(run_a, run_b, list(layers_a), list(layers_b))
+    def resolve(checks: RunChecks, call: MetricCall) -> MeasureQuery:
+        measure = call.spec
+        resolved = measure.resolve(call.given, checks.settings)
+        a, b, la, lb = checks.pair(call.run_a, call.run_b, list(call.layers_a), list(call.layers_b))
         if a.rows < MIN_HSIC_SAMPLES:
-            raise InvalidArgument(f"{identifier} needs n >= {MIN_HSIC_SAMPLES} samples, the runs hold {a.rows}")
+            raise InvalidArgument(f"{measure.identifier} needs n >= {MIN_HSIC_SAMPLES} samples, the runs hold "
+                                  f"{a.rows}")
         for option in measure.options:
             if option.name in measure.below_rows and resolved[option.name] >= a.rows:
                 raise InvalidArgument(f"{option.name}={resolved[option.name]} must be between {option.minimum} and "
                                       f"n-1={a.rows - 1}")
-        return MeasureQuery(measure, resolved, a, b, la, lb, refresh)
+        return MeasureQuery(measure, resolved, a, b, la, lb, call.refresh)
 
     @property
     def identifier(self) -> str:
@@ -108,30 +143,34 @@ class SimilarityQuery:
     word_pool: str = SIMILARITY.word_pool.default
 
     @staticmethod
-    def options_of(metric: str, request: Any) -> dict[str, Any]:
-        """The options `metric` uses, from a SimilarityRequest, through the SIMILARITY table."""
-        options: dict[str, Any] = {"align": from_wire(SIMILARITY, "align", request.align)}
+    def options_of(metric: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The options `metric` uses, resolved through the SIMILARITY table; the others are not read."""
+        def option(name):
+            return resolve(SIMILARITY, name, given.get(name))
+
+        options: dict[str, Any] = {"align": option("align")}
         if options["align"] != "none":  # different tokenizers: rows are shared words (or spans)
             if metric not in ("cka", "cos"):
                 raise InvalidArgument(f"--align {options['align']} is implemented for cka and cos, not {metric}")
-            options["word_pool"] = from_wire(SIMILARITY, "word_pool", request.word_pool)
+            options["word_pool"] = option("word_pool")
         if metric == "cos":
-            options["center"] = from_wire(SIMILARITY, "center", request.center)
+            options["center"] = option("center")
         elif metric == "minibatch_cka":
-            options["batch_size"] = from_message(SIMILARITY, "batch_size", request)
-            options["remainder"] = from_wire(SIMILARITY, "remainder", request.remainder)
+            options["batch_size"] = option("batch_size")
+            options["remainder"] = option("remainder")
         elif metric == "mutual_knn":
-            options["k"] = from_message(SIMILARITY, "k", request)
+            options["k"] = option("k")
         elif metric != "cka":
             raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
         return options
 
     @staticmethod
-    def resolve(checks: RunChecks, metric: str, request: Any) -> SimilarityQuery:
-        options = SimilarityQuery.options_of(metric, request)
+    def resolve(checks: RunChecks, call: MetricCall) -> SimilarityQuery:
+        metric = call.spec.identifier
+        options = SimilarityQuery.options_of(metric, call.given)
         pair = checks.pair if options["align"] == "none" else checks.aligned_pair
-        a, b, la, lb = pair(request.run_a, request.run_b, list(request.layers_a), list(request.layers_b))
-        return SimilarityQuery(metric, a, b, la, lb, request.refresh, **options)
+        a, b, la, lb = pair(call.run_a, call.run_b, list(call.layers_a), list(call.layers_b))
+        return SimilarityQuery(metric, a, b, la, lb, call.refresh, **options)
 
     @property
     def run_keys(self) -> list[str]:
@@ -139,12 +178,6 @@ class SimilarityQuery:
 
 
 # ---- one run's families: entropy, depth (lens, NC1, residual norm); and stitching --------------------
-ENTROPY_USES = {  # the options that name each entropy metric's result, in the ENTROPY table's order
-    "dataset_entropy": ("alpha", "normalization", "clamp"), "prompt_entropy": ("alpha", "normalization", "clamp"),
-    "effective_rank": ("convention",), "curvature": ("abs_cos",), "infonce": ("temperature",),
-    "dime": ("alpha", "permutations", "seed"), "lidar": ("alpha", "exp"),
-}
-PRESET_ASKS = ("alpha", "normalization", "clamp", "abs_cos")  # a preset fixes these: read to refuse others
 
 
 @dataclass(frozen=True)
@@ -162,14 +195,14 @@ class EntropyQuery:
     refresh: bool = False
 
     @staticmethod
-    def options_of(metric: str, request: Any, limits: Any = None) -> dict[str, Any]:
-        """The pipeline's options and those `metric` uses, from an EntropyRequest (`limits`: the server's
-        settings)."""
-        # every field is checked against the table, once, as before (a bad value of an option this
-        # metric does not use is refused too); the server's limits apply to the options it uses
-        preset = from_message(ENTROPY, "preset", request)
+    def options_of(metric: str, given: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
+        """The pipeline's options and those `metric` uses, from the options given (`limits`: the
+        server's settings)."""
+        # every option given is checked against the table, once, as before (a bad value of an
+        # option this metric does not use is refused too); the server's limits apply to the options it uses
+        preset = resolve(ENTROPY, "preset", given.get("preset"))
         uses = PRESET_ASKS if preset != "none" else ENTROPY_USES.get(metric, ())
-        checked = {name: from_message(ENTROPY, name, request, limits if name in uses else None)
+        checked = {name: resolve(ENTROPY, name, given.get(name), limits if name in uses else None)
                    for name in ENTROPY if name not in ("metric", "preset")}
         options = {name: value for name, value in checked.items() if name in uses}
         options.update(preset=preset, align=checked["align"])
@@ -181,12 +214,13 @@ class EntropyQuery:
         return options
 
     @staticmethod
-    def resolve(checks: RunChecks, metric: str, request: Any) -> EntropyQuery:
-        options = EntropyQuery.options_of(metric, request, checks.settings)
-        run = checks.committed_run(request.run)
-        layers = checks.check_layers(run, list(request.layers), "layer")
+    def resolve(checks: RunChecks, call: MetricCall) -> EntropyQuery:
+        metric = call.spec.identifier
+        options = EntropyQuery.options_of(metric, call.given, checks.settings)
+        run = checks.committed_run(call.run_a)
+        layers = checks.check_layers(run, list(call.layers_a), "layer")
         checks.check_finite(run, layers)
-        return EntropyQuery(metric, run, layers, options, request.refresh)
+        return EntropyQuery(metric, run, layers, options, call.refresh)
 
     @property
     def result_options(self) -> dict[str, Any]:
@@ -204,15 +238,15 @@ class ResidualNormQuery:
     refresh: bool = False
 
     @staticmethod
-    def resolve(checks: RunChecks, request: Any) -> ResidualNormQuery:
-        run = checks.committed_run(request.run)
-        layers = checks.distinct(list(request.layers) if request.layers else list(range(run.num_layers)), "layer")
+    def resolve(checks: RunChecks, call: MetricCall) -> ResidualNormQuery:
+        run = checks.committed_run(call.run_a)
+        layers = checks.distinct(list(call.layers_a) if call.layers_a else list(range(run.num_layers)), "layer")
         bad = [layer for layer in layers if not 0 <= layer < run.num_layers]
         if bad:
             raise InvalidArgument(f"layer {bad[0]} has no next layer: run {run.run_key[:12]} allows 0.."
                                   f"{run.num_layers - 1}")
         checks.check_finite(run, sorted(set(layers) | {x + 1 for x in layers}))
-        return ResidualNormQuery(run, layers, request.refresh)
+        return ResidualNormQuery(run, layers, call.refresh)
 
 
 @dataclass(frozen=True)
@@ -227,15 +261,17 @@ class LensQuery:
     refresh: bool = False
 
     @staticmethod
-    def options_of(request: Any) -> dict[str, Any]:
-        return {"epsilon": from_wire(LENS, "epsilon", request.epsilon),  # in (0, 1)
-                "taus": sorted(from_wire(LENS, "taus", list(request.taus))),  # each in [0, 1]
-                "heads": from_wire(LENS, "heads", request.heads)}
+    def options_of(given: Mapping[str, Any]) -> dict[str, Any]:
+        return {"epsilon": resolve(LENS, "epsilon", given.get("epsilon")),  # in (0, 1)
+                "taus": sorted(resolve(LENS, "taus", given.get("taus"))),  # each in [0, 1]
+                "heads": resolve(LENS, "heads", given.get("heads"))}
 
     @staticmethod
-    def resolve(checks: RunChecks, request: Any) -> LensQuery:
-        options = LensQuery.options_of(request)
-        return LensQuery(checks.committed_run(request.run), refresh=request.refresh, **options)
+    def resolve(checks: RunChecks, call: MetricCall) -> LensQuery:
+        if call.layers_a:
+            raise InvalidArgument("the lens reads every layer of the run: leave the layers empty")
+        options = LensQuery.options_of(call.given)
+        return LensQuery(checks.committed_run(call.run_a), refresh=call.refresh, **options)
 
 
 @dataclass(frozen=True)
@@ -249,18 +285,18 @@ class NeuralCollapseQuery:
     refresh: bool = False
 
     @staticmethod
-    def options_of(request: Any) -> dict[str, Any]:
-        return {"rcond": from_wire(LENS, "rcond", request.rcond)}
+    def options_of(given: Mapping[str, Any]) -> dict[str, Any]:
+        return {"rcond": resolve(LENS, "rcond", given.get("rcond"))}
 
     @staticmethod
-    def resolve(checks: RunChecks, request: Any) -> NeuralCollapseQuery:
-        options = NeuralCollapseQuery.options_of(request)
-        run = checks.committed_run(request.run)
+    def resolve(checks: RunChecks, call: MetricCall) -> NeuralCollapseQuery:
+        options = NeuralCollapseQuery.options_of(call.given)
+        run = checks.committed_run(call.run_a)
         if run.pooling == "tokens":
             raise InvalidArgument("NC1 needs one labelled vector per sample: use a pooled run")
-        layers = checks.check_layers(run, list(request.layers), "layer")
+        layers = checks.check_layers(run, list(call.layers_a), "layer")
         checks.check_finite(run, layers)
-        return NeuralCollapseQuery(run, layers, refresh=request.refresh, **options)
+        return NeuralCollapseQuery(run, layers, refresh=call.refresh, **options)
 
 
 @dataclass(frozen=True)
@@ -280,19 +316,23 @@ class StitchQuery:
     refresh: bool = False
 
     @staticmethod
-    def options_of(request: Any, limits: Any = None) -> dict[str, Any]:
-        return {"test_fraction": from_message(STITCH, "test_fraction", request),  # in (0, 1)
-                "seed": from_wire(STITCH, "seed", request.seed),
-                "tune_steps": from_wire(STITCH, "tune_steps", request.tune_steps, limits),
-                "tune_lr": from_wire(STITCH, "tune_lr", request.tune_lr)}
+    def options_of(given: Mapping[str, Any], limits: Any = None) -> dict[str, Any]:
+        return {"test_fraction": resolve(STITCH, "test_fraction", given.get("test_fraction")),  # in (0, 1)
+                "seed": resolve(STITCH, "seed", given.get("seed")),
+                "tune_steps": resolve(STITCH, "tune_steps", given.get("tune_steps"), limits),
+                "tune_lr": resolve(STITCH, "tune_lr", given.get("tune_lr"))}
 
     @staticmethod
-    def resolve(checks: RunChecks, request: Any) -> StitchQuery:
-        options = StitchQuery.options_of(request, checks.settings)
-        a, b = checks.committed_run(request.run_a), checks.committed_run(request.run_b)
-        checks.check_layers(a, [request.layer_a], "layer_a")
-        checks.check_layers(b, [request.layer_b], "layer_b")
-        return StitchQuery(a, request.layer_a, b, request.layer_b, refresh=request.refresh, **options)
+    def resolve(checks: RunChecks, call: MetricCall) -> StitchQuery:
+        if len(call.layers_a) != 1 or len(call.layers_b) != 1:
+            raise InvalidArgument("a stitch joins one layer of run A to one layer of run B: give exactly one "
+                                  f"of each (got {len(call.layers_a)} and {len(call.layers_b)})")
+        options = StitchQuery.options_of(call.given, checks.settings)
+        a, b = checks.committed_run(call.run_a), checks.committed_run(call.run_b)
+        (layer_a,), (layer_b,) = call.layers_a, call.layers_b
+        checks.check_layers(a, [layer_a], "layer_a")
+        checks.check_layers(b, [layer_b], "layer_b")
+        return StitchQuery(a, layer_a, b, layer_b, refresh=call.refresh, **options)
 
     @property
     def result_options(self) -> dict[str, Any]:
@@ -302,3 +342,9 @@ class StitchQuery:
         if self.tune_steps:
             options.update(tune_steps=self.tune_steps, tune_lr=self.tune_lr)
         return options
+
+
+# The typed query of each query family (`Measure.query`), for the generic RPC's dispatch.
+QUERY_TYPES = {"measure": MeasureQuery, "similarity": SimilarityQuery, "entropy": EntropyQuery,
+               "residual_norm": ResidualNormQuery, "lens": LensQuery, "neural_collapse": NeuralCollapseQuery,
+               "stitch": StitchQuery}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 
 from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
@@ -13,25 +14,19 @@ from actstore.errors import InvalidArgument
 from actstore.options import (
     CAPTURE,
     DATASETS,
+    ENTROPY,
     GC,
     SIMILARITY,
+    STITCH,
     TRAIN,
     from_message,
     from_wire,
+    given_in_message,
 )
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
 from actstore.server.replies import KeptReplies
-from actstore.server.requests import (
-    EntropyQuery,
-    LensQuery,
-    MeasureQuery,
-    NeuralCollapseQuery,
-    ResidualNormQuery,
-    SimilarityQuery,
-    StitchQuery,
-    options_from_json,
-)
+from actstore.server.requests import QUERY_TYPES, MetricCall, options_from_json
 from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
@@ -185,44 +180,54 @@ class QueryServicer(rpc.QueryServicer):
         queries = self.service.queries
         return KeptReplies(self.service.settings.result_messages_kept, queries.current_generation, queries.is_current)
 
-    def Similarity(self, request, context):
-        return self._replies.answer("Similarity", request, lambda: self._similarity(request))
-
-    def _similarity(self, request) -> MetricResult:
-        metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
+    # Every query RPC becomes one MetricCall (server/requests.py), resolved here into its family's
+    # typed query, which the family's planner answers: the generic Measure RPC for any registered
+    # metric; the older RPCs from their fields, the options a metric does not use not read (as they
+    # always were).
+    def _resolved(self, call: MetricCall) -> MetricResult:
         queries = self.service.queries
-        if metric == "measure":  # the legacy form of Measure: the message carries every measure's options
-            legacy = {name: from_message(SIMILARITY, name, request) for name in ("alpha", "sigma_fraction", "k")}
-            spec = measures.get(request.measure) if request.measure else None
-            return queries.measures.measure(MeasureQuery.resolve(
-                queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a,
-                request.layers_b, spec.taken(legacy) if spec else {}, request.refresh))
-        # only the options the metric uses are resolved; the others are not read
-        return queries.similarity.similarity(SimilarityQuery.resolve(queries.parts.checks, metric, request))
+        query = QUERY_TYPES[call.spec.query].resolve(queries.parts.checks, call)
+        return queries.planner(call.spec.query)(query)
+
+    def Similarity(self, request, context):
+        return self._replies.answer("Similarity", request, lambda: self._resolved(self._similarity_call(request)))
+
+    @staticmethod
+    def _similarity_call(request) -> MetricCall:
+        metric = enum_name(pb.SimilarityRequest.Metric, request.metric, "similarity metric")
+        layers = (tuple(request.layers_a), tuple(request.layers_b))
+        if metric != "measure":
+            given = given_in_message(request, ("center", "batch_size", "remainder", "k", "align", "word_pool"))
+            return MetricCall(measures.get(metric, query="similarity"), request.run_a, request.run_b, *layers, given,
+                              request.refresh)
+        # the legacy form of Measure: the message carries every measure's options, read where taken
+        if not request.measure:
+            raise InvalidArgument(f"name the measure: one of {', '.join(m.identifier for m in measures.measures())}")
+        spec = measures.get(request.measure, query="measure")
+        legacy = {name: from_message(SIMILARITY, name, request) for name in ("alpha", "sigma_fraction", "k")}
+        return MetricCall(spec, request.run_a, request.run_b, *layers, spec.taken(legacy), request.refresh)
 
     def Measure(self, request, context):
-        queries = self.service.queries
-        return self._replies.answer("Measure", request, lambda: queries.measures.measure(MeasureQuery.resolve(
-            queries.parts.checks, request.measure, request.run_a, request.run_b, request.layers_a, request.layers_b,
-            options_from_json(request.options_json), request.refresh)))
+        return self._replies.answer("Measure", request, lambda: self._resolved(MetricCall.of_request(request)))
+
+    def _answer(self, method: str, request, spec: measures.Measure, options: Iterable[str], run_a: str,
+                layers_a=(), run_b: str = "", layers_b=()):
+        """The reply of an older query RPC: kept, or `spec`'s answer to the call its fields make
+        (`options`: the fields that carry the metric's options)."""
+        return self._replies.answer(method, request, lambda: self._resolved(MetricCall(
+            spec, run_a, run_b, tuple(layers_a), tuple(layers_b), given_in_message(request, options), request.refresh)))
 
     def Entropy(self, request, context):
-        metric = enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric")
-        queries = self.service.queries  # only the options the metric uses are resolved; the others are not read
-        return self._replies.answer("Entropy", request, lambda: queries.entropy.entropy(
-            EntropyQuery.resolve(queries.parts.checks, metric, request)))
-
-    def _planned(self, method: str, request, query_type, plan):
-        """The reply of a query RPC: kept, or `plan(query)` with the request resolved once into
-        `query_type` (`server/requests.py`)."""
-        checks = self.service.queries.parts.checks
-        return self._replies.answer(method, request, lambda: plan(query_type.resolve(checks, request)))
+        spec = measures.get(enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric"), query="entropy")
+        options = [name for name in ENTROPY if name != "metric"]
+        return self._answer("Entropy", request, spec, options, request.run, request.layers)
 
     def ResidualNorm(self, request, context):
-        return self._planned("ResidualNorm", request, ResidualNormQuery, self.service.queries.depth.residual_norm)
+        return self._answer("ResidualNorm", request, measures.get("residual_norm"), (), request.run, request.layers)
 
     def Stitch(self, request, context):
-        return self._planned("Stitch", request, StitchQuery, self.service.queries.stitching.stitch)
+        return self._answer("Stitch", request, measures.get("stitch"), STITCH, request.run_a, [request.layer_a],
+                            request.run_b, [request.layer_b])
 
     def SubmitCKAMatrix(self, request, context):
         strict = bool(request.options_json)  # the measure's own options, or the legacy alpha field
@@ -233,11 +238,10 @@ class QueryServicer(rpc.QueryServicer):
                                                         options=options, strict=strict))
 
     def Lens(self, request, context):
-        return self._planned("Lens", request, LensQuery, self.service.queries.depth.lens)
+        return self._answer("Lens", request, measures.get("lens"), ("epsilon", "taus", "heads"), request.run)
 
     def NeuralCollapse(self, request, context):
-        return self._planned("NeuralCollapse", request, NeuralCollapseQuery,
-                             self.service.queries.depth.neural_collapse)
+        return self._answer("NeuralCollapse", request, measures.get("nc1"), ("rcond",), request.run, request.layers)
 
     def GetResult(self, request, context):
         return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))

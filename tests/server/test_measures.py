@@ -159,8 +159,8 @@ def test_the_legacy_fields_resolve_through_the_table_and_the_generic_rpc_is_stri
         client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json='{"alpha": 2}'))
     with pytest.raises(InvalidArgument, match="options_json must be a JSON object"):
         client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json="[1]"))
-    with pytest.raises(InvalidArgument, match="measure 'cka' is not one of"):
-        client._query.Measure(pb.MeasureRequest(measure="cka", run_a=runs[0]))
+    with pytest.raises(InvalidArgument, match="metric 'cka-score' is not one of"):  # cka is a metric the RPC serves
+        client._query.Measure(pb.MeasureRequest(measure="cka-score", run_a=runs[0]))
     with pytest.raises(InvalidArgument, match="cca-score does not take beta"):
         client.measure("cca-score", runs[0], beta=1)
 

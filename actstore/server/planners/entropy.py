@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.measures.families import PRESET_ASKS
 from actstore.metrics import entropy as ent
 from actstore.metrics import entropy_presets as presets
 from actstore.options import ENTROPY
 from actstore.server.planners import Planner
 from actstore.server.planners.word_entropy import WordEntropyPlanner
-from actstore.server.requests import PRESET_ASKS, EntropyQuery
+from actstore.server.requests import EntropyQuery
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 from actstore.store.datasets import load_dataset
