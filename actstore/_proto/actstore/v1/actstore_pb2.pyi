@@ -1193,8 +1193,10 @@ Global___CKAMatrixRequest: typing_extensions.TypeAlias = CKAMatrixRequest
 
 @typing.final
 class MeasureRequest(google.protobuf.message.Message):
-    """Any registered measure by its identifier (`actstore measures` lists them, with their options):
-    one RPC for every measure, so a new measure needs no proto change.
+    """Any registered metric by its identifier (`actstore measures` lists them, with their options): the
+    registry's measures, and CKA, COS, the entropy family, residual_norm, nc1, lens and stitch, each
+    answered by the same typed query and planner as its own RPC. One RPC for every metric, so a new
+    metric needs no proto change. A one-run metric takes run_a and layers_a; stitch one layer of each.
     """
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
@@ -1207,7 +1209,7 @@ class MeasureRequest(google.protobuf.message.Message):
     OPTIONS_JSON_FIELD_NUMBER: builtins.int
     REFRESH_FIELD_NUMBER: builtins.int
     measure: builtins.str
-    """e.g. nbs-score, linear_regression-r2, shape_metric-alpha={alpha}-distance=angular"""
+    """e.g. nbs-score, shape_metric-alpha={alpha}-distance=angular, cka, dataset_entropy, lens"""
     run_a: builtins.str
     run_b: builtins.str
     """empty: run_a (within-model)"""

@@ -713,7 +713,7 @@ class QueryServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Measure(self, request, context):
-        """any registered measure (MEASURE of Similarity, generic)
+        """any registered metric (the generic query)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
