@@ -11,7 +11,8 @@ import numpy as np
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import alignment as align
 from actstore.metrics import similarity as sim
-from actstore.server.planners.token_units import TokenUnitsPlanner
+from actstore.server.planners import Planner, QueryParts
+from actstore.server.planners.token_units import TokenUnits
 from actstore.server.requests import SimilarityQuery
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
@@ -19,17 +20,22 @@ from actstore.store.catalog import RunRecord
 UNIT = {"words": "word", "spans": "shared span"}
 
 
-class AlignedPlanner(TokenUnitsPlanner):
+class AlignedPlanner(Planner):
+    """CKA and COS across tokenizers: rows are the text's units both runs reach (`TokenUnits`)."""
+
+    def __init__(self, parts: QueryParts) -> None:
+        super().__init__(parts)
+        self.units = TokenUnits(parts)
 
     def similarity(self, query: SimilarityQuery) -> MetricResult:
         """CKA or COS over the rows both tokenizations share (`query.align`: words or spans)."""
         metric, a, b, la, lb = query.metric, query.a, query.b, query.layers_a, query.layers_b
         units, word_pool, center, refresh = query.align, query.word_pool, query.center, query.refresh
-        self.require_tokens(f"--align {units}", a, b)
+        self.units.require_tokens(f"--align {units}", a, b)
         if metric == "cos" and a.width != b.width:
             raise InvalidArgument(f"COS compares one unit's vectors directly, so the widths must match "
                                   f"({a.width} != {b.width}): use CKA across widths")
-        texts = self.same_texts(a, b)
+        texts = self.units.same_texts(a, b)
         self.checks.check_finite(a, la)
         self.checks.check_finite(b, lb)
         options = {"layers_a": la, "layers_b": lb, "align": units, "word_pool": word_pool}
@@ -41,9 +47,9 @@ class AlignedPlanner(TokenUnitsPlanner):
 
     def _rows(self, units: str, a: RunRecord, b: RunRecord, texts: list[str]) -> tuple[dict, dict]:
         if units == "spans":
-            return align.span_rows(texts, self.spans(a), self.arrays.offsets(a.run_key), self.spans(b),
+            return align.span_rows(texts, self.units.spans(a), self.arrays.offsets(a.run_key), self.units.spans(b),
                                    self.arrays.offsets(b.run_key))
-        return self.word_rows(a, texts), self.word_rows(b, texts)
+        return self.units.word_rows(a, texts), self.units.word_rows(b, texts)
 
     def _compute(self, metric: str, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], options: dict,
                  texts: list[str]):
@@ -56,8 +62,8 @@ class AlignedPlanner(TokenUnitsPlanner):
         n = len(pairs)
         self.checks.check_memory(8 * n * (len(la) * a.width + len(lb) * b.width),
                                  f"{n} aligned {unit} rows of {len(la)} + {len(lb)} layers")
-        xs = self.pooled(a, la, rows_a, pairs, word_pool)
-        ys = self.pooled(b, lb, rows_b, pairs, word_pool)
+        xs = self.units.pooled(a, la, rows_a, pairs, word_pool)
+        ys = self.units.pooled(b, lb, rows_b, pairs, word_pool)
         skipped = max(len(rows_a), len(rows_b)) - n
         notes = [f"{n} (sample, {unit}) rows common to both tokenizations ({word_pool} of each {unit}'s tokens)"]
         if skipped:

@@ -1,7 +1,7 @@
 """What every query over cross-tokenizer units needs (`metrics.alignment`): token-level runs, the
 texts they cover, each token's character span, the token rows of each word, and whole layers
 pooled to those units in one Ray task. The aligned similarity (`aligned`) and the word-level
-entropy family (`word_entropy`) build on it."""
+entropy family (`word_entropy`) hold one (`TokenUnits`, composed, not inherited)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import alignment as align
-from actstore.server.planners import Planner
+from actstore.server.planners import QueryParts
 from actstore.store.catalog import RunRecord
 from actstore.store.datasets import load_dataset
 
@@ -23,8 +23,12 @@ def _pool_then(tokens: np.ndarray, pooling: tuple, n_rows: int, then: Callable |
     return pooled if then is None else then(pooled)
 
 
-class TokenUnitsPlanner(Planner):
-    """A planner whose rows are units of the text (words, shared spans) pooled from token rows."""
+class TokenUnits:
+    """What a planner whose rows are units of the text (words, shared spans) pooled from token rows
+    needs: the store's texts, spans and offsets, and the pooling task."""
+
+    def __init__(self, parts: QueryParts) -> None:
+        self.catalog, self.arrays, self.executor = parts.catalog, parts.arrays, parts.executor
 
     def require_tokens(self, flag: str, *runs: RunRecord) -> None:
         """INVALID_ARGUMENT unless every run is token-level (`--pooling tokens`)."""

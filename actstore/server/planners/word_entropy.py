@@ -20,7 +20,8 @@ import numpy as np
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.metrics import alignment as align
 from actstore.metrics import entropy as ent
-from actstore.server.planners.token_units import TokenUnitsPlanner
+from actstore.server.planners import Planner, QueryParts
+from actstore.server.planners.token_units import TokenUnits
 from actstore.server.results import MetricResult
 from actstore.store.catalog import RunRecord
 
@@ -39,7 +40,12 @@ def _word_value(words: np.ndarray, metric: str, offsets: np.ndarray, options: di
     return accumulator.update(words, offsets).finalize()
 
 
-class WordEntropyPlanner(TokenUnitsPlanner):
+class WordEntropyPlanner(Planner):
+    """The entropy family over the words of a token-level run's texts (`TokenUnits`)."""
+
+    def __init__(self, parts: QueryParts) -> None:
+        super().__init__(parts)
+        self.units = TokenUnits(parts)
 
     def entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict, word_pool: str,
                 refresh: bool) -> MetricResult:
@@ -47,13 +53,13 @@ class WordEntropyPlanner(TokenUnitsPlanner):
         if metric not in WORD_METRICS:
             raise InvalidArgument(f"--align words covers {', '.join(WORD_METRICS)}, not {metric} (it compares "
                                   "augmented views of pooled prompts): drop --align")
-        self.require_tokens("--align words", run)
+        self.units.require_tokens("--align words", run)
         options = {**options, "align": "words", "word_pool": word_pool}
         return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [run.run_key], refresh,
                                               lambda: self._compute(metric, run, layers, options))
 
     def _compute(self, metric: str, run: RunRecord, layers: list[int], options: dict):
-        rows = self.word_rows(run, self.texts(run))
+        rows = self.units.word_rows(run, self.units.texts(run))
         words = sorted(rows)  # (sample, word) in text order
         texts = len(self.arrays.offsets(run.run_key)) - 1
         offsets = align.unit_offsets(words, texts)
@@ -67,7 +73,7 @@ class WordEntropyPlanner(TokenUnitsPlanner):
         gram = 8 * n * n if metric == "dataset_entropy" and n <= run.width else 0
         self.checks.check_memory(8 * run.width * (run.rows + 2 * n) + gram,
                                  f"a layer of {run.rows} token rows and its {n} word rows")
-        values = self.pooled(run, layers, rows, words, options["word_pool"],
+        values = self.units.pooled(run, layers, rows, words, options["word_pool"],
                              then=partial(_word_value, metric=metric, offsets=offsets, options=options))
         notes = [f"{n} words of {texts} texts ({options['word_pool']} of each word's tokens)"]
         if metric in PER_TEXT and enough < texts:
