@@ -32,7 +32,9 @@ from actstore.options import (
     TRAIN,
     UNCERTAINTY,
     Option,
+    from_message,
     from_wire,
+    given_in_message,
     resolve,
 )
 from actstore.server.requests import (
@@ -474,3 +476,16 @@ def test_the_servicer_refuses_what_the_tables_refuse():
         with pytest.raises(InvalidArgument):
             EntropyQuery.options_of("dataset_entropy", unused)
     _call(query, "Similarity", pb.SimilarityRequest(metric=pb.SimilarityRequest.CKA, run_a="r", center="bogus"))
+
+
+def test_a_message_gives_an_option_by_presence_or_by_a_nonzero_value():
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+
+    # `optional` fields: given when set, 0 included (the table then refuses it); others: zero is not given
+    assert given_in_message(pb.SimilarityRequest(batch_size=0, center=""), ["batch_size", "center", "k"]) == \
+        {"batch_size": 0, "center": None, "k": None}
+    assert given_in_message(pb.LensRequest(taus=[0.9, 0.5], heads="exits"), ["taus", "heads", "epsilon"]) == \
+        {"taus": [0.9, 0.5], "heads": "exits", "epsilon": None}
+    assert given_in_message(pb.EntropyRequest(clamp=True, seed=0), ["clamp", "seed"]) == {"clamp": True, "seed": None}
+    with pytest.raises(InvalidArgument, match="batch_size 0 must be"):
+        from_message(SIMILARITY, "batch_size", pb.SimilarityRequest(batch_size=0))
