@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -95,7 +96,13 @@ def cluster_and_server(store: str, server_dir: str):
     from actstore.config import Settings
     from actstore.server.app import start_server
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"})
+    # the state API this scenario reads needs the head's dashboard: on a port of its own, since Ray's
+    # default (8265) may be held by another Ray on the machine (test processes side by side)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dashboard_port = probe.getsockname()[1]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
+                                                            "dashboard_port": dashboard_port})
     workers = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(2)]
     cluster.wait_for_nodes()
     server = start_server(Settings(store=store, server_dir=server_dir, ray_address=cluster.address, port=0,
