@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from actstore import measures
 from actstore.cli.common import add_option, connect, layers_option, output_options
 from actstore.options import ENTROPY, LENS
 
@@ -94,15 +95,17 @@ def _curve_args(p) -> None:
 
 
 def add_commands(command) -> None:
+    metrics = measures.measures(query="entropy")  # the registry's entropy family: names, summaries, sources
     p = command("entropy", cmd_entropy, "matrix-entropy family per layer (Skean et al. 2025)",
+                "\n".join(f"  {m.identifier.replace('_', '-')}: {m.summary} ({m.source})" for m in metrics) + "\n\n"
                 "dataset-entropy, effective-rank: pooled runs. prompt-entropy, curvature: token-level runs\n"
                 "(--pooling tokens). infonce, dime, lidar: pooled runs of an augmented dataset\n"
                 "(register-dataset --augment-views 2).\n"
                 "--align words (token-level run): pool each word's tokens first (--word-pool mean|last);\n"
                 "dataset-entropy and effective-rank then run over all word vectors, prompt-entropy and\n"
                 "curvature over each text's words, so two models with different tokenizers give curves\n"
-                "over the same units.")
-    p.add_argument("metric", choices=[m.replace("_", "-") for m in ENTROPY.metric.choices])
+                "over the same units. `actstore measures` lists each metric's options.")
+    p.add_argument("metric", choices=[m.identifier.replace("_", "-") for m in metrics])
     p.add_argument("run")
     _curve_args(p)
     for name in ENTROPY:

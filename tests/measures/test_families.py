@@ -104,3 +104,11 @@ def test_the_one_run_families_through_the_generic_rpc(client, runs):  # noqa: F8
         client.metric("lens", runs[1], layers_a=[1])
     with pytest.raises(InvalidArgument, match="metric 'no-such' is not one of nbs-score"):
         client._query.Measure(pb.MeasureRequest(measure="no-such", run_a=runs[0]))
+
+
+def test_the_entropy_tables_metrics_are_the_registrys():
+    from actstore.options import ENTROPY
+
+    registered = [spec.identifier for spec in measures.measures(query="entropy")]
+    assert registered == list(ENTROPY.metric.choices)  # the older RPC's enum and the client check the table
+    assert registered == [name.lower() for name in pb.EntropyRequest.Metric.keys()[1:]]
