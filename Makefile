@@ -15,11 +15,13 @@ demo: setup
 # then exits 2); pytest's exit code 5, no tests collected, is a failure too. The suite mostly waits
 # (Ray, servers, subprocesses), so its files are spread over TEST_WORKERS processes (pytest-xdist;
 # a file stays in one process, so its module fixtures are made once); TEST_WORKERS=0: one process.
+# The files marked `long` go first (tests/conftest.py) and keep that order (--no-loadscope-reorder:
+# xdist would start the files with the most tests first and the one-test scenarios of minutes last).
 # -p no:benchmark: pytest-benchmark, where a machine has it, warns beside xdist (warnings are errors
 # here); our benchmarks are the bench/ scripts.
 TEST_WORKERS ?= 3
 test: setup
-	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile
+	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''

@@ -18,6 +18,14 @@ import pytest  # noqa: E402
 from tests.factories import save_tiny_model  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files marked `long` (minutes of servers, clusters or venvs each) first, the rest in
+    collection order: `make test` hands whole files to its processes in this order
+    (`--dist loadfile --no-loadscope-reorder`), so a long file never starts last and leaves the
+    others idle while it runs."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: order kept within
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray

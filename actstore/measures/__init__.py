@@ -151,6 +151,8 @@ class Measure:
 
     def build(self, options: Mapping[str, Any]) -> Any:
         """The computation (loads the factory's module: numerics, server side only)."""
+        if self.query != "measure":
+            raise ValueError(f"{self.identifier} is computed by the {self.query} planner, not by a factory")
         module, _, attribute = self.factory.partition(":")
         return getattr(importlib.import_module(module), attribute)(**self.arguments, **options)
 

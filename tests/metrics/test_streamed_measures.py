@@ -94,7 +94,7 @@ def test_the_identifier_fills_in_the_parameters():
     assert shape.filled(shape.resolve({"alpha": 0.5})) == "shape_metric-alpha=0.5-distance=angular"
     assert measures.get("cca-squared_score").filled({}) == "cca-squared_score"
     with pytest.raises(InvalidArgument, match="not one of"):
-        moment_measure("cka")
+        moment_measure("cka-score")
 
 
 def _orthogonal(d: int, seed: int) -> np.ndarray:

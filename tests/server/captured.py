@@ -49,3 +49,13 @@ def registered_fixture(client, tiny_models):
 
 def read_all(client, run, num_layers):
     return np.stack([client.read_activations(run, layer)[0] for layer in range(num_layers + 1)], axis=1)
+
+
+def cancel_after(client, job_id: str, shards: int = 3) -> None:
+    """Cancel a capture job once `shards` shards are done, and see it end cancelled."""
+    for state in client.watch(job_id):
+        if state.done >= shards:
+            client.cancel(job_id)
+            break
+    with pytest.raises(Exception, match="cancelled"):
+        client.wait(job_id)

@@ -15,7 +15,9 @@ from actstore.server.app import start_server
 from actstore.server.capture_job import shards_per_task
 from tests.conftest import make_settings
 from tests.factories import sentences
-from tests.server.captured import read_all, registered_fixture  # noqa: F401 (a fixture)
+from tests.server.captured import cancel_after, read_all, registered_fixture  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
 
 def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_path, tiny_models):
@@ -130,12 +132,7 @@ def test_cancelled_capture_resumes_with_only_missing_shards(client, tiny_models)
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(800, seed=7), name="big")
     job = client.submit_capture("bert", "big")
-    for state in client.watch(job.job_id):
-        if state.done >= 3:
-            client.cancel(job.job_id)
-            break
-    with pytest.raises(Exception, match="cancelled"):
-        client.wait(job.job_id)
+    cancel_after(client, job.job_id)
     partial = client.describe(job.target)
     assert partial.status == "running" and 0 < partial.recorded_shards < partial.num_shards
     resumed = client.submit_capture("bert", "big")

@@ -10,6 +10,7 @@ import torch
 
 from actstore.errors import InvalidArgument
 from tests.factories import sentences
+from tests.server.captured import cancel_after
 
 # the HF module each site names, per family, written out here (not taken from actstore)
 MODULES = {
@@ -156,12 +157,7 @@ def test_a_multi_site_capture_resumes_and_single_sites_join_it(module_client, da
     runs = dict(zip(job.sites, job.run_keys))
     joined = client.submit_capture("bert", "bigger", site="attn_out")  # its run is being captured: join
     assert joined.joined and joined.job_id == job.job_id
-    for state in client.watch(job.job_id):
-        if state.done >= 3:
-            client.cancel(job.job_id)
-            break
-    with pytest.raises(Exception, match="cancelled"):
-        client.wait(job.job_id)
+    cancel_after(client, job.job_id)
     partial = [client.describe(key) for key in runs.values()]
     assert all(p.status == "running" and 0 < p.recorded_shards < p.num_shards for p in partial)
     resumed = client.submit_capture("bert", "bigger", site="resid_post,attn_out")

@@ -23,6 +23,8 @@ from tests.conftest import make_settings
 from tests.factories import sentences
 from tests.server.test_resume import _free_port, _serve, _stop
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "actstore.cli", *args], capture_output=True, text=True,

@@ -26,6 +26,8 @@ from tests.measures.served import layers_of
 from tests.server.test_cka_matrix_job import slow_server  # noqa: F401  (a fixture)
 from tests.test_cli import actstore, ok
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 ALPHA = 0.25
 client, runs = served.client, served.runs  # the fixtures: a tiny BERT and GPT-2 run over 96 texts
 REFERENCES = {

@@ -18,6 +18,8 @@ import pytest
 from tests.factories import sentences
 from tests.formulas import cka_numpy
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from actstore.training import get_recipe
+
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

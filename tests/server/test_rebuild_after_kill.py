@@ -19,6 +19,8 @@ from tests.factories import sentences
 from tests.server.test_housekeeping import _cli
 from tests.server.test_resume import _free_port, _serve, _stop
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 
 @pytest.fixture(params=["local", "s3"])
 def where(request, tmp_path):

@@ -16,6 +16,8 @@ import pytest
 from actstore.client import Client
 from tests.factories import sentences
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -9,6 +9,8 @@ import pytest
 from actstore.errors import InvalidArgument, NotFound
 from actstore.training import get_recipe
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 
 def _eval_dataset(client, recipe: str) -> str:
     source = get_recipe(recipe, smoke=True).eval_source()

@@ -16,6 +16,8 @@ from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument
 from tests.factories import sentences
 from tests.test_cli import actstore
 
+pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
+
 N = 40  # shards of 8 rows (tests/conftest.py make_settings): 5 pooled shards
 
 
