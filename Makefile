@@ -27,7 +27,8 @@ test-all: setup
 	$(PYTHON) -m pytest -q -m ''
 
 # actstore[server] installed in a fresh venv at every direct dependency's declared floor, then a
-# server, a capture, a CKA and a verify from that venv (tests/test_floors.py; slow, 3.5-5 min)
+# server, a capture, a CKA and a verify from that venv; and at the newest allowed versions on
+# Python 3.12 and 3.13 where those are found (tests/test_floors.py; slow, 3.5-5 min each)
 test-floors: setup
 	$(PYTHON) -m pytest -q -m slow tests/test_floors.py
 
