@@ -9,9 +9,8 @@ the store's Zarr arrays, SQL as a pandas DataFrame, without torch, Ray or DuckDB
 The newest versions are also installed on Python 3.12 and 3.13 (issue 26 item 2), with the same
 client smoke against this Python's server. Those interpreters are found as ACTSTORE_TEST_PYTHONS
 lists them (paths, space-separated: .ci/run sets it, and a missing one then fails), otherwise on
-PATH or under pyenv (a missing one is then skipped). The server side on 3.12/3.13 is not installed
-here: torch==2.13.0 for those Pythons is only PyPI's CUDA build (a 502 MiB wheel plus GBs of
-nvidia packages); the one CPU wheel on this machine is cp311.
+PATH or under pyenv (a missing one is then skipped). The server side on 3.12/3.13 is
+tests/test_floors.py's (slow: torch==2.13.0 for those Pythons is PyPI's CUDA build, ~3.5 GB).
 
 Needs the package index (pip installs grpcio, protobuf, numpy, tqdm into each venv, ~20 s each)."""
 
