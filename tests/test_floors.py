@@ -136,11 +136,10 @@ def _serve(actstore: Path, store: Path, cwd: Path) -> tuple[subprocess.Popen, st
 
 
 def _bare_venv(interpreter: str, root: Path) -> tuple[Path, list]:
-    """A venv of `interpreter` without pip, filled by this environment's pip: (its python, pip)."""
+    """A venv of `interpreter` without pip, filled by this environment's pip: (the venv, pip)."""
     venv = root / "venv"
     _run([interpreter, "-m", "venv", "--without-pip", venv], cwd=root)
-    python = venv / "bin" / "python"
-    return python, [sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check"]
+    return venv, [sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "--disable-pip-version-check"]
 
 
 def _served(venv: Path, tmp_path: Path) -> dict:
@@ -183,8 +182,7 @@ def _served(venv: Path, tmp_path: Path) -> dict:
 @pytest.mark.slow
 def test_server_installed_at_its_floors_serves_captures_and_verifies(tmp_path):
     assert sys.version_info[:2] == (3, 11), "the local CPU torch wheel is cp311"
-    python, pip = _bare_venv(sys.executable, tmp_path)
-    venv = python.parents[1]
+    venv, pip = _bare_venv(sys.executable, tmp_path)
     # torch as scripts/setup.sh installs it; first checked to be a CPU build (no CUDA packages)
     torch = ["torch==2.13.0", "-c", REPO / "constraints.txt"]
     if os.environ.get("TORCH_INDEX_URL"):
@@ -219,8 +217,7 @@ def test_server_at_the_newest_versions_on_other_pythons(version, tmp_path):
     Python 3.12 and 3.13, and the same smoke. torch is the project's pin; for these Pythons PyPI has
     only its CUDA build (~3.5 GB with its nvidia packages, ~1 min to download here), which runs on
     the CPU."""
-    python, pip = _bare_venv(_interpreter(version), tmp_path)
-    venv = python.parents[1]
+    venv, pip = _bare_venv(_interpreter(version), tmp_path)
     _run([*pip, "install", "-q", "-c", REPO / "constraints.txt", f"{_wheel(tmp_path / 'build')}[server]"],
          cwd=tmp_path, timeout=1200)
     _run([*pip, "check"], cwd=tmp_path)

@@ -17,7 +17,6 @@ from actstore.options import (
     ENTROPY,
     GC,
     SIMILARITY,
-    STITCH,
     TRAIN,
     from_message,
     from_wire,
@@ -210,23 +209,25 @@ class QueryServicer(rpc.QueryServicer):
     def Measure(self, request, context):
         return self._replies.answer("Measure", request, lambda: self._resolved(MetricCall.of_request(request)))
 
-    def _answer(self, method: str, request, spec: measures.Measure, options: Iterable[str], run_a: str,
-                layers_a=(), run_b: str = "", layers_b=()):
+    def _answer(self, method: str, request, spec: measures.Measure, run_a: str, layers_a=(), run_b: str = "",
+                layers_b=(), options: Iterable[str] | None = None):
         """The reply of an older query RPC: kept, or `spec`'s answer to the call its fields make
-        (`options`: the fields that carry the metric's options)."""
+        (`options`: the fields read as options; None: the spec's own)."""
+        names = [option.name for option in spec.options] if options is None else options
         return self._replies.answer(method, request, lambda: self._resolved(MetricCall(
-            spec, run_a, run_b, tuple(layers_a), tuple(layers_b), given_in_message(request, options), request.refresh)))
+            spec, run_a, run_b, tuple(layers_a), tuple(layers_b), given_in_message(request, names), request.refresh)))
 
     def Entropy(self, request, context):
         spec = measures.get(enum_name(pb.EntropyRequest.Metric, request.metric, "entropy metric"), query="entropy")
-        options = [name for name in ENTROPY if name != "metric"]
-        return self._answer("Entropy", request, spec, options, request.run, request.layers)
+        # every field is read and checked, those of options this metric does not use too (as always)
+        return self._answer("Entropy", request, spec, request.run, request.layers,
+                            options=[name for name in ENTROPY if name != "metric"])
 
     def ResidualNorm(self, request, context):
-        return self._answer("ResidualNorm", request, measures.get("residual_norm"), (), request.run, request.layers)
+        return self._answer("ResidualNorm", request, measures.get("residual_norm"), request.run, request.layers)
 
     def Stitch(self, request, context):
-        return self._answer("Stitch", request, measures.get("stitch"), STITCH, request.run_a, [request.layer_a],
+        return self._answer("Stitch", request, measures.get("stitch"), request.run_a, [request.layer_a],
                             request.run_b, [request.layer_b])
 
     def SubmitCKAMatrix(self, request, context):
@@ -238,10 +239,10 @@ class QueryServicer(rpc.QueryServicer):
                                                         options=options, strict=strict))
 
     def Lens(self, request, context):
-        return self._answer("Lens", request, measures.get("lens"), ("epsilon", "taus", "heads"), request.run)
+        return self._answer("Lens", request, measures.get("lens"), request.run)
 
     def NeuralCollapse(self, request, context):
-        return self._answer("NeuralCollapse", request, measures.get("nc1"), ("rcond",), request.run, request.layers)
+        return self._answer("NeuralCollapse", request, measures.get("nc1"), request.run, request.layers)
 
     def GetResult(self, request, context):
         return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))

@@ -22,6 +22,9 @@ def test_every_metric_is_one_spec_listed_with_the_command_that_asks_for_it():
     identifiers = [spec.identifier for spec in every]
     assert len(identifiers) == len(set(identifiers)) and FAMILIES <= set(identifiers)
     assert {spec.query for spec in every} == set(measures.QUERIES)
+    from actstore.server.requests import QUERY_TYPES
+
+    assert set(QUERY_TYPES) == set(measures.QUERIES)  # every family has its typed query
     assert [spec.identifier for spec in measures.measures()] == [s.identifier for s in every if s.query == "measure"]
     listing = ok(actstore("measures"))
     for spec in every:
