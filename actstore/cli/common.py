@@ -200,5 +200,14 @@ def add_measure_options(p: argparse.ArgumentParser, needs: str | None = None) ->
 
 
 def given_options(args: argparse.Namespace, measure: str) -> dict:
-    """The measure's options from the parsed flags (its own only: the others are the defaults)."""
-    return {option.name: getattr(args, option.name) for option in measures.get(measure).options}
+    """The measure's options from the parsed flags. A flag of another measure's option set away
+    from its default is a usage error (it would change nothing), as the generic RPC refuses it."""
+    spec = measures.get(measure)
+    takes = {option.name for option in spec.options}
+    stray = [name for name, option in measure_option_table().items()
+             if name not in takes and getattr(args, name, option.default) != option.default]
+    if stray:
+        flags = ", ".join(f"-{name}" if len(name) == 1 else f"--{name.replace('_', '-')}" for name in stray)
+        raise InvalidArgument(f"{spec.identifier} does not take {flags} (it takes "
+                              f"{', '.join(sorted(takes)) or 'no options'}: actstore measures lists them)")
+    return {name: getattr(args, name) for name in takes}

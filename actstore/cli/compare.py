@@ -98,10 +98,11 @@ def cmd_cka_matrix(args) -> int:
 
     if args.dry_run:
         return dryrun.cka_matrix(args)
+    options = given_options(args, args.measure) if args.measure else {}  # a usage error before any connection
     with connect(args) as client:
         if args.measure:
             result = client.measure_matrix(args.runs, args.measure, refresh=args.refresh, progress=not args.json,
-                                           **given_options(args, args.measure))
+                                           **options)
             matrix, name, bounds = result.values, result.identifier, measures.get(args.measure).bounds
         else:
             result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)

@@ -52,9 +52,10 @@ def cmd_similarity(args) -> int:
     spec = measures.get(args.measure)
     if spec.query != "measure":
         raise InvalidArgument(f"{spec.identifier} is not one of this command's measures: ask `{command_of(spec)}`")
+    options = given_options(args, args.measure)  # a usage error before any connection
     with connect(args) as client:
         result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
-                                layers_b=args.layers_b, refresh=args.refresh, **given_options(args, args.measure))
+                                layers_b=args.layers_b, refresh=args.refresh, **options)
     name = result.provenance.metric
     show_matrix(name, result.values, result.layers_a, result.layers_b, result.provenance, result.notes, args,
                 f"{name}, n={int(result.scalars['n'])}", spec.bounds)

@@ -37,6 +37,9 @@ def test_every_metric_is_one_spec_listed_with_the_command_that_asks_for_it():
     # the similarity command takes the registry's own measures and says where the others are asked
     out = actstore("similarity", "cka", "run")
     assert out.returncode != 0 and "ask `actstore cka`" in out.stderr
+    # a flag of another measure's option is refused, not ignored (before any connection)
+    out = actstore("similarity", "nbs-score", "run", "--alpha", "0.5")
+    assert out.returncode == 2 and "nbs-score does not take --alpha" in out.stderr
 
 
 def _same(answer, expected_arrays, expected_provenance) -> None:
