@@ -6,12 +6,20 @@ its forward (`workers.capture.layer_tokens`): random normal numbers, already in 
 MiniLM-L6 (7 x 384) and of an 8B decoder (33 x 4096). It pushes them through the capture's own
 path after the forward, a task at a time, with the store's own functions:
 
-  * `workers.capture.prepare_shards` (layer-major layout, layer extremes, float64 layer sums)
-  * `workers.shard_writes.write_prepared` per shard: chunk rows (crc32c per layer), layer
-    statistics (`LayerStats`), the shard's encoding (Blosc lz4 + bitshuffle, crc32c, the shard
-    index and trailer: `store.codecs`) and the store's PUT (`ZarrArrayStore.write_shard`), with the
-    shard's token ids (int64, as a text capture writes them)
+  * `workers.capture.prepare_shards`: the part that runs where the forward ran (on a GPU replica,
+    on the GPU): the layer-major layout and every reduction (float64 layer sums, finite extremes,
+    NaN/Inf counts, layer statistics); on this machine's CPU, numpy's (`reduced_on_host`), as a
+    CPU replica reduces
+  * the host's path, per shard, `workers.shard_writes.write_prepared`: chunk rows (crc32c per
+    layer, summed once: an uncompressed inner chunk takes it as its codec's), the shard's encoding
+    (Blosc lz4 + bitshuffle where the run compresses, crc32c, the shard index and trailer:
+    `store.codecs`) and the store's PUT (`ZarrArrayStore.write_shard`), with the shard's token ids
+    (int64, as a text capture writes them)
   * `Catalog.chunks.insert` of the task's chunk rows, once per task, as the capture job records them
+
+The run compresses as a capture's would (`--compress auto`): the store's rule (the setting
+`compress_min_saving`, 10%) on the saving the warm-up measured for the shape and dtype, so a
+model's later runs; `always` and `never` force it.
 
 The floor, measured by the same writers on the same bytes in the same run, in turns with the
 store: each shard's bytes copied into a reused buffer, crc32c of them, written to the same place
@@ -31,14 +39,17 @@ say what the client path costs, not what S3 absorbs.
 Reported per shape, dtype, store and W (medians over rounds): raw activation GB/s in total and per
 writer (total / W, wall clock), and per writer CPU second (bytes / the writers' process CPU time,
 user + system: on a shared machine the wall clock measures the neighbours; CPU time much less so),
-each beside the floor and as a ratio; stored / raw bytes; and where the writers' time goes, each
-stage's exclusive wall time (wrappers around the store's own functions, installed in the
-writers): prepare, chunk rows, statistics, Blosc, crc32c, encode (the rest of the shard's coding:
-layout, trailer, the one concatenation), PUT, catalog, other. Targets (issue 24): store / floor
->= 0.8 per core, and >= 1 GB/s per writer core to a local store. Blosc uses numcodecs' default
-threads (2 here, in a process's main thread), as a one-CPU write task does: CPU time counts them.
+each beside the floor and as a ratio: for the host's path (the writers' CPU less what
+`prepare_shards` took: what a GPU node's host spends, its reductions made on the GPU), and for the
+whole path with the reductions made on this CPU (what a CPU replica spends); stored / raw bytes;
+and where the writers' time goes, each stage's exclusive wall time (wrappers around the store's
+own functions, installed in the writers): prepare (the cast and layout), reductions, chunk rows,
+Blosc, crc32c, encode (the rest of the shard's coding: layout, trailer, the one concatenation),
+PUT, catalog, other. Targets (issue 24), for the host's path: store / floor >= 0.8 per core, and
+>= 1 GB/s per writer core to a local store. Blosc uses numcodecs' default threads (2 here, in a
+process's main thread), as a one-CPU write task does: CPU time counts them.
 
-    python bench/capture_sink.py [--quick] [--check] [--writers 2] [--rounds 2] [--mb 96]
+    python bench/capture_sink.py [--quick] [--check] [--writers 2] [--rounds 2] [--mb 96] [--compress auto]
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ import numpy as np
 from benchlib import cores, machine, median, verdict, write_result
 
 SHAPES = {"minilm": (7, 384), "8b": (33, 4096)}
-STORE_STAGES = ("prepare", "chunk rows", "statistics", "blosc", "crc32c", "encode", "put", "catalog", "other")
+STORE_STAGES = ("prepare", "reductions", "chunk rows", "blosc", "crc32c", "encode", "put", "catalog", "other")
 FLOOR_STAGES = ("copy", "crc32c", "put", "other")
 TARGET_RATIO = 0.8
 TARGET_LOCAL_GBPS = 1.0
@@ -100,15 +111,13 @@ def instrument(stages: Stages) -> None:
 
     import crc32c
 
-    from actstore.metrics.layer_stats import LayerStats
     from actstore.store import codecs, zarr_spec
     from actstore.store.arrays import ZarrArrayStore
-    from actstore.workers import shard_writes
+    from actstore.workers import capture, shard_writes
 
-    shard_writes.chunk_metadata = stages.wrap("chunk rows", shard_writes.chunk_metadata)
+    shard_writes.chunk_rows = stages.wrap("chunk rows", shard_writes.chunk_rows)
     shard_writes.crc32c = SimpleNamespace(crc32c=stages.wrap("crc32c", crc32c.crc32c))
-    shard_writes.stored_numbers = stages.wrap("statistics", shard_writes.stored_numbers)
-    LayerStats.update = stages.wrap("statistics", LayerStats.update)
+    capture.reduced_on_host = stages.wrap("reductions", capture.reduced_on_host)
     codecs.ChunkCodec.encode = stages.wrap("encode", codecs.ChunkCodec.encode)
     zarr_spec._Compressor.encode = stages.wrap("blosc", zarr_spec._Compressor.encode)
     zarr_spec._crc32c_of = stages.wrap("crc32c", zarr_spec._crc32c_of)
@@ -176,10 +185,12 @@ class Writer:
         self.stages.spent = {}
         clock = time.thread_time if self.threads else time.process_time
         cpu, started = clock(), time.perf_counter()
-        shard = job["first_shard"]
+        shard, device_cpu = job["first_shard"], 0.0
         for _ in range(job["tasks"]):
             if job["side"] == "store":
+                before = clock()
                 prepared = prepare(values.transpose(0, 1), bounds, dtype)  # the (rows, L+1, d) view the capture passes
+                device_cpu += clock() - before
                 tables = []
                 for part, (lo, hi) in zip(prepared, bounds):
                     tables.append(write_prepared(arrays, run_key, shard, part, token_ids[lo:hi]))
@@ -194,7 +205,7 @@ class Writer:
         ended = time.perf_counter()
         spent = dict(self.stages.spent)
         spent["other"] = max(0.0, ended - started - sum(spent.values()))
-        result = {"start": started, "end": ended, "cpu": clock() - cpu, "stages": spent,
+        result = {"start": started, "end": ended, "cpu": clock() - cpu, "device_cpu": device_cpu, "stages": spent,
                   "bytes": job["tasks"] * host.nbytes, "shards": shard - job["first_shard"]}
         if job.get("verify"):
             result["verified"] = self.verify(job, values, catalog)
@@ -341,16 +352,19 @@ def measure(writers: Writers, sinks: Sinks, target: str, jobs: list[dict]) -> di
     total = sum(r["bytes"] for r in results)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     cpu = sum(r["cpu"] for r in results)
+    host_cpu = cpu - sum(r["device_cpu"] for r in results)
     stages: dict[str, float] = {}
     for result in results:
         for stage, seconds in result["stages"].items():
             stages[stage] = stages.get(stage, 0.0) + seconds
     return {"bytes": total, "wall": wall, "cpu": cpu, "gbps": total / wall / 1e9, "cpu_gbps": total / cpu / 1e9,
+            "host_cpu_gbps": total / host_cpu / 1e9,
             "stored": stored, "server_cpu": server, "stages": stages,
             "verified": [r["verified"] for r in results if "verified" in r]}
 
 
 def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape: str, dtype: str, args) -> list[dict]:
+    from actstore.config import Settings
     from actstore.store.array_store import RunLayout
     from actstore.store.arrays import ZarrArrayStore
 
@@ -362,10 +376,16 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
     tasks = max(1, round(mb / (shard_mb * task_shards)))
     per_writer = tasks * task_shards
     capacity = (task_shards + args.rounds * args.writers * per_writer) * args.writers * args.shard_rows
-    run_key = uuid.uuid4().hex * 2
     layout = RunLayout(n=1, rows=capacity, num_states=states, width=width, dtype=dtype, pooling="tokens",
                        shard_rows=args.shard_rows)
-    ZarrArrayStore(sinks.roots[target]).create_run(run_key, layout, ["all"], None, np.array([0, capacity]))
+
+    def new_run(compress: bool) -> str:
+        key = uuid.uuid4().hex * 2
+        ZarrArrayStore(sinks.roots[target]).create_run(key, layout, ["all"], None, np.array([0, capacity]),
+                                                       compress=compress)
+        return key
+
+    run_key = new_run(args.compress != "never")
     next_shard = 0
 
     def jobs(side: str, count: int, task_count: int, verify: bool = False) -> list[dict]:
@@ -381,20 +401,26 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
 
     # warm-up, untimed: each writer makes its data and opens the run; writer 0 checks what it wrote
     warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))
+    compress = args.compress != "never"
+    if args.compress == "auto":  # the store's rule on what the warm-up's compressed shards saved
+        compress = warm["stored"] / warm["bytes"] <= 1 - Settings().compress_min_saving
+        if not compress:
+            run_key, next_shard = new_run(False), 0
+            warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))
     found = []
     for count in range(1, args.writers + 1):
         sides: dict[str, list[dict]] = {"store": [], "floor": []}
         for r in range(args.rounds):
             for side in ("store", "floor") if r % 2 == 0 else ("floor", "store"):
                 sides[side].append(measure(writers, sinks, target, jobs(side, count, tasks)))
-        found.append(summarise(target, shape, dtype, count, sides, warm["verified"], task_shards))
+        found.append(summarise(target, shape, dtype, count, sides, warm["verified"], task_shards, compress))
         print(line(found[-1]), flush=True)
     return found
 
 
-def summarise(target, shape, dtype, count, sides, verified, task_shards) -> dict:
+def summarise(target, shape, dtype, count, sides, verified, task_shards, compress) -> dict:
     out = {"target": target, "shape": shape, "dtype": dtype, "writers": count, "task_shards": task_shards,
-           "verified": verified, "rounds": sides}
+           "compressed": compress, "verified": verified, "rounds": sides}
     for side, rounds in sides.items():
         stages: dict[str, float] = {}
         for one in rounds:
@@ -402,26 +428,27 @@ def summarise(target, shape, dtype, count, sides, verified, task_shards) -> dict
                 stages[stage] = stages.get(stage, 0.0) + seconds
         busy = sum(stages.values())
         out[side] = {"gbps": median([r["gbps"] for r in rounds]), "cpu_gbps": median([r["cpu_gbps"] for r in rounds]),
+                     "host_cpu_gbps": median([r["host_cpu_gbps"] for r in rounds]),
                      "shares": {stage: stages.get(stage, 0.0) / busy for stage in
                                 (STORE_STAGES if side == "store" else FLOOR_STAGES)},
                      "server_cpu_per_gb": sum(r["server_cpu"] for r in rounds) / sum(r["bytes"] for r in rounds) * 1e9}
     store = sides["store"]
-    seconds = sum(sum(r["stages"].values()) - r["stages"].get("prepare", 0.0) for r in store)
-    out["store"]["after_prepare_gbps"] = sum(r["bytes"] for r in store) / seconds / 1e9  # a writer's busy second
     out["stored_ratio"] = sum(r["stored"] for r in store) / sum(r["bytes"] for r in store)
     out["ratio"] = out["store"]["gbps"] / out["floor"]["gbps"]
-    out["cpu_ratio"] = out["store"]["cpu_gbps"] / out["floor"]["cpu_gbps"]
+    out["cpu_ratio"] = out["store"]["cpu_gbps"] / out["floor"]["cpu_gbps"]  # reductions on this CPU
+    out["host_ratio"] = out["store"]["host_cpu_gbps"] / out["floor"]["cpu_gbps"]  # reductions on the device
     return out
 
 
 def line(r: dict) -> str:
     s, f, w = r["store"], r["floor"], r["writers"]
     shares = " ".join(f"{stage} {share:.0%}" for stage, share in s["shares"].items() if share >= 0.005)
-    return (f"  {r['shape']:6s} {r['dtype']:8s} {r['target']:5s} W={w}: store {s['gbps']:.3f} GB/s "
-            f"({s['gbps'] / w:.3f} a writer, {s['cpu_gbps']:.3f} a CPU-s) | floor {f['gbps']:.3f} "
-            f"({f['gbps'] / w:.3f}, {f['cpu_gbps']:.3f}) | store/floor {r['ratio']:.2f} wall, {r['cpu_ratio']:.2f} "
-            f"CPU | stored/raw {r['stored_ratio']:.3f}\n      store time: {shares}; without prepare "
-            f"{s['after_prepare_gbps']:.3f} GB/s a busy writer-second")
+    packed = "Blosc" if r["compressed"] else "uncompressed"
+    return (f"  {r['shape']:6s} {r['dtype']:8s} {r['target']:5s} W={w} ({packed}): host path "
+            f"{s['host_cpu_gbps']:.3f} GB/s a CPU-s vs floor {f['cpu_gbps']:.3f}: {r['host_ratio']:.2f} | with the "
+            f"reductions here {s['cpu_gbps']:.3f}: {r['cpu_ratio']:.2f} | wall: store {s['gbps']:.3f} GB/s "
+            f"({s['gbps'] / w:.3f} a writer), floor {f['gbps']:.3f}: {r['ratio']:.2f} | stored/raw "
+            f"{r['stored_ratio']:.3f}\n      store time: {shares}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -436,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task-shards", type=int, default=13,
                         help=f"shards a task (a token-level MiniLM task: ~3,300 tokens); at most {TASK_MB_CAP} MB")
     parser.add_argument("--threads", action="store_true", help="writers as threads of this process")
+    parser.add_argument("--compress", choices=("auto", "always", "never"), default="auto",
+                        help="Blosc for the run: the store's rule on the warm-up's saving (default), or forced")
     parser.add_argument("--quick", action="store_true", help="1 round, 12 MB a side (an 8B shard: 69 MB)")
     parser.add_argument("--check", action="store_true",
                         help="a few seconds: MiniLM shape, 1 thread writer, local store, tiny; no results file")
@@ -466,11 +495,13 @@ def main(argv: list[str] | None = None) -> None:
             writers.close()
             sinks.close()
     print(f"{time.perf_counter() - started:.0f} s; load at end {machine()['loadavg_start']}")
+    print("host path (reductions where the forward ran):")
     for r in results:
-        per_core = verdict(r["cpu_ratio"], TARGET_RATIO)
-        local = f", local {r['store']['cpu_gbps']:.2f} GB/s a writer CPU-s (target >= {TARGET_LOCAL_GBPS}: " \
-                f"{verdict(r['store']['cpu_gbps'], TARGET_LOCAL_GBPS)})" if r["target"] == "local" else ""
-        print(f"  {r['shape']} {r['dtype']} {r['target']} W={r['writers']}: store/floor a core {r['cpu_ratio']:.2f} "
+        per_core = verdict(r["host_ratio"], TARGET_RATIO)
+        rate = r["store"]["host_cpu_gbps"]
+        local = f", local {rate:.2f} GB/s a writer CPU-s (target >= {TARGET_LOCAL_GBPS}: " \
+                f"{verdict(rate, TARGET_LOCAL_GBPS)})" if r["target"] == "local" else ""
+        print(f"  {r['shape']} {r['dtype']} {r['target']} W={r['writers']}: store/floor a core {r['host_ratio']:.2f} "
               f"(target >= {TARGET_RATIO}: {per_core}){local}")
     if args.check:
         assert all(r["verified"] for r in results) and all(r["store"]["gbps"] > 0 for r in results)

@@ -56,7 +56,8 @@ class LayerStats:
         x = np.empty((rows, values.shape[2]), dtype=np.float64)
         for layer in range(layers):
             np.copyto(x, values[:, layer, :])
-            total = x.sum()
+            with np.errstate(invalid="ignore", over="ignore"):  # Inf - Inf: a NaN total, handled next
+                total = x.sum()
             finite = None if np.isfinite(total) else np.isfinite(x)
             if finite is not None:
                 x[~finite] = 0.0

@@ -74,12 +74,14 @@ class ArrayStore(ABC):
     @abstractmethod
     def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
                     token_ids: np.ndarray | None = None, rows: dict[str, list] | None = None,
-                    stats: dict[str, list] | None = None) -> None:
+                    stats: dict[str, list] | None = None, checksums: list[int] | None = None) -> None:
         """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums, for
         token-level runs of text models the token id of every row, and what is kept with it for
         `catalog rebuild` and the commit: its catalog chunk rows (one per layer, the columns of
         `catalog_schema.CHUNK_SCHEMA`) and its per-layer running statistics
-        (`LayerStats.to_dict`). A shard is written with all of it or not at all."""
+        (`LayerStats.to_dict`). A shard is written with all of it or not at all. ``checksums``:
+        the crc32c of each layer's stored bytes (C order), where the writer has summed them; a
+        backend may store them instead of summing the bytes again."""
 
     @abstractmethod
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:

@@ -209,7 +209,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                         self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
-    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None) -> None:
+    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None, checksums=None) -> None:
         layout = self._layouts.get(run_key) or self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
@@ -228,7 +228,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         trailer = [] if details_at is None else [
             details_at.encode(details_values(run_key, shard, layout.num_states, rows, stats))]
         trailer += [] if sums_at is None else [sums_at.encode(sums)]
-        written = {codec.key((shard, 0, 0)): codec.encode(values, trailer)}
+        # an uncompressed inner chunk's crc32c is its layer's: taken where the writer summed it
+        summed = None if checksums is None else {(0, layer, 0): int(c) for layer, c in enumerate(checksums)}
+        written = {codec.key((shard, 0, 0)): codec.encode(values, trailer, summed)}
         for name, part in (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids)):
             if part is not None:
                 side = self._codec(run_key, name)

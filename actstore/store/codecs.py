@@ -130,11 +130,15 @@ class ChunkCodec:
         full[tuple(slice(0, s) for s in values.shape)] = values
         return full
 
-    def encode(self, values: np.ndarray, trailer: Sequence = ()) -> np.ndarray:
+    def encode(self, values: np.ndarray, trailer: Sequence = (), checksums: dict | None = None) -> np.ndarray:
         """The bytes of one object holding ``values`` (every inner chunk of a shard is written,
         also one of only fill values: a written shard always exists as an object), and a shard's
         ``trailer`` blocks (bytes-like), in order, after its inner chunks, before its index (see
-        the module's docstring)."""
+        the module's docstring). ``checksums``: the crc32c of inner chunks' values, by their grid
+        coordinates in the shard, where the caller summed them already (a chain of the values'
+        bytes and a crc32c then takes them, uncomputed; a padded shard's chunks are summed here)."""
+        if values.shape != self.shape:
+            checksums = None
         values = self.padded(values)
         if not self.sharded:
             if trailer:
@@ -143,7 +147,7 @@ class ChunkCodec:
         index = spec.empty_index(self.per_shard)
         parts, offset = [], 0
         for coords in spec.morton_order(self.per_shard):
-            encoded = self._chunk.encode_parts(values[self._inner(coords)])
+            encoded = self._chunk.encode_parts(values[self._inner(coords)], (checksums or {}).get(coords))
             size = sum(len(part) for part in encoded)
             parts += encoded
             index[coords] = (offset, size)

@@ -189,10 +189,19 @@ class CodecChain:
         parts = self.encode_parts(values)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def encode_parts(self, values: np.ndarray) -> list[np.ndarray]:
+    @property
+    def checksums_values(self) -> bool:
+        """Whether the chain is the values' bytes as they lie in memory, then a crc32c: the crc32c
+        of a chunk's values is then its codec's."""
+        return self._stored.isnative and len(self._codecs) == 1 and self._checksum_last
+
+    def encode_parts(self, values: np.ndarray, checksum: int | None = None) -> list[np.ndarray]:
         """The encoded bytes as parts to lay end to end: a last crc32c apart from the bytes it
-        covers (one copy less where a shard lays its chunks end to end anyway)."""
+        covers (one copy less where a shard lays its chunks end to end anyway). ``checksum``: the
+        crc32c of the values' bytes where the caller has it and the chain `checksums_values`."""
         data = self._bytes(values)
+        if checksum is not None and self.checksums_values:
+            return [data, np.array([checksum], dtype="<u4").view(np.uint8)]
         for codec in self._codecs[:-1] if self._checksum_last else self._codecs:
             data = codec.encode(data)
         return [data, _crc32c_of(data)] if self._checksum_last else [data]

@@ -31,7 +31,8 @@ from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
 from actstore.workers.cluster import unwrap
-from actstore.workers.shard_writes import PreparedShard, write_prepared, write_remotely
+from actstore.workers.reductions import reduce_shard, reduced_values
+from actstore.workers.shard_writes import PreparedShard, reduced_on_host, write_prepared, write_remotely
 
 _TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -63,27 +64,68 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
 
 
 def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str) -> list[PreparedShard]:
-    """The part of storing shards that runs where their forward pass ran: the cast, the layer sums
-    and the layer extremes of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each
-    of ``bounds`` (on a GPU, there too: the reductions of all the shards come back at once, and
-    only the storage dtype's bytes, half of float32's, come to the host). The rest of a shard's
-    write is `shard_writes.write_prepared`.
+    """The part of storing shards that runs where their forward pass ran: the cast and every
+    reduction of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each of ``bounds``.
+    The rest of a shard's write (checksums and the PUT) is `shard_writes.write_prepared`.
 
     The values are laid out layer by layer here, as the store keeps them (an inner chunk and a
     checksum per layer): the checksums, statistics and compression after it then read each layer
-    in one piece instead of copying it out of interleaved rows."""
+    in one piece instead of copying it out of interleaved rows. On a GPU the reductions run there
+    (`workers.reductions`) and only the storage dtype's bytes and a few numbers a layer come to
+    the host (`_to_host`); a CPU replica reduces them with numpy (`reduced_on_host`)."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
+    if by_layer.device.type != "cpu":
+        return _to_host(by_layer, bounds)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
     lows = torch.stack([torch.amin(part, dim=(1, 2)) for part in parts]).tolist()
     highs = torch.stack([torch.amax(part, dim=(1, 2)) for part in parts]).tolist()
-    on_host = storage_array(by_layer.cpu())
-    if by_layer.device.type != "cpu" or dtype == "bfloat16":  # (numpy has no bfloat16: its bits are uint16)
-        sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).cpu().numpy()
+    on_host = storage_array(by_layer)
+    if dtype == "bfloat16":  # (numpy has no bfloat16: its bits are uint16)
+        sums = torch.stack([part.sum(dim=1, dtype=torch.float64) for part in parts]).numpy()
     else:  # numpy sums float16 into float64 2.5x faster than torch here; float16 values are k * 2^-24
         # with |k| < 2^40, so the sums of up to 8,192 rows are exact, the same whatever the order
         sums = [on_host[:, lo:hi].sum(axis=1, dtype=np.float64) for lo, hi in bounds]
-    return [PreparedShard(on_host[:, lo:hi], shard_sums, (low, high))
+    return [reduced_on_host(on_host[:, lo:hi], shard_sums, (low, high))
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
+
+
+def _to_host(by_layer: torch.Tensor, bounds: list[tuple[int, int]]) -> list[PreparedShard]:
+    """A GPU task's shards on the host: each shard reduced on the device (`reduce_shard`) while the
+    stored bytes copy to pinned host memory on a side stream, then the reductions, all in one
+    copy; the host waits once for the task, not once a shard. Pinned buffers come from torch's
+    caching host allocator: a task's buffer is reused by a later one once every array viewing it
+    (the shards handed to the writers) is gone."""
+    device = by_layer.device
+    copies = _copy_stream(device)
+    host = torch.empty(by_layer.shape, dtype=by_layer.dtype, pin_memory=True)
+    copies.wait_stream(torch.cuda.current_stream(device))  # the cast is done before its bytes move
+    with torch.cuda.stream(copies):
+        host.copy_(by_layer, non_blocking=True)
+    reduced = [reduce_shard(by_layer[:, lo:hi]) for lo, hi in bounds]  # beside the copy, on the compute stream
+    tables = torch.stack([table for table, _ in reduced])
+    sums = torch.stack([shard_sums for _, shard_sums in reduced])
+    tables_host = torch.empty(tables.shape, dtype=tables.dtype, pin_memory=True)
+    sums_host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+    copies.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(copies):
+        tables_host.copy_(tables, non_blocking=True)
+        sums_host.copy_(sums, non_blocking=True)
+    for tensor in (by_layer, tables, sums):  # not freed for reuse before the side stream has read them
+        tensor.record_stream(copies)
+    copies.synchronize()
+    on_host = storage_array(host)
+    return [PreparedShard(on_host[:, lo:hi], shard_sums, *reduced_values(table))
+            for (lo, hi), table, shard_sums in zip(bounds, tables_host.numpy(), sums_host.numpy())]
+
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of a device that takes its shards' bytes to the host (one a process)."""
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[device]
 
 
 def layer_tokens(layers: list[torch.Tensor], mask: torch.Tensor | None, dtype: torch.dtype

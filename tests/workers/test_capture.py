@@ -124,10 +124,12 @@ def test_prepared_shards_hold_each_shards_stored_numbers_sums_and_extremes(dtype
         np.testing.assert_array_equal(numbers, cast[lo:hi])
         np.testing.assert_array_equal(shard.sums, cast[lo:hi].sum(axis=0))
         lows, highs = shard.extremes
+        nans, infs = shard.counts
         for layer in range(4):
             part = cast[lo:hi, layer]
-            expected = (np.nan, np.nan) if np.isnan(part).any() else (part.min(), part.max())
-            np.testing.assert_array_equal([lows[layer], highs[layer]], expected)
+            finite = part[np.isfinite(part)]
+            np.testing.assert_array_equal([lows[layer], highs[layer]], [finite.min(), finite.max()])
+            assert (nans[layer], infs[layer]) == (np.isnan(part).sum(), np.isinf(part).sum())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

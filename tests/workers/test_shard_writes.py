@@ -1,6 +1,6 @@
 """A shard's write on the host: chunk rows and statistics from the stored numbers (every storage
-dtype, NaN and Inf), the same with or without the extremes made beside the forward pass, and a
-writer process that never imports torch."""
+dtype, NaN and Inf), the same with or without the extremes made beside the forward pass, the
+checksums summed once, and a writer process that never imports torch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from actstore.metrics.layer_stats import LayerStats
 from actstore.workers.capture import prepare_shards
-from actstore.workers.shard_writes import chunk_metadata, stored_numbers
+from actstore.workers.shard_writes import chunk_metadata, chunk_rows, stored_numbers
 
 
 def _shard(dtype: str):
@@ -34,7 +34,7 @@ def test_chunk_rows_describe_the_stored_numbers(dtype):
     import crc32c
 
     prepared, cast = _shard(dtype)
-    rows = chunk_metadata("k" * 64, 3, prepared.stored, prepared.extremes)
+    rows = chunk_rows("k" * 64, 3, prepared)
     assert rows == chunk_metadata("k" * 64, 3, prepared.stored)
     for layer in range(4):
         part = cast[:, layer]
@@ -54,6 +54,7 @@ def test_statistics_are_of_the_stored_numbers(dtype):
     numbers = stored_numbers(prepared.stored)
     np.testing.assert_array_equal(numbers.astype(np.float64), cast)
     stats = LayerStats.empty(4).update(numbers).finalize()
+    assert LayerStats.from_dict(prepared.stats).finalize() == stats
     for layer in (0, 3):  # the layers without NaN or Inf
         part = cast[:, layer]
         assert stats["mean"][layer] == pytest.approx(part.mean(), rel=1e-12)
@@ -70,14 +71,12 @@ def test_a_writer_process_never_imports_torch(tmp_path):
         import numpy as np
         from actstore.store.array_store import RunLayout
         from actstore.store.handle import StoreHandle
-        from actstore.workers.shard_writes import PreparedShard, chunk_metadata, write_prepared
+        from actstore.workers.shard_writes import chunk_metadata, reduced_on_host, write_prepared
         layers = np.load({str(tmp_path / "layers.npy")!r})
         arrays = StoreHandle({str(tmp_path / "store")!r}).open()
         layout = RunLayout(n=40, rows=40, num_states=4, width=6, dtype="float16", pooling="mean", shard_rows=40)
         arrays.create_run("a" * 64, layout, [str(i) for i in range(40)], None, None)
-        extremes = (layers.min(axis=(1, 2)).tolist(), layers.max(axis=(1, 2)).tolist())
-        rows = write_prepared(arrays, "a" * 64, 0, PreparedShard(layers, layers.sum(axis=1, dtype=np.float64),
-                                                               extremes))
+        rows = write_prepared(arrays, "a" * 64, 0, reduced_on_host(layers, layers.sum(axis=1, dtype=np.float64)))
         assert rows == chunk_metadata("a" * 64, 0, layers.transpose(1, 0, 2))
         read = arrays.read_layers("a" * 64, [0, 1, 2, 3], 0, 40)
         assert np.array_equal(read, layers, equal_nan=True), "read back differs"
@@ -86,3 +85,32 @@ def test_a_writer_process_never_imports_torch(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_shard_written_with_its_rows_checksums_reads_back_and_a_flipped_byte_is_data_loss(tmp_path, compress):
+    """An uncompressed shard's inner chunks take the chunk rows' crc32c (summed once, by the
+    writer) as their codec's: the stored crc32c is the one zarr's codec computes, so plain
+    zarr-python reads the shard and a flipped byte of it fails its check; a compressed one sums
+    its compressed bytes."""
+    import zarr
+
+    from actstore.errors import DataLoss
+    from actstore.store.array_store import RunLayout
+    from actstore.store.handle import StoreHandle
+    from actstore.workers.shard_writes import write_prepared
+
+    prepared, _ = _shard("float16")
+    arrays = StoreHandle(str(tmp_path / "store")).open()
+    layout = RunLayout(n=40, rows=40, num_states=4, width=6, dtype="float16", pooling="mean", shard_rows=40)
+    key = "b" * 64
+    arrays.create_run(key, layout, [str(i) for i in range(40)], None, None, compress=compress)
+    write_prepared(arrays, key, 0, prepared)
+    plain = zarr.open_array(str(tmp_path / "store" / "runs" / key / "acts"), mode="r")
+    np.testing.assert_array_equal(plain[:], prepared.stored)
+    shard = tmp_path / "store" / "runs" / key / "acts" / "c" / "0" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[7] ^= 0x10
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataLoss):
+        StoreHandle(str(tmp_path / "store")).open().read_layers(key, [0], 0, 40)
