@@ -35,6 +35,14 @@ class Settings(BaseSettings):
         None, description="Ray cluster to join; RAY_ADDRESS is used when unset, else a local one"
     )
 
+    read_cache: str | None = Field(None, description="with an s3:// store: a local directory on every node (its "
+                                   "NVMe) where the chunks that node reads are kept, so repeated metric jobs read "
+                                   "them from disk instead of the object store; each read still asks the object "
+                                   "store for the chunk's version (a HEAD), so a rewritten chunk is never served "
+                                   "stale")
+    read_cache_gb: float = Field(50.0, gt=0, description="the most a node's read cache holds; the least recently "
+                                 "read chunks go first")
+
     shard_rows: int = Field(256, ge=4, description="samples per Zarr shard (one capture task)")
     capture_batch_size: int = Field(32, ge=1, description="samples per forward pass")
     # the CAPTURE table leaves max_len's default to this setting; its minimum is the table's

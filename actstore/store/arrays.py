@@ -31,12 +31,12 @@ import zarr
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.errors import NodeNotFoundError
-from zarr.storage import LocalStore
 
 from actstore.errors import DataLoss, NotFound
 from actstore.event_loop import sync
 from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
+from actstore.store.byte_stores import open_store
 from actstore.store.codecs import ChunkCodec
 from actstore.store.damage import (
     DECODE_ERRORS,
@@ -47,6 +47,7 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
+from actstore.store.read_cache import ReadThroughCache
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 
@@ -62,11 +63,14 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     store (`store.objects`); the arrays, their layout and every check go through the zarr store
     interface, so both behave alike. Object-store failures raise our errors (`objects.failure`)."""
 
-    def __init__(self, root: Path | str, compressor: str = "lz4", s3_config: objects.S3Config | None = None) -> None:
+    def __init__(self, root: Path | str, compressor: str = "lz4", s3_config: objects.S3Config | None = None,
+                 read_cache: str | Path | None = None, read_cache_bytes: int = 50 << 30) -> None:
         self.root = root
         self.compressor = compressor
         self._url = objects.is_url(str(root))
-        self._zarr = objects.zarr_store(str(root), s3_config) if self._url else LocalStore(Path(root))
+        self._zarr = open_store(root, s3_config, read_cache, read_cache_bytes)
+        self._cache = self._zarr if isinstance(self._zarr, ReadThroughCache) else None
+        self._objects = (self._zarr._store if self._cache else self._zarr).store if self._url else None
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
         # round trip each on an object store), so a capture or a map task opens each once, not
@@ -241,6 +245,16 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                        for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
+        try:
+            return self._read_layers(run_key, layers, start, stop)
+        except DataLoss:
+            if self._cache is None:
+                raise
+            # the bytes may have been damaged in this node's copies: read the object store's once more
+            self._cache.forget_under(f"runs/{run_key}/")
+            return self._read_layers(run_key, layers, start, stop)
+
+    def _read_layers(self, run_key, layers, start, stop) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
         # existence (it may have been deleted through another handle) is checked only then
         layout = self._layouts.get(run_key) or self.layout(run_key)

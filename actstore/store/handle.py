@@ -30,11 +30,16 @@ class StoreHandle:
     compressor: str = "lz4"
     local_dir: str = ""  # with a URL root: the server's own directory (the catalog)
     s3_config: objects.S3Config | None = field(default=None, repr=False)  # credentials: never printed
+    read_cache: str = ""  # with a URL root: each node's directory of the chunks it read (`store.read_cache`)
+    read_cache_bytes: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StoreHandle:
-        config = objects.config_from_env() if objects.is_url(settings.store_root) else None
-        return cls(settings.store_root, settings.compressor, str(settings.server_path), config)
+        url = objects.is_url(settings.store_root)
+        config = objects.config_from_env() if url else None
+        cache = settings.read_cache if url and settings.read_cache else ""
+        return cls(settings.store_root, settings.compressor, str(settings.server_path), config, cache,
+                   int(settings.read_cache_gb * (1 << 30)))
 
     @property
     def is_url(self) -> bool:
@@ -70,5 +75,6 @@ class StoreHandle:
         store = _OPENED.get(self)
         if store is None:
             root = self.root if self.is_url else self.path
-            store = _OPENED[self] = ZarrArrayStore(root, self.compressor, self.s3_config)
+            store = _OPENED[self] = ZarrArrayStore(root, self.compressor, self.s3_config, self.read_cache or None,
+                                                   self.read_cache_bytes)
         return store

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import obstore
 from obstore.exceptions import BaseError as ObjectStoreError
@@ -36,6 +37,9 @@ from zarr.storage import LocalStore
 
 from actstore.event_loop import sync
 from actstore.store import objects
+
+if TYPE_CHECKING:
+    from actstore.store.read_cache import ReadThroughCache
 
 
 def write_file(path: Path, data) -> None:
@@ -55,11 +59,14 @@ def write_file(path: Path, data) -> None:
 
 
 class StoreCalls:
-    """Mixin over ``self._zarr`` (a zarr store), ``self._url`` (whether it is an object store)
-    and ``self.root`` (named in errors)."""
+    """Mixin over ``self._zarr`` (a zarr store: `store.byte_stores`), ``self._url`` (whether it is
+    an object store), ``self._objects`` (then its obstore store), ``self._cache`` (the zarr store
+    where it is a `ReadThroughCache`, else None) and ``self.root`` (named in errors)."""
 
     _zarr: Store
     _url: bool
+    _objects: object
+    _cache: ReadThroughCache | None
     root: object
 
     @contextmanager
@@ -92,7 +99,7 @@ class StoreCalls:
         if self._url and len(contents) == 1:
             [(key, value)] = contents.items()
             with self._reported():
-                obstore.put(self._zarr.store, key, value)
+                obstore.put(self._objects, key, value)
             return
 
         async def put() -> None:
@@ -106,10 +113,13 @@ class StoreCalls:
         object: obstore's blocking call (an object store) or the file's bytes (a local store, as
         zarr's LocalStore reads them), in this thread."""
         if len(requests) == 1 and requests[0][1] is None and (self._url or isinstance(self._zarr, LocalStore)):
+            key = requests[0][0]
             try:
                 with self._reported():
-                    found = (obstore.get(self._zarr.store, requests[0][0]).bytes() if self._url
-                             else (self._zarr.root / requests[0][0]).read_bytes())
+                    if self._cache is not None:  # None for an absent object
+                        return [self._cache.read(key)]
+                    found = (obstore.get(self._objects, key).bytes() if self._url
+                             else (self._zarr.root / key).read_bytes())
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 return [None]
             return [memoryview(found)]
