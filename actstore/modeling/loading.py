@@ -63,6 +63,9 @@ def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
     """The model of ``path`` (class ``config.architectures[0]``, AutoModel when absent) on
     ``device`` in float32 eval mode with gradients off, and its tokenizer if the folder has one."""
     model_cls, config = model_class(path)
+    # a GPU's model loads straight onto it (no float32 copy of every weight in host memory first);
+    # on the CPU transformers' default is that device already
+    straight = {} if device == "cpu" else {"device_map": device}
     try:
         model, info = model_cls.from_pretrained(
             path,
@@ -70,6 +73,7 @@ def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
             dtype=torch.float32,
             local_files_only=True,
             output_loading_info=True,
+            **straight,
         )
     except Exception as exc:
         raise InvalidArgument(
