@@ -218,8 +218,9 @@ class CaptureJobs:
                     f"tokenising the dataset failed: {cause}"))
             offsets = known["offsets"]
             rows = int(offsets[-1])
-        layout = RunLayout(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
-                           dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
+        layout = RunLayout.new(n=dataset.n, rows=rows, num_states=model.num_layers + 1, width=model.hidden_size,
+                               dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows,
+                               shard_mb=self.settings.shard_mb)
         data = ds.load_dataset(self.store.local(dataset.path))
         compress = self._compression_pays(model.digest, spec["dtype"])
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec, compress)

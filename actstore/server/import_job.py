@@ -115,8 +115,9 @@ class ImportJobs:
         if spec["pooling"] == "tokens":
             offsets = [0, *summary.token_counts.cumsum().tolist()]
             rows = offsets[-1]
-        layout = RunLayout(n=summary.n, rows=rows, num_states=summary.num_states, width=summary.width,
-                           dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows)
+        layout = RunLayout.new(n=summary.n, rows=rows, num_states=summary.num_states, width=summary.width,
+                               dtype=spec["dtype"], pooling=spec["pooling"], shard_rows=self.settings.shard_rows,
+                               shard_mb=self.settings.shard_mb)
         data = ds.load_dataset(self.store.local(dataset.path))
         self.arrays.create_run(key, layout, data.sample_ids, data.labels, offsets, spec)
         record, recorded = self.catalog.runs.open(RunRecord(

@@ -18,8 +18,9 @@ from actstore.server import cka_job
 from actstore.server.capture_job import CaptureJobs, CaptureRequest, CaptureTarget
 from actstore.server.dispatch import get_or_raise
 from actstore.server.planners import QueryParts
-from actstore.server.runs import ITEMSIZE, stored_ratio
+from actstore.server.runs import stored_ratio
 from actstore.server.tiling import row_itemsize
+from actstore.store.array_store import ITEMSIZE, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 
 RECENT_JOBS = 20  # finished capture jobs the rate is taken from
@@ -38,7 +39,9 @@ class CostPlanner:
         stored = [(found := self.catalog.runs.find(key)) is not None and found.status == "committed"
                   for key in target.keys]
         rows = self._rows(target)
-        shard_rows = self.captures.settings.shard_rows
+        settings = self.captures.settings
+        shard_rows = RunLayout.new(dataset.n, rows, model.num_layers + 1, model.hidden_size, target.dtype,
+                                   target.pooling, settings.shard_rows, settings.shard_mb).shard_rows
         per_run = rows * (model.num_layers + 1) * model.hidden_size * ITEMSIZE[target.dtype]
         raw = per_run * sum(not s for s in stored)
         ratio, ratio_basis = self._compression(model.digest, target.dtype)

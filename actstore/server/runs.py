@@ -15,10 +15,9 @@ from cachetools import LRUCache
 from actstore.config import Settings
 from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from actstore.metrics import similarity as sim
-from actstore.store.array_store import ArrayStore
+from actstore.store.array_store import ITEMSIZE, ArrayStore
 from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
 
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes of one stored value
 SIMILAR_RUNS = 5  # committed runs the compression is measured on
 
 

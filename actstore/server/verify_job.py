@@ -117,8 +117,9 @@ class VerifyJobs:
         the catalog's chunk rows are compared with the shards the run should have here."""
         try:
             shard_rows = self.arrays.layout(record.run_key).shard_rows
-        except ActStoreError:  # damaged or missing metadata: check_run says which
-            shard_rows = self.settings.shard_rows
+        except ActStoreError:  # damaged or missing metadata (check_run says which): as the capture laid it out
+            shard_rows = RunLayout.new(record.n, record.rows, record.num_layers + 1, record.width, record.dtype,
+                                       record.pooling, self.settings.shard_rows, self.settings.shard_mb).shard_rows
         layout = RunLayout(n=record.n, rows=record.rows, num_states=record.num_layers + 1, width=record.width,
                            dtype=record.dtype, pooling=record.pooling, shard_rows=shard_rows)
         committed = record.status == "committed"

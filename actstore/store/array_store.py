@@ -19,6 +19,23 @@ def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
     return bf16_bits_to_float32(values) if dtype == "bfloat16" else values
 
 
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes of one stored value
+# a token-level run is cut into at least this many shards, so its capture and reads spread over tasks
+MIN_SHARDS_A_RUN = 16
+
+
+def token_shard_rows(shard_rows: int, shard_mb: float, row_bytes: int, rows: int) -> int:
+    """Token rows a shard of a token-level run holds: the largest multiple of ``shard_rows`` that
+    makes an object of at most ``shard_mb`` MB (object stores serve tens of MB a request at full
+    speed, and a shard's fixed costs, its PUT, index and catalog rows, are paid per object), and
+    no more than a run's rows over `MIN_SHARDS_A_RUN`; never fewer than ``shard_rows`` (a pooled
+    run's shard, and a token-level one where ``shard_mb`` is 0)."""
+    if not shard_mb:
+        return shard_rows
+    fitting = min(int(shard_mb * 1e6) // row_bytes, rows // MIN_SHARDS_A_RUN)
+    return max(shard_rows, fitting // shard_rows * shard_rows)
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Shape of one run's arrays; `rows` is n for pooled runs and T (all tokens) for `tokens`."""
@@ -30,6 +47,14 @@ class RunLayout:
     dtype: str
     pooling: str
     shard_rows: int
+
+    @classmethod
+    def new(cls, n: int, rows: int, num_states: int, width: int, dtype: str, pooling: str, shard_rows: int,
+            shard_mb: float) -> RunLayout:
+        """A new run's layout, a token-level run's shards sized by `token_shard_rows`."""
+        if pooling == "tokens":
+            shard_rows = token_shard_rows(shard_rows, shard_mb, num_states * width * ITEMSIZE[dtype], rows)
+        return cls(n, rows, num_states, width, dtype, pooling, shard_rows)
 
     @property
     def array_name(self) -> str:

@@ -1,0 +1,30 @@
+"""A new run's layout: a token-level run's shards sized for the store (`token_shard_rows`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from actstore.store.array_store import MIN_SHARDS_A_RUN, RunLayout, token_shard_rows
+
+
+@pytest.mark.parametrize("row_bytes", [7 * 384 * 2, 13 * 768 * 2, 33 * 4096 * 2, 4 * 32 * 2])
+@pytest.mark.parametrize("rows", [300, 20_000, 202_298, 5_000_000])
+@pytest.mark.parametrize("shard_mb", [16.0, 64.0])
+def test_token_shards_are_the_largest_multiple_within_the_size_and_the_run(row_bytes, rows, shard_mb):
+    shard_rows = token_shard_rows(256, shard_mb, row_bytes, rows)
+    assert shard_rows % 256 == 0 and shard_rows >= 256
+    if shard_rows > 256:  # grown: within both bounds, and one more step would pass one of them
+        assert shard_rows * row_bytes <= shard_mb * 1e6 and shard_rows <= rows // MIN_SHARDS_A_RUN
+        assert (shard_rows + 256) * row_bytes > shard_mb * 1e6 or shard_rows + 256 > rows // MIN_SHARDS_A_RUN
+
+
+def test_minilm_on_the_review_set_gets_objects_of_about_15_mb():
+    layout = RunLayout.new(7500, 202_298, 7, 384, "float16", "tokens", 256, 16.0)
+    assert layout.shard_rows == 2816 and layout.num_shards == 72
+    assert 14e6 < layout.shard_rows * 7 * 384 * 2 <= 16e6
+
+
+def test_pooled_runs_and_a_zero_size_keep_the_row_setting():
+    assert RunLayout.new(100_000, 100_000, 7, 384, "float16", "mean", 256, 16.0).shard_rows == 256
+    assert RunLayout.new(7500, 202_298, 7, 384, "float16", "tokens", 256, 0.0).shard_rows == 256
+    assert RunLayout.new(10, 300, 3, 32, "float32", "tokens", 64, 16.0).shard_rows == 64  # a small run: many shards
