@@ -234,7 +234,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         trailer += [] if sums_at is None else [sums_at.encode(sums)]
         # an uncompressed inner chunk's crc32c is its layer's: taken where the writer summed it
         summed = None if checksums is None else {(0, layer, 0): int(c) for layer, c in enumerate(checksums)}
-        written = {codec.key((shard, 0, 0)): codec.encode(values, trailer, summed)}
+        # a local file takes the shard's parts one after another; an object store's PUT, one buffer
+        encode = codec.encode if self._url else codec.encode_parts
+        written = {codec.key((shard, 0, 0)): encode(values, trailer, summed)}
         for name, part in (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids)):
             if part is not None:
                 side = self._codec(run_key, name)

@@ -137,13 +137,20 @@ class ChunkCodec:
         the module's docstring). ``checksums``: the crc32c of inner chunks' values, by their grid
         coordinates in the shard, where the caller summed them already (a chain of the values'
         bytes and a crc32c then takes them, uncomputed; a padded shard's chunks are summed here)."""
+        parts = self.encode_parts(values, trailer, checksums)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)  # the one copy
+
+    def encode_parts(self, values: np.ndarray, trailer: Sequence = (), checksums: dict | None = None
+                     ) -> list[np.ndarray]:
+        """`encode`'s bytes as parts to lay end to end, uncopied: an uncompressed inner chunk is a
+        view of ``values`` (a local file takes them one after another, with no copy of the shard)."""
         if values.shape != self.shape:
             checksums = None
         values = self.padded(values)
         if not self.sharded:
             if trailer:
                 raise TypeError("only a shard carries a trailer")
-            return self._chunk.encode(values)
+            return self._chunk.encode_parts(values)
         index = spec.empty_index(self.per_shard)
         parts, offset = [], 0
         for coords in spec.morton_order(self.per_shard):
@@ -153,8 +160,7 @@ class ChunkCodec:
             index[coords] = (offset, size)
             offset += size
         parts += [np.frombuffer(block, dtype=np.uint8) for block in trailer]
-        parts += self._index.encode_parts(index)
-        return np.concatenate(parts)  # the one copy
+        return parts + self._index.encode_parts(index)
 
     def decode(self, data) -> np.ndarray:
         """The whole object's values (the crc32c's ValueError, as for any part)."""

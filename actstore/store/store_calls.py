@@ -43,15 +43,17 @@ if TYPE_CHECKING:
 
 
 def write_file(path: Path, data) -> None:
-    """Replace the file at ``path`` with ``data`` (bytes-like) as zarr's LocalStore writes a
-    file: into a new temporary file beside it, then renamed over it, so a reader sees the old
-    bytes or the new, never a part (no fsync, as LocalStore: a killed process loses nothing the
-    kernel has; the store's writers rewrite what a crashed machine lost)."""
+    """Replace the file at ``path`` with ``data`` (bytes-like, or a list of bytes-like parts laid
+    end to end) as zarr's LocalStore writes a file: into a new temporary file beside it, then
+    renamed over it, so a reader sees the old bytes or the new, never a part (no fsync, as
+    LocalStore: a killed process loses nothing the kernel has; the store's writers rewrite what a
+    crashed machine lost)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
         with open(staging, "xb") as f:  # a new file, with the process's umask (shared stores: 0644)
-            f.write(data)
+            for part in data if isinstance(data, list) else [data]:
+                f.write(part)  # a large part goes to the file as it is, not through the buffer
         os.replace(staging, path)
     except BaseException:
         staging.unlink(missing_ok=True)
@@ -61,6 +63,13 @@ def write_file(path: Path, data) -> None:
 # An object up to this size goes in one PUT; a larger one in parts of this size, several at once
 # (obstore's multipart upload): S3 serves parts of 8-16 MB at full speed per connection.
 PART_BYTES = 16 << 20
+
+
+def _joined(value):
+    """A value to store as one bytes-like object (a list of parts: laid end to end)."""
+    if not isinstance(value, list):
+        return value
+    return b"".join(memoryview(part).cast("B") for part in value)
 
 
 class StoreCalls:
@@ -94,7 +103,8 @@ class StoreCalls:
     def _store(self, contents: dict) -> None:
         """PUT whole objects, all at once (one call into zarr's event loop; one object on an
         object store: obstore's blocking call, in this thread; a local store's files: written
-        as LocalStore writes them, in this thread, one after another). Values are bytes-like."""
+        as LocalStore writes them, in this thread, one after another). Values are bytes-like (a
+        local store's also a list of parts, laid end to end: `write_file`)."""
         if isinstance(self._zarr, LocalStore):
             if self._zarr.read_only:  # as LocalStore's `set` refuses
                 raise ValueError("store was opened in read-only mode and does not support writing")
@@ -112,7 +122,8 @@ class StoreCalls:
                 await asyncio.gather(*(obstore.put_async(self._objects, key, value, chunk_size=PART_BYTES)
                                        for key, value in contents.items()))
                 return
-            await asyncio.gather(*(self._zarr.set(key, Buffer.from_bytes(value)) for key, value in contents.items()))
+            await asyncio.gather(*(self._zarr.set(key, Buffer.from_bytes(_joined(value)))
+                                   for key, value in contents.items()))
 
         with self._reported():
             sync(put())
