@@ -62,8 +62,8 @@ from benchlib import (
     write_result,
 )
 
-TARGETS = {"tokens": 0.9}  # issue 9's token-level capture; pooled captures keep the earlier 0.85
-DEFAULT_TARGET = 0.85
+TARGETS = {"tokens": 0.9}  # issue 9's token-level capture (issue 24 asks 0.85 on a CPU); pooled: issue 24's 0.95
+DEFAULT_TARGET = 0.95
 
 
 def capture_batches(adapter, texts: list[str], args) -> tuple[list[dict], list[dict], int]:
