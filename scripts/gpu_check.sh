@@ -11,12 +11,13 @@
 # (OUT_DIR/summary.txt) has each step's exit status and its result lines.
 #
 # Environment: STEP_SECONDS (default 600) bounds each step; CAPTURE_N (default 7500: ~200k tokens)
-# sizes the token-level capture.
+# sizes the token-level capture, CAPTURE_1B_N (default 2000: ~54k tokens) the 1B decoder's.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-bench/out/gpu-check}
 STEP_SECONDS=${STEP_SECONDS:-600}
 CAPTURE_N=${CAPTURE_N:-7500}
+CAPTURE_1B_N=${CAPTURE_1B_N:-2000}
 PYTHON=${PYTHON:-python}
 mkdir -p "$OUT_DIR"
 summary="$OUT_DIR/summary.txt"
@@ -53,6 +54,15 @@ step capture_steps "bare forward|of bare" "$PYTHON" bench/capture_steps.py
 cp bench/out/capture_steps.json "$OUT_DIR/" 2>/dev/null
 step capture_pooled "ratio|baseline" "$PYTHON" bench/capture_throughput.py
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_pooled.json" 2>/dev/null
+# a 1B-class decoder (random weights from a config), every hidden state token-level in bfloat16,
+# and what this node's disk absorbs through the store's host path (the sink: no GPU needed)
+step capture_1b "ratio|stored:|baseline|model:|capture,|job:|replica [0-9]" \
+    "$PYTHON" bench/capture_throughput.py --pooling tokens --dtype bfloat16 --model-config llama-1b \
+    --n "$CAPTURE_1B_N" --rounds 1
+cp bench/out/capture_throughput.json "$OUT_DIR/capture_1b.json" 2>/dev/null
+step capture_sink "W=|host path|store/floor" "$PYTHON" bench/capture_sink.py --writers 8 --rounds 1 --targets local \
+    --dtypes bfloat16,float16
+cp bench/out/capture_sink.json "$OUT_DIR/" 2>/dev/null
 
 # the CUDA cases of the metric accumulators and of the model adapter, then capture and queries on a
 # cluster whose Ray sees the GPU (the capture replicas take it, metric tasks a share)
