@@ -47,8 +47,8 @@ class Settings(BaseSettings):
                             "token rows a shard of a token-level run holds")
     shard_mb: float = Field(16.0, ge=0, description="a token-level run's shards hold a multiple of shard_rows "
                             "tokens, as many as make an object of at most this many MB and leave at least 16 "
-                            "shards a run, where that object reaches 4 MB (a small run keeps shard_rows tokens a "
-                            "shard); 0: shard_rows tokens always")
+                            "shards a run, where that object reaches a quarter of this size (a small run keeps "
+                            "shard_rows tokens a shard); 0: shard_rows tokens always")
     capture_batch_size: int = Field(32, ge=1, description="samples per forward pass")
     # the CAPTURE table leaves max_len's default to this setting; its minimum is the table's
     default_max_len: int = Field(128, ge=CAPTURE.max_len.minimum, description="token limit for text captures")

@@ -22,19 +22,20 @@ def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes of one stored value
 # a token-level run is cut into at least this many shards, so its capture and reads spread over tasks
 MIN_SHARDS_A_RUN = 16
-# shards grow only where they reach this size: a small run keeps shard_rows (and its many shards)
-MIN_GROWN_BYTES = 4_000_000
+# shards grow only where they reach this share of the object size: a small run keeps its many small shards
+MIN_GROWN_SHARE = 0.25
 
 
 def token_shard_rows(shard_rows: int, shard_mb: float, row_bytes: int, rows: int) -> int:
     """Token rows a shard of a token-level run holds: the largest multiple of ``shard_rows`` that
     makes an object of at most ``shard_mb`` MB (object stores serve tens of MB a request at full
     speed, and a shard's fixed costs, its PUT, index and catalog rows, are paid per object), and
-    no more than a run's rows over `MIN_SHARDS_A_RUN`, where that object is at least
-    `MIN_GROWN_BYTES`; else ``shard_rows`` (a pooled run's shard; a small run's; any run's where
+    no more than a run's rows over `MIN_SHARDS_A_RUN`, where that object reaches `MIN_GROWN_SHARE`
+    of ``shard_mb``; else ``shard_rows`` (a pooled run's shard; a small run's; any run's where
     ``shard_mb`` is 0)."""
     fitting = min(int(shard_mb * 1e6) // row_bytes, rows // MIN_SHARDS_A_RUN) // shard_rows * shard_rows
-    return fitting if fitting > shard_rows and fitting * row_bytes >= MIN_GROWN_BYTES else shard_rows
+    grown = fitting > shard_rows and fitting * row_bytes >= MIN_GROWN_SHARE * shard_mb * 1e6
+    return fitting if grown else shard_rows
 
 
 @dataclass(frozen=True)

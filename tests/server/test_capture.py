@@ -134,3 +134,35 @@ def test_max_len_beyond_the_model_is_refused_up_front(server, client, registered
     with pytest.raises(InvalidArgument, match=f"at most {positions}"):
         client.capture("gpt2", "toy", max_len=positions + 1)
     assert client.runs() == []
+
+
+def test_token_shards_sized_for_the_store_hold_the_same_rows(tmp_path, ray_cluster, tiny_models):
+    """A token-level run whose shards grew to the object size (`shard_mb`, here a few KB to fit a
+    tiny model's rows) has far fewer shards and stores the same rows as one of 8-token shards: the
+    same offsets and values (to the float rounding of other batches), a clean verify, and its
+    chunk rows one per layer of each of its shards."""
+    from actstore.client import Client
+    from actstore.server.app import start_server
+    from tests.conftest import make_settings
+
+    texts = sentences(200, seed=3)
+    found = {}
+    for shard_mb in (0.0, 0.012):
+        running = start_server(make_settings(tmp_path / f"store-{shard_mb}", shard_mb=shard_mb))
+        try:
+            with Client(f"127.0.0.1:{running.port}") as c:
+                c.register_model(tiny_models["bert"], name="bert")
+                c.register_dataset(texts=texts, name="texts")
+                run = c.capture("bert", "texts", pooling="tokens").run_key
+                info = c.describe(run)
+                assert c.verify([run]).runs[0].status == "ok"
+                layout = running.service.arrays.layout(run)
+                chunks = running.service.catalog.chunks.rows_total(run)
+                found[shard_mb] = (info, layout, chunks, read_all(c, run, info.num_layers))
+        finally:
+            running.stop()
+    (small, small_layout, small_rows, small_values), (grown, grown_layout, grown_rows, grown_values) = found.values()
+    assert small_layout.shard_rows == 8 and grown_layout.shard_rows > 8 * 8 and grown_layout.shard_rows % 8 == 0
+    assert grown.num_shards == -(-grown.rows // grown_layout.shard_rows) < small.num_shards // 8
+    assert grown.rows == small.rows and small_rows == grown_rows == small.rows
+    np.testing.assert_allclose(grown_values.astype(np.float32), small_values.astype(np.float32), atol=2e-3)

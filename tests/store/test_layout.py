@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actstore.store.array_store import MIN_GROWN_BYTES, MIN_SHARDS_A_RUN, RunLayout, token_shard_rows
+from actstore.store.array_store import MIN_GROWN_SHARE, MIN_SHARDS_A_RUN, RunLayout, token_shard_rows
 
 
 @pytest.mark.parametrize("row_bytes", [7 * 384 * 2, 13 * 768 * 2, 33 * 4096 * 2, 4 * 32 * 2])
@@ -15,11 +15,11 @@ def test_token_shards_are_the_largest_multiple_within_the_size_and_the_run(row_b
     assert shard_rows % 256 == 0 and shard_rows >= 256
     if shard_rows > 256:  # grown: within both bounds, and one more step would pass one of them
         assert shard_rows * row_bytes <= shard_mb * 1e6 and shard_rows <= rows // MIN_SHARDS_A_RUN
-        assert shard_rows * row_bytes >= MIN_GROWN_BYTES
+        assert shard_rows * row_bytes >= MIN_GROWN_SHARE * shard_mb * 1e6
         assert (shard_rows + 256) * row_bytes > shard_mb * 1e6 or shard_rows + 256 > rows // MIN_SHARDS_A_RUN
     else:  # kept: growing would not reach the least grown size within the bounds
         fitting = min(int(shard_mb * 1e6) // row_bytes, rows // MIN_SHARDS_A_RUN) // 256 * 256
-        assert fitting <= 256 or fitting * row_bytes < MIN_GROWN_BYTES
+        assert fitting <= 256 or fitting * row_bytes < MIN_GROWN_SHARE * shard_mb * 1e6
 
 
 def test_minilm_on_the_review_set_gets_objects_of_about_15_mb():
