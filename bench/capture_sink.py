@@ -299,18 +299,11 @@ class Sinks:
         self.roots = {"local": str(folder / "store")} if "local" in targets else {}
         self.server = None
         if "s3" in targets:
-            import os
-
-            import boto3
             import psutil
-            from object_store import start_s3_server
+            from object_store import new_bucket, start_s3_server
 
-            self.server, endpoint = start_s3_server()  # moto's server, 127.0.0.1 only
-            os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-                               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"})
-            bucket = f"sink-{uuid.uuid4().hex[:10]}"
-            boto3.client("s3").create_bucket(Bucket=bucket)
-            self.roots["s3"] = f"s3://{bucket}/store"
+            self.server, _ = start_s3_server()  # moto's server, 127.0.0.1 only
+            self.roots["s3"] = new_bucket("sink")
             self.server_process = psutil.Process(self.server.pid)
 
     def server_cpu(self) -> float:

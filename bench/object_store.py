@@ -46,6 +46,7 @@ TARGET = 0.8
 
 
 def start_s3_server() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on a free loopback port, and this process's AWS variables pointing at it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -56,12 +57,23 @@ def start_s3_server() -> tuple[subprocess.Popen, str]:
     while True:
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
+                               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"})
             return process, endpoint
         except OSError:
             if time.monotonic() > deadline:
                 process.kill()
                 raise SystemExit("moto's S3 server did not start") from None
             time.sleep(0.2)
+
+
+def new_bucket(prefix: str) -> str:
+    """A fresh bucket on the S3 server the AWS variables name; the store's URL in it."""
+    import boto3
+
+    bucket = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/store"
 
 
 class Meter:
@@ -99,19 +111,16 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     """One fresh bucket: actstore's writes and raw PUTs of the same sizes, then actstore's reads and
     raw GETs of the same objects, each side in batches of 2 x concurrency shards taken in turn, so
     both see the same machine load (shared machines drift within seconds)."""
-    import boto3
     import obstore
 
     from actstore.store.arrays import ZarrArrayStore
     from actstore.store.objects import s3_store
 
-    bucket = f"bench-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    url = f"s3://{bucket}/store"
+    url = new_bucket("bench")
     arrays = ZarrArrayStore(url, "lz4")
     run = f"{r:064d}"
     arrays.create_run(run, layout, [f"s{i}" for i in range(layout.n)], None, None)
-    store, raw = s3_store(url), s3_store(f"s3://{bucket}/raw")
+    store, raw = s3_store(url), s3_store(url.removesuffix("/store") + "/raw")
     # the capture's work, not the store's: what `write_prepared` hands `write_shard` with each shard
     kept = [(shard.astype(np.float64).sum(0), *capture_details(run, s, shard)) for s, shard in enumerate(shards)]
     key = f"runs/{run}/acts/c/{{}}/0/0"
@@ -147,8 +156,6 @@ def main() -> None:
         args.shards, args.repeats = 8, 1
 
     process, endpoint = start_s3_server()
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_REGION": "us-east-1"})
     from actstore.store.arrays import RunLayout
 
     info = machine()

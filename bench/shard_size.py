@@ -91,17 +91,10 @@ def main() -> None:
         roots = {"local": str(Path(name) / "store")}
         server = None
         if "s3" in args.targets.split(","):
-            import os
+            from object_store import new_bucket, start_s3_server
 
-            import boto3
-            from object_store import start_s3_server
-
-            server, endpoint = start_s3_server()
-            os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
-                               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1"})
-            bucket = f"size-{uuid.uuid4().hex[:10]}"
-            boto3.client("s3").create_bucket(Bucket=bucket)
-            roots["s3"] = f"s3://{bucket}/store"
+            server, _ = start_s3_server()
+            roots["s3"] = new_bucket("size")
         try:
             for target in args.targets.split(","):
                 runs = {size: written_run(roots[target], args.rows, rows)[0] for size, rows in sizes.items()}
