@@ -18,7 +18,7 @@ def cmd_serve(args) -> int:
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "store": args.store,
                                    "ray_address": args.ray_address, "metric_device": args.metric_device,
-                                   }.items() if v is not None}
+                                   "read_cache": args.read_cache}.items() if v is not None}
     if args.auth:
         overrides["auth"] = True
     if args.warm_model:
@@ -97,6 +97,10 @@ def add_commands(command) -> None:
     p.add_argument("--warm-model", action="append", metavar="MODEL",
                    help="start this registered model's capture replicas with the server and keep them warm "
                         "(repeat for more; env ACTSTORE_WARM_MODELS as a JSON list)")
+    p.add_argument("--read-cache", metavar="DIR",
+                   help="with an s3:// store: each node keeps the shards it reads in its local DIR (its NVMe), "
+                        "so repeated metric jobs read them from disk; at most ACTSTORE_READ_CACHE_GB (50) GB a "
+                        "node (env ACTSTORE_READ_CACHE)")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (env ACTSTORE_TLS_CERT)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert (env ACTSTORE_TLS_KEY)")
     add_option(p, SERVE, "metric_device")
