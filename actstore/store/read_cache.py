@@ -15,6 +15,8 @@ as they use any store; only its reads differ:
   * A miss fetches the whole object (one GET, its version from the same response), keeps it
     (written to a temporary file, then renamed: a reader sees it whole or not at all), and serves
     the range asked for from it: a one-layer read of an uncached shard moves the whole shard once.
+    Only a suffix of an uncached object (a shard's index, or the sums and details the commit
+    reads) is fetched alone and not kept.
   * The directory is bounded (``limit_bytes``): when the copies this process added pass a tenth
     of the limit, the least recently read copies are removed until the directory holds at most
     nine tenths of it. Processes of one node share the directory; each evicts by what it finds.
@@ -130,6 +132,9 @@ class ReadThroughCache(WrapperStore[ObjectStore]):
             os.utime(copy)  # recently read: evicted last
             return _within(found, byte_range)
         try:
+            if isinstance(byte_range, SuffixByteRequest):  # a shard's index or trailer: not worth the whole
+                return memoryview(obstore.get(self.objects, key, options={"range": {"suffix": byte_range.suffix}})
+                                  .bytes())
             fetched = obstore.get(self.objects, key)
         except FileNotFoundError:
             self.forget(key)
