@@ -372,7 +372,7 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
     task_rows = task_shards * shard_rows
     tasks = max(1, round(mb / (shard_mb * task_shards)))
     per_writer = tasks * task_shards
-    capacity = (task_shards + args.rounds * args.writers * per_writer) * args.writers * shard_rows
+    capacity = (task_shards + (args.rounds + 1) * args.writers * per_writer) * args.writers * shard_rows
     layout = RunLayout(n=1, rows=capacity, num_states=states, width=width, dtype=dtype, pooling="tokens",
                        shard_rows=shard_rows)
 
@@ -396,16 +396,18 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
             next_shard += count * task_count * task_shards
         return made
 
-    # warm-up, untimed: each writer makes its data and opens the run, writer 0 checks what it wrote,
-    # and the floor's writes run once (the first writes into a fresh folder ran up to 6x slower)
+    # warm-up, untimed: each writer makes its data and opens the run, writer 0 checks what it wrote
     warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))
-    measure(writers, sinks, target, jobs("floor", args.writers, 1))
     compress = args.compress != "never"
     if args.compress == "auto":  # the store's rule on what the warm-up's compressed shards saved
         compress = warm["stored"] / warm["bytes"] <= 1 - Settings().compress_min_saving
         if not compress:
             run_key, next_shard = new_run(False), 0
             warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))
+    # then a whole round of each side, untimed: a process's first writes into fresh memory ran up
+    # to 6x slower here, the store's and the floor's alike
+    for side in ("store", "floor"):
+        measure(writers, sinks, target, jobs(side, args.writers, tasks))
     found = []
     for count in range(1, args.writers + 1):
         sides: dict[str, list[dict]] = {"store": [], "floor": []}
