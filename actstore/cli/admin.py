@@ -25,10 +25,12 @@ def cmd_serve(args) -> int:
         overrides["warm_models"] = args.warm_model
     overrides.update({k: Path(v) for k, v in {"tls_cert": args.tls_cert, "tls_key": args.tls_key}.items() if v})
     server = start_server(Settings(**overrides))
-    print(f"actstore serving on {server.address} (store {server.service.settings.store_root}); Ctrl-C stops",
-          flush=True)
+    # the handler before the line that says the server is up: a SIGTERM sent on seeing that line
+    # stops it cleanly (the catalog checkpointed), never kills it mid-way
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"actstore serving on {server.address} (store {server.service.settings.store_root}); Ctrl-C stops",
+          flush=True)
     try:
         stop.wait()
     except KeyboardInterrupt:
