@@ -364,7 +364,8 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
     from actstore.store.arrays import ZarrArrayStore
 
     states, width = SHAPES[shape]
-    shard_rows = args.shard_rows or token_shard_rows(Settings().shard_rows, Settings().shard_mb, states * width * 2,
+    settings = Settings()
+    shard_rows = args.shard_rows or token_shard_rows(settings.shard_rows, settings.shard_mb, states * width * 2,
                                                      LARGE_RUN_ROWS)
     shard_mb = shard_rows * states * width * 2 / 1e6
     mb = args.mb / 3 if target == "s3" else args.mb
@@ -400,7 +401,7 @@ def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape:
     warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))
     compress = args.compress != "never"
     if args.compress == "auto":  # the store's rule on what the warm-up's compressed shards saved
-        compress = warm["stored"] / warm["bytes"] <= 1 - Settings().compress_min_saving
+        compress = warm["stored"] / warm["bytes"] <= 1 - settings.compress_min_saving
         if not compress:
             run_key, next_shard = new_run(False), 0
             warm = measure(writers, sinks, target, jobs("store", args.writers, 1, verify=True))

@@ -70,7 +70,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         self._url = objects.is_url(str(root))
         self._zarr = open_store(root, s3_config, read_cache, read_cache_bytes)
         self._cache = self._zarr if isinstance(self._zarr, ReadThroughCache) else None
-        self._objects = (self._zarr._store if self._cache else self._zarr).store if self._url else None
+        self._objects = (self._cache.objects if self._cache else self._zarr.store) if self._url else None
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
         # round trip each on an object store), so a capture or a map task opens each once, not
