@@ -36,8 +36,8 @@ import threading
 from pathlib import Path
 
 import obstore
+from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import ObjectStore, WrapperStore
 
 from actstore.store.store_calls import write_file
