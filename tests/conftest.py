@@ -10,6 +10,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray starts its worker processes at niceness 15, so they yield to GCS and the raylet. The suite's
+# pytest processes run at 0 on the same two cores: a busy neighbour left a session's Ray workers
+# ~3% of a core, and a capture or a model load of a few seconds took minutes (servers that did not
+# answer or stop in time, seen as flaky timeouts). Every Ray process of a test session (the
+# clusters started here, and the servers and nodes started as subprocesses, which inherit this)
+# competes on equal terms instead.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from pathlib import Path  # noqa: E402
 
