@@ -61,8 +61,17 @@ class Settings(BaseSettings):
                                            "once on a CPU-only cluster, each writing its shards while the others "
                                            "compute on their share of the replica's cores (1: one after the other)")
     gpu_capture_tasks: int = Field(6, ge=1, le=32, description="capture tasks a GPU replica works on at once: one "
-                                   "computes on the GPU while the others tokenise or wait for their shards' writes "
-                                   "(Ray tasks on the node's CPUs), so the GPU does not wait on the store")
+                                   "computes on the GPU while the others tokenise or wait for their shards' writes, "
+                                   "so the GPU does not wait on the store (and the bytes in flight are at most "
+                                   "this many tasks' shards)")
+    gpu_writes: Literal["threads", "ray-tasks"] = Field("threads", description="how a GPU replica writes its "
+                                                        "shards: 'threads' of its own process, straight from the "
+                                                        "host copies of its forward passes (the write path runs "
+                                                        "in C, free of the GIL); 'ray-tasks': one-CPU Ray tasks on "
+                                                        "its node, each shard copied into Ray's object store")
+    gpu_writer_threads: int = Field(0, ge=0, le=256, description="threads a GPU replica writes with (gpu_writes "
+                                    "'threads'); 0: its node's CPUs less two (the replica's own and the server's), "
+                                    "divided among the replicas on the node")
     capture_replicas_per_gpu: int = Field(1, ge=1, le=8, description="model replicas that share one GPU, each "
                                           "its own process with its own copy of the model: a small model's forward "
                                           "passes can be bound by the one Python thread launching their kernels, "

@@ -49,6 +49,11 @@ cp bench/out/metric_device.json "$OUT_DIR/" 2>/dev/null
 step capture_tokens "ratio|stored:|baseline|bare forward|capture,|job:|replica [0-9]" \
     "$PYTHON" bench/capture_throughput.py --pooling tokens --n "$CAPTURE_N"
 cp bench/out/capture_throughput.json "$OUT_DIR/capture_tokens.json" 2>/dev/null
+# the same capture with the replica's shards written by one-CPU Ray tasks (each shard copied into Ray's
+# object store) instead of its writer threads: which of the two the node's host keeps up with
+ACTSTORE_GPU_WRITES=ray-tasks step capture_tokens_ray_writes "ratio|capture,|job:|replica [0-9]" \
+    "$PYTHON" bench/capture_throughput.py --pooling tokens --n "$CAPTURE_N" --rounds 1
+cp bench/out/capture_throughput.json "$OUT_DIR/capture_tokens_ray_writes.json" 2>/dev/null
 # where a token-level capture task's time goes beyond the forward: the host's steps on a GPU
 step capture_steps "bare forward|of bare" "$PYTHON" bench/capture_steps.py
 cp bench/out/capture_steps.json "$OUT_DIR/" 2>/dev/null

@@ -9,7 +9,8 @@ beside an idle replica.
 On a GPU cluster each GPU holds `capture_replicas_per_gpu` replicas (default 1; each a share of
 it): a replica is one Python thread launching the forward's kernels, and for a small model that
 thread, not the GPU, can set the pace. Each replica works on `gpu_capture_tasks` tasks at once,
-one of them on the GPU, the others tokenising or waiting for their shards' writes.
+one of them on the GPU, the others tokenising or waiting for their shards' writes, which its
+writer threads make (`gpu_writes`, `gpu_writer_threads`: by default its node's CPUs less two).
 
 A token-level capture's layout (its token count per prompt) is read from the store where a capture
 of the same model, dataset and max_len laid it out before (`workers.layouts`), and else comes from
@@ -80,6 +81,7 @@ class CapturePool:
         self.concurrent_shards = settings.capture_concurrent_shards
         self.gpu_tasks = settings.gpu_capture_tasks
         self.replicas_per_gpu = settings.capture_replicas_per_gpu
+        self.gpu_writes, self.gpu_writer_threads = settings.gpu_writes, settings.gpu_writer_threads
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         tag = hashlib.sha256(store.root.encode()).hexdigest()[:8]
         self._prefix = f"capture-{tag}"
@@ -112,8 +114,9 @@ class CapturePool:
                 if gpus:
                     self._release_idle(keep=digest, older_than=0.0)
                     self._await_free_gpus(digest, gpus)
-                # no logical CPU for a GPU replica either: its shards' writes are one-CPU tasks on its
-                # node, and replicas holding a node's CPUs would wait on writes that never start
+                # no logical CPU for a GPU replica either: its writer threads (or one-CPU write tasks)
+                # use its node's CPUs while it works, and a warm replica holding them would keep
+                # metric tasks off the node while it idles
                 gpu = {"num_gpus": 1 / self.replicas_per_gpu, "num_cpus": 0}
                 group, placements = (None, [(gpu, None)] * (gpus * self.replicas_per_gpu)) if gpus \
                     else self._cpu_placements(digest)
@@ -156,17 +159,19 @@ class CapturePool:
         from actstore.workers.capture import ShardCapturer
 
         # a CPU replica computes each of its tasks at once on its share of the cores (ShardCapturer);
-        # a GPU replica one at a time, and leaves its shards' writes to its node's CPUs
+        # a GPU replica one at a time, and writes its shards on its node's other CPUs
         forwards = min(self.concurrent_shards, threads) if threads else 1
-        remote_writes = "num_gpus" in resources
+        on_gpu = "num_gpus" in resources
+        writes = self.gpu_writes if on_gpu else "inline"
+        writers = self.gpu_writer_threads or max(1, cluster.cpus_per_gpu() // self.replicas_per_gpu - 2)
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
         self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
         return ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
-            max_concurrency=self.tasks_per_replica(on_gpu=remote_writes), **resources,
-        ).remote(model_path, self.store, threads, forwards, remote_writes)
+            max_concurrency=self.tasks_per_replica(on_gpu=on_gpu), **resources,
+        ).remote(model_path, self.store, threads, forwards, writes, writers)
 
     def tasks_per_replica(self, on_gpu: bool) -> int:
         """Capture tasks one replica works on at once (its actor's concurrency)."""

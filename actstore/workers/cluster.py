@@ -77,6 +77,14 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
+def cpus_per_gpu() -> int:
+    """The fewest CPUs a GPU has beside it on any alive node with GPUs (what the host work of one
+    GPU's capture can count on; 0 on a cluster without GPUs)."""
+    ratios = [node["Resources"].get("CPU", 0) / node["Resources"]["GPU"] for node in ray.nodes()
+              if node["Alive"] and node["Resources"].get("GPU", 0) > 0]
+    return int(min(ratios, default=0))
+
+
 def unwrap(exc: BaseException) -> BaseException:
     """The user's error inside a RayTaskError (ours travel pickled), or the error itself."""
     cause = getattr(exc, "cause", None)

@@ -7,7 +7,7 @@ host by `reduced_on_host` for a CPU replica or an import), so a GPU node's host 
 and writes: per byte, the same work as copying the bytes to a file with a checksum
 (bench/capture_sink.py measures the two side by side).
 
-No torch here, so a process that only writes (a GPU node's one-CPU write tasks) starts without
+No torch here, so a process that only writes (a one-CPU write task, `gpu_writes="ray-tasks"`) starts without
 importing it: on a fresh worker that import was most of the first write's cost. The numbers are
 the stored ones (float16, float32, or bfloat16 decoded from its uint16 bits), read by numpy.
 """

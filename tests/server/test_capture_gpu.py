@@ -114,7 +114,7 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, capture_replicas
 def test_the_gpu_path_on_a_logical_gpu_stores_what_the_cpu_path_stores(client, registered, tiny_models, tmp_path):
     """The GPU path's orchestration without a GPU: on a local Ray with one logical GPU, two
     replicas share it (`capture_replicas_per_gpu=2`, half a GPU and no CPU each), each works on
-    `gpu_capture_tasks` tasks at once and hands its shards to one-CPU write tasks. A last-token
+    `gpu_capture_tasks` tasks at once and hands its shards to its writer threads. A last-token
     and a token-level capture of GPT-2 store what this session's CPU path stores (to float16
     rounding: thread counts differ) and what transformers computes, and both replicas worked."""
     import json

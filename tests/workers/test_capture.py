@@ -22,11 +22,14 @@ from actstore.workers.capture import (
 from tests.factories import sentences
 
 
-@pytest.mark.parametrize("pooling", ["tokens", "mean"])
-def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny_models, pooling):
-    """A GPU replica hands its shards' writes to one-CPU Ray tasks (`remote_writes`); nothing about
-    that needs a GPU, so here a CPU replica does it, beside one that writes itself: the values,
-    layer sums, token ids, chunk rows and statistics of every shard are the same."""
+@pytest.mark.parametrize(("pooling", "writes"), [("tokens", "threads"), ("mean", "threads"),
+                                                 ("tokens", "ray-tasks"), ("mean", "ray-tasks")])
+def test_shards_written_by_a_gpu_replicas_writers_equal_the_replicas_own(server, client, tiny_models, pooling,
+                                                                          writes):
+    """A GPU replica hands its shards' writes to its writer threads, or to one-CPU Ray tasks
+    (`writes`); nothing about that needs a GPU, so here a CPU replica does it, beside one that
+    writes in its tasks' own threads: the values, layer sums, token ids, chunk rows and statistics
+    of every shard are the same."""
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(30), name="toy")
     run = client.capture("bert", "toy", pooling=pooling)  # the server's CPU replica: written in the replica
@@ -40,7 +43,7 @@ def test_shards_written_by_ray_tasks_equal_the_replicas_own(server, client, tiny
                       arrays.offsets(run.run_key), arrays.spec(run.run_key))
     plan = CapturePlan(run_key=copy, dataset_path=dataset.path, max_len=record.max_len, batch_size=8, layout=layout)
     replica = ray.remote(ShardCapturer).options(max_concurrency=2).remote(
-        model.path, service.store, None, 1, True)
+        model.path, service.store, None, 1, writes, 3)
     try:
         shards = tuple(range(layout.num_shards))
         tables = ray.get([replica.capture.remote(plan, shards[i:i + 3]) for i in range(0, len(shards), 3)])
