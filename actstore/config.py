@@ -70,8 +70,9 @@ class Settings(BaseSettings):
                                                         "in C, free of the GIL); 'ray-tasks': one-CPU Ray tasks on "
                                                         "its node, each shard copied into Ray's object store")
     gpu_writer_threads: int = Field(0, ge=0, le=256, description="threads a GPU replica writes with (gpu_writes "
-                                    "'threads'); 0: its node's CPUs less two (the replica's own and the server's), "
-                                    "divided among the replicas on the node")
+                                    "'threads'); 0: the CPUs its node has per GPU, shared among the replicas on a "
+                                    "GPU, less two (the thread launching the forward's kernels, and the rest), at "
+                                    "least 1")
     capture_replicas_per_gpu: int = Field(1, ge=1, le=8, description="model replicas that share one GPU, each "
                                           "its own process with its own copy of the model: a small model's forward "
                                           "passes can be bound by the one Python thread launching their kernels, "
