@@ -10,7 +10,8 @@ On a GPU cluster each GPU holds `capture_replicas_per_gpu` replicas (default 1; 
 it): a replica is one Python thread launching the forward's kernels, and for a small model that
 thread, not the GPU, can set the pace. Each replica works on `gpu_capture_tasks` tasks at once,
 one of them on the GPU, the others tokenising or waiting for their shards' writes, which its
-writer threads make (`gpu_writes`, `gpu_writer_threads`: by default its node's CPUs less two).
+writer threads make (`gpu_writes`, `gpu_writer_threads`: by default its share of the CPUs beside
+its GPU, less two).
 
 A token-level capture's layout (its token count per prompt) is read from the store where a capture
 of the same model, dataset and max_len laid it out before (`workers.layouts`), and else comes from
@@ -162,8 +163,7 @@ class CapturePool:
         # a GPU replica one at a time, and writes its shards on its node's other CPUs
         forwards = min(self.concurrent_shards, threads) if threads else 1
         on_gpu = "num_gpus" in resources
-        writes = self.gpu_writes if on_gpu else "inline"
-        writers = self.gpu_writer_threads or max(1, cluster.cpus_per_gpu() // self.replicas_per_gpu - 2)
+        writes, writers = (self.gpu_writes, self._writer_threads()) if on_gpu else ("inline", 1)
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
@@ -172,6 +172,11 @@ class CapturePool:
             name=name, max_restarts=2, max_task_retries=2,
             max_concurrency=self.tasks_per_replica(on_gpu=on_gpu), **resources,
         ).remote(model_path, self.store, threads, forwards, writes, writers)
+
+    def _writer_threads(self) -> int:
+        """The threads a GPU replica writes with (`gpu_writer_threads`; 0: its share of the CPUs
+        beside its GPU, less the thread launching the forward's kernels and one for the rest)."""
+        return self.gpu_writer_threads or max(1, cluster.cpus_per_gpu() // self.replicas_per_gpu - 2)
 
     def tasks_per_replica(self, on_gpu: bool) -> int:
         """Capture tasks one replica works on at once (its actor's concurrency)."""
