@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from actstore.errors import InvalidArgument
 from actstore.options import CAPTURE
 
 GiB = 1 << 30
@@ -20,7 +21,15 @@ MiB = 1 << 20
 
 
 class Settings(BaseSettings):
+    """A bad value, given or from the environment, is InvalidArgument naming its variable (`refused`)."""
+
     model_config = SettingsConfigDict(env_prefix="ACTSTORE_", extra="forbid")
+
+    def __init__(self, **values) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise InvalidArgument(refused(exc)) from None
 
     store: str = Field("./actstore-data", description="store root: a local path (or file:// URL), or "
                        "s3://bucket/prefix for an S3-compatible object store configured by the AWS_* variables")
@@ -175,3 +184,14 @@ class Settings(BaseSettings):
         """The server's own directory: the store itself when local, else `server_dir`."""
         local = self.server_dir if self.store.startswith("s3://") else self.store_root
         return Path(local.removeprefix("file://")).expanduser().resolve()
+
+
+def refused(exc: ValidationError) -> str:
+    """What a refused `Settings` says: each bad setting by its environment variable (a command's
+    option of the same name sets it too), what it must be, and the value given."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        name = ".".join(str(part) for part in error["loc"])
+        given = "" if error["type"] == "extra_forbidden" else f" (given: {error['input']!r})"
+        problems.append(f"setting {name} (ACTSTORE_{name.upper()}): {error['msg']}{given}")
+    return "; ".join(problems) + ". Fix the environment variable or option and run the command again"

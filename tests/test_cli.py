@@ -360,3 +360,31 @@ def test_no_server_at_the_address_says_how_to_start_one(capsys):
     err = capsys.readouterr().err
     assert err.startswith("error (UNAVAILABLE): no actstore server answers (") and f"127.0.0.1:{port}" in err, err
     assert "start one with `actstore serve`, or check the address" in err and "--address or ACTSTORE_ADDRESS" in err
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("ACTSTORE_GPU_WRITES", "bogus", "setting gpu_writes (ACTSTORE_GPU_WRITES): Input should be 'threads' or "
+                                     "'ray-tasks' (given: 'bogus')"),
+    ("ACTSTORE_SHARD_ROWS", "2", "setting shard_rows (ACTSTORE_SHARD_ROWS): Input should be greater than or "
+                                 "equal to 4 (given: '2')"),
+])
+def test_a_bad_setting_in_the_environment_is_invalid_argument_naming_its_variable(tmp_path, variable, value, says):
+    proc = subprocess.run([sys.executable, "-m", "actstore.cli", "serve", "--store", str(tmp_path / "store"),
+                           "--port", "0"], check=False, capture_output=True, text=True,
+                          env={**_env(), variable: value}, cwd=REPO, timeout=120)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error (INVALID_ARGUMENT): ") and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "store").exists()
+
+
+def test_a_bad_setting_given_to_the_settings_names_every_one_refused():
+    from actstore.config import Settings
+    from actstore.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument) as refused:
+        Settings(port=70000, read_cache_gb=-1, no_such_setting=1)
+    said = str(refused.value)
+    for part in ("setting port (ACTSTORE_PORT): Input should be less than or equal to 65535 (given: 70000)",
+                 "setting read_cache_gb (ACTSTORE_READ_CACHE_GB): Input should be greater than 0 (given: -1)",
+                 "setting no_such_setting (ACTSTORE_NO_SUCH_SETTING): Extra inputs are not permitted"):
+        assert part in said, said
