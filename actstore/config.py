@@ -193,5 +193,5 @@ def refused(exc: ValidationError) -> str:
     for error in exc.errors(include_url=False):
         name = ".".join(str(part) for part in error["loc"])
         given = "" if error["type"] == "extra_forbidden" else f" (given: {error['input']!r})"
-        problems.append(f"setting {name} (ACTSTORE_{name.upper()}): {error['msg']}{given}")
+        problems.append(f"setting {name} ({Settings.model_config['env_prefix']}{name.upper()}): {error['msg']}{given}")
     return "; ".join(problems) + ". Fix the environment variable or option and run the command again"

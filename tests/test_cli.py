@@ -24,10 +24,12 @@ def _env() -> dict[str, str]:
     return env
 
 
-def actstore(*args: str, server=None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def actstore(*args: str, server=None, cwd: Path | None = None, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
+    """`actstore ARGS` in a fresh process, without this environment's ACTSTORE_ variables (``env``: these set)."""
     address = ["--address", f"127.0.0.1:{server.port}"] if server is not None else []
     return subprocess.run([sys.executable, "-m", "actstore.cli", *address, *args], check=False,
-                          capture_output=True, text=True, env=_env(), cwd=cwd or REPO, timeout=300)
+                          capture_output=True, text=True, env={**_env(), **(env or {})}, cwd=cwd or REPO, timeout=300)
 
 
 def ok(proc: subprocess.CompletedProcess) -> str:
@@ -369,9 +371,7 @@ def test_no_server_at_the_address_says_how_to_start_one(capsys):
                                  "equal to 4 (given: '2')"),
 ])
 def test_a_bad_setting_in_the_environment_is_invalid_argument_naming_its_variable(tmp_path, variable, value, says):
-    proc = subprocess.run([sys.executable, "-m", "actstore.cli", "serve", "--store", str(tmp_path / "store"),
-                           "--port", "0"], check=False, capture_output=True, text=True,
-                          env={**_env(), variable: value}, cwd=REPO, timeout=120)
+    proc = actstore("serve", "--store", str(tmp_path / "store"), "--port", "0", env={variable: value})
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.startswith("error (INVALID_ARGUMENT): ") and says in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "store").exists()
