@@ -1,7 +1,7 @@
 """Every option a caller can set, once: its default, what it allows and one line of help.
 
-One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, SERVE, GC,
-BATCHES, SQL, IMPORTS, PROGRESSION). The CLI builds its flags from them (default, choices, and help
+One table per family (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS, LABELS, PROBE,
+SERVE, GC, BATCHES, SQL, IMPORTS, PROGRESSION). The CLI builds its flags from them (default, choices, and help
 that shows the default), the client
 takes its keyword defaults from them, and the server resolves every request option through them,
 so a default is written here and nowhere else. tests/test_options.py checks that the CLI and the
@@ -37,7 +37,7 @@ from typing import Any
 from actstore.errors import InvalidArgument, ResourceExhausted
 
 __all__ = [
-    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LENS", "PROGRESSION", "SERVE",
+    "BATCHES", "CAPTURE", "DATASETS", "ENTROPY", "GC", "IMPORTS", "LABELS", "LENS", "PROBE", "PROGRESSION", "SERVE",
     "SIMILARITY", "SQL", "STITCH", "TABLES", "TRAIN", "TYPE_NAMES", "UNCERTAINTY",
     "Option", "Table", "comma_separated", "duration_seconds", "from_message", "from_wire", "given_in_message",
     "resolve",
@@ -401,6 +401,49 @@ DATASETS = Table(
            help="how --augment-views changes a text"),
 )
 
+LABELS = Table(
+    "labels",
+    Option("id_column", str, "id", help="the column of the sample ids (the dataset's: `actstore read` shows them)"),
+    Option("label_column", str, "label", help="the column of the labels (an empty cell leaves a sample unlabelled)"),
+    Option("kind", str, "auto", choices=("auto", "categorical", "continuous"),
+           help="classes or numbers; auto: numbers of which one is not an integer are continuous, anything else "
+                "categorical"),
+)
+
+PROBE = Table(
+    "probe",
+    Option("labels", str, None, help="a label set registered for the run's dataset (register-labels), by name or "
+           "digest", default_text="the dataset's own labels"),
+    Option("method", str, "ridge", choices=("ridge", "logistic"),
+           help="ridge: streamed per-fold moments, any n (RidgeClassifier / Ridge); logistic: multinomial L2 "
+                "by L-BFGS over the rows in memory (classes only)"),
+    Option("folds", int, 5, minimum=2, maximum=100, help="cross-validation folds (from the sample ids, stratified; "
+           "the same for every run of a dataset)"),
+    Option("alpha", float, None, minimum=0, exclusive=True, help="ridge strength; without it, one per fold is "
+           "picked from --alphas by an inner cross-validation", default_text="picked from --alphas"),
+    Option("alphas", float, tuple(float(10.0 ** (k / 2)) for k in range(-6, 7)), minimum=0, exclusive=True,
+           many=True, help="ridge strengths the inner cross-validation picks from", default_text="10^-3..10^3, 13 "
+           "values"),
+    Option("C", float, 1.0, minimum=0, exclusive=True, help="logistic: inverse L2 strength (scikit-learn's C)"),
+    Option("tol", float, 1e-4, minimum=0, exclusive=True, help="logistic: L-BFGS gradient tolerance"),
+    Option("max_iter", int, 1000, minimum=1, help="logistic: most L-BFGS iterations"),
+    Option("pool", str, None, choices=("mean", "last", "cls"), help="a token-level run's rows pooled to one per "
+           "sample first: the mean, the last or the first token (required for token-level runs)",
+           default_text="none (pooled runs)"),
+    Option("control", bool, False, help="also probe a control task (the labels permuted, class sizes kept) and "
+           "report selectivity = score - control score (Hewitt and Liang 2019)"),
+    Option("control_seed", int, 0, minimum=0, help="seed of the control task's permutation"),
+    Option("tolerance", float, 0.01, minimum=0, help="the smallest layer whose mean score is within this of the "
+           "best is reported too"),
+    Option("against", str, None, many=True, split=True, help="one-run per-layer metrics to correlate with the probe "
+           "score over the layers (\"Layer by Layer\"), comma-separated, e.g. dataset-entropy,curvature, or "
+           "skean2025 for that preset's metrics", default_text="none"),
+    UNCERTAINTY.standardize,
+    UNCERTAINTY.exclude_dims,
+    UNCERTAINTY.exclude_outliers,
+    UNCERTAINTY.outlier_sigmas,
+)
+
 SERVE = Table(
     "serve",
     Option("metric_device", str, None, choices=("auto", "cpu", "cuda", "torch-cpu"),
@@ -451,4 +494,5 @@ IMPORTS = Table(
 )
 
 TABLES: dict[str, Table] = {t.family: t for t in (SIMILARITY, ENTROPY, LENS, STITCH, CAPTURE, TRAIN, DATASETS,
-                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY, PROGRESSION)}
+                                                   SERVE, GC, BATCHES, SQL, IMPORTS, UNCERTAINTY, PROGRESSION,
+                                                   LABELS, PROBE)}

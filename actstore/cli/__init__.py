@@ -13,6 +13,7 @@ One module per command group; each has `add_commands(command)`, which adds its s
     measures  similarity (Procrustes, CCA, SVCCA, PWCCA, RSA, RBF CKA, CKNNA ... by identifier)
     diagnostics  outliers (and the --bootstrap / --null / feature flags of cka and cos)
     layers    entropy, residual-norm, lens, nc1
+    probes    register-labels, label-sets, probe (which layer encodes a label; Layer by Layer)
     readers   sql
     progression  progression (a metric per layer over training steps)
 """
@@ -34,6 +35,7 @@ from actstore.cli import (
     jobs,
     layers,
     measures,
+    probes,
     progression,
     readers,
     upkeep,
@@ -43,7 +45,7 @@ from actstore.errors import ActStoreError
 
 __all__ = ["DEFAULT_ADDRESS", "build_parser", "connect", "main", "parse_layers"]
 
-GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, upkeep, readers, progression)
+GROUPS = (admin, catalog, jobs, imports, compare, diagnostics, measures, layers, probes, upkeep, readers, progression)
 
 
 def build_parser() -> argparse.ArgumentParser:

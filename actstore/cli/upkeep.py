@@ -30,7 +30,8 @@ def _rebuild(args) -> int:
     store.check()
     report = rebuild_catalog_file(store, path)
     print(f"rebuilt {path} from {settings.store_root}: {report.models} models, {report.datasets} datasets, "
-          f"{report.runs} runs ({report.committed_runs} committed), {report.chunk_rows} chunk rows")
+          f"{report.label_sets} label sets, {report.runs} runs ({report.committed_runs} committed), "
+          f"{report.chunk_rows} chunk rows")
     if report.wal_moved is not None:
         print(f"  moved aside: the write-ahead log the lost catalog left beside it ({path.name}.wal, its last "
               f"transactions; DuckDB would refuse the new file with it) is now {report.wal_moved}: to open the "

@@ -37,6 +37,7 @@ from actstore.client.frames import Listing
 from actstore.client.imports import ImportsMixin
 from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
+from actstore.client.probes import LabelSetInfo, ProbeResult, ProbesMixin
 from actstore.client.progression import ProgressionMixin, ProgressionResult
 from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
@@ -66,14 +67,15 @@ from actstore.wire import from_ndarray
 
 __all__ = ["BackupInfo", "Batch", "CKAMatrixPlanInfo", "CapturePlanInfo", "Client", "CKAMatrixResult", "CKAResult",
            "CKAStatsResult", "COSResult", "COSStatsResult", "CaptureResult", "DatasetInfo",
-           "GarbageItem", "GarbageReport", "JobInfo", "LayerDistribution", "LayerValues", "LensResult", "Listing",
-           "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "ProgressionResult", "QueryAnswer",
+           "GarbageItem", "GarbageReport", "JobInfo", "LabelSetInfo", "LayerDistribution", "LayerValues", "LensResult",
+           "Listing", "MatrixResult", "MeasureMatrixResult", "ModelInfo", "OutlierReport", "ProbeResult",
+           "ProgressionResult", "QueryAnswer",
            "RunInfo", "RunLocation", "RunVerdict", "SqlResult", "VerifyReport"]
 
 ENTROPY_METRICS = ENTROPY.metric.choices
 @checking_arguments
 class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, DiagnosticsMixin, ProgressionMixin,
-             EntropyMixin):
+             EntropyMixin, ProbesMixin):
     def __init__(self, address: str = "127.0.0.1:50151", token: str | None = None,
                  root_certificates: bytes | None = None) -> None:
         """`root_certificates`: PEM CA certificate(s) to connect over TLS and trust the server's

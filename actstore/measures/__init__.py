@@ -4,11 +4,14 @@ A spec says everything the rest of the system derives: the identifier (the simil
 Cloos et al. 2024, nacloos/similarity-repository, where it has one; `{alpha}`-style placeholders
 are filled from options), a one-line summary and its source, score or distance and the bounds, what
 it needs from the store (`NEEDS`: streamed second moments, Gram strips, row pairs, a layer's rows,
-the model's head, a fitted map), the query family that serves it (`QUERIES`), how many runs it
-compares, the options it takes (`actstore.options.Option`: type, default, limits), and for the
-registry's own measures (`MOMENTS`, `ROWS`) the factory that builds the computation (a dotted
-path, loaded only where it runs, so the client never imports the numerics) and a definition version
-that goes into the result key.
+the model's head, a fitted map), the query family that serves it (`query`: "measure" for the
+registry's own, else the name of a family the server registers, `server.planners.family`), how
+many runs it compares, for a one-run metric the answer's array that holds its value per layer
+(`curve`: what "Layer by Layer"-style comparisons correlate), the options it takes
+(`actstore.options.Option`: type, default, limits), and for the registry's own measures
+(`MOMENTS`, `ROWS`) the factory that builds the computation (a dotted path, loaded only where it
+runs, so the client never imports the numerics) and a definition version that goes into the
+result key.
 
 From the registry come the CLI's `similarity` help and flags, `cka-matrix --measure`'s choices,
 `actstore measures` (the docs' table of every metric), the client's option checks (`Client.metric`,
@@ -45,7 +48,7 @@ from typing import Any
 from actstore.errors import InvalidArgument
 from actstore.options import Option
 
-__all__ = ["ENTRY_POINT_GROUP", "FIT", "GRAMS", "HEAD", "LAYER", "MOMENTS", "NEEDS", "PAIRS", "QUERIES", "ROWS",
+__all__ = ["ENTRY_POINT_GROUP", "FIT", "GRAMS", "HEAD", "LAYER", "MOMENTS", "NEEDS", "PAIRS", "ROWS",
            "Measure", "get", "measures", "register"]
 
 log = logging.getLogger(__name__)
@@ -64,9 +67,6 @@ NEEDS = {MOMENTS: "streamed second moments: any n, memory O(d^2)",
          LAYER: "one run's rows of each layer",
          HEAD: "one run's rows through its model's stored head",
          FIT: "a map fitted from run A's rows into run B's model"}
-# The query family that serves a spec: "measure" builds the spec's factory (MOMENTS, ROWS); the
-# others are the server's planners of the same names, which the older RPCs reach too.
-QUERIES = ("measure", "similarity", "entropy", "residual_norm", "lens", "neural_collapse", "stitch")
 ENTRY_POINT_GROUP = "actstore.measures"
 
 
@@ -75,8 +75,10 @@ class Measure:
     """One metric. `fills` maps a placeholder of the identifier to the option whose value fills
     it (`{"alpha": "alpha"}` makes shape_metric-alpha=0.5-distance=angular); `whitens(options)`
     says whether the measure fits a linear map of the whole space (whitening, regression), so it
-    is 1 by construction when n - 1 <= width. `query` names the family that serves it; `runs`
-    how many runs it takes (1: run A's layers; 2: A's against B's, B defaulting to A)."""
+    is 1 by construction when n - 1 <= width. `query` names the family that serves it ("measure":
+    the spec's factory; any other: the server's family of that name); `runs` how many runs it
+    takes (1: run A's layers; 2: A's against B's, B defaulting to A); `curve`, for a one-run
+    metric, the array of its answer (asked for every layer) whose entry l is layer l's value."""
 
     identifier: str
     summary: str
@@ -94,17 +96,20 @@ class Measure:
     version: int = 1  # the definition version in the result key: raise it when the formula changes
     whitening: str | None = None  # an option; None: never whitens, "" always, a name: whitens unless it is 1
     below_rows: tuple[str, ...] = ()  # options that must be below the number of samples (k neighbours)
+    curve: str = ""  # one-run metrics: the answer's per-layer array ("" : none)
 
     def __post_init__(self) -> None:
         if self.needs not in NEEDS:
             raise ValueError(f"{self.identifier}: needs must be one of {', '.join(NEEDS)}, got {self.needs!r}")
-        if self.query not in QUERIES:
-            raise ValueError(f"{self.identifier}: query must be one of {', '.join(QUERIES)}, got {self.query!r}")
+        if not self.query:
+            raise ValueError(f"{self.identifier}: name the query family that serves it")
         if self.query == "measure" and self.needs not in (MOMENTS, ROWS):
             raise ValueError(f"{self.identifier}: the registry's own measures (query 'measure') need {MOMENTS} "
                              f"or {ROWS}")
         if self.runs not in (1, 2):
             raise ValueError(f"{self.identifier}: runs must be 1 or 2, got {self.runs}")
+        if self.curve and self.runs != 1:
+            raise ValueError(f"{self.identifier}: only a one-run metric has a per-layer curve")
         names = {option.name for option in self.options}
         if not set(self.fills.values()) <= names:
             raise ValueError(f"{self.identifier}: fills {dict(self.fills)} name options it does not take")

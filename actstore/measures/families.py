@@ -1,6 +1,6 @@
 """The metrics the query families serve: CKA, COS, minibatch CKA and mutual kNN (the similarity
-planner), the entropy family, the residual norm, the logit lens, NC1 and stitching (formulas and
-sources: docs/metrics.md and `metrics/`). Their computation is their family's planner on the
+planner), the entropy family, the residual norm, the logit lens, NC1, stitching and the probe
+(formulas and sources: docs/metrics.md and `metrics/`). Their computation is their family's planner on the
 server, so they name no factory; the generic `Measure` RPC, `Client.metric` and `actstore
 measures` take them as they take the registry's own measures, and the older RPCs (Similarity,
 Entropy, ResidualNorm, Lens, NeuralCollapse, Stitch) reach the same typed queries."""
@@ -8,7 +8,7 @@ Entropy, ResidualNorm, Lens, NeuralCollapse, Stitch) reach the same typed querie
 from __future__ import annotations
 
 from actstore.measures import FIT, GRAMS, HEAD, LAYER, PAIRS, ROWS, Measure, register
-from actstore.options import ENTROPY, LENS, SIMILARITY, STITCH
+from actstore.options import ENTROPY, LENS, PROBE, SIMILARITY, STITCH
 
 ALIGN = (SIMILARITY.align, SIMILARITY.word_pool)  # CKA and COS across tokenizers
 
@@ -41,7 +41,7 @@ def entropy_metric(metric: str, summary: str, uses: tuple[str, ...], preset: boo
     own = tuple(ENTROPY[name] for name in uses)
     fixed = tuple(option for option in PRESET_FIXES if preset and option not in own)
     register(Measure(metric, summary, LAYER, query="entropy", runs=1, options=(*own, *fixed, *PIPELINE),
-                     source=source))
+                     source=source, curve="values"))
 
 
 RENYI = ("alpha", "normalization", "clamp")
@@ -62,13 +62,20 @@ entropy_metric("lidar", "entropy of Sigma_w^-1/2 Sigma_b Sigma_w^-1/2 over augme
 
 register(Measure(
     "residual_norm", "||h_l|| / ||h_{l+1} - h_l|| per sample, layer l to l+1, as a distribution", LAYER,
-    query="residual_norm", runs=1, bounds=(0.0, None), source="Jiang, Zhou & Zhu 2024"))
+    query="residual_norm", runs=1, bounds=(0.0, None), source="Jiang, Zhou & Zhu 2024", curve="mean"))
 register(Measure(
     "nc1", "within-class over between-class variability (1/C) tr(Sigma_W Sigma_B^+) per layer", LAYER,
-    query="neural_collapse", runs=1, bounds=(0.0, None), options=(LENS.rcond,), source="Papyan et al. 2020"))
+    query="neural_collapse", runs=1, bounds=(0.0, None), options=(LENS.rcond,), source="Papyan et al. 2020",
+    curve="values"))
 register(Measure(
     "lens", "logit lens: each layer through the model's head, saturation and effective depth", HEAD, query="lens",
-    runs=1, options=(LENS.epsilon, LENS.taus, LENS.heads), source="nostalgebraist 2020; Jiang, Zhou & Zhu 2024"))
+    runs=1, options=(LENS.epsilon, LENS.taus, LENS.heads), source="nostalgebraist 2020; Jiang, Zhou & Zhu 2024",
+    curve="accuracy"))
 register(Measure(
     "stitch", "stitching penalty: B's held-out loss through an affine map from A's layer, minus its own", FIT,
     query="stitch", options=tuple(STITCH.values()), source="Bansal et al. 2021; Brown et al. 2023"))
+register(Measure(
+    "probe", "held-out score per layer of a linear probe of a label set (ridge or logistic), with baselines, "
+    "selectivity and metric-vs-score correlations", LAYER, query="probe", runs=1, bounds=(None, 1.0),
+    options=tuple(PROBE.values()), source="Alain & Bengio 2016; Hewitt & Liang 2019; Skean et al. 2025",
+    curve="score"))

@@ -34,6 +34,7 @@ PRESETS = ("none", "skean2025")
 
 # what the preset fixes; a request asking for something else is refused
 SKEAN2025 = {"alpha": 1.0, "normalization": "maxEntropy", "clamp": True, "abs_cos": False}
+SKEAN2025_METRICS = ("dataset_entropy", "prompt_entropy", "curvature")  # the metrics the preset covers
 
 
 def reference_pooled(tokens: np.ndarray) -> np.ndarray:

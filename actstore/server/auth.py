@@ -30,10 +30,11 @@ METHOD_ROLES = {
     "ReadBatches": "reader", "LocateRun": "reader", "Sql": "reader",
     "SubmitImport": "writer",
     "SimilarityStats": "reader", "Outliers": "reader",
+    "RegisterLabels": "writer", "ListLabelSets": "reader",
 }
 
 # Methods whose request may name a file or folder on the server's disk (a `path` source).
-SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset", "SubmitImport")
+SERVER_PATH_METHODS = ("RegisterModel", "RegisterDataset", "SubmitImport", "RegisterLabels")
 
 
 def hash_token(token: str) -> str:

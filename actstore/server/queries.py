@@ -1,10 +1,11 @@
 """The query engine: the parts every metric query shares, and one planner per metric family.
 
 ``QueryEngine`` only composes: run checks (`runs`), the result cache (`results`), the Ray
-executor (`executor`) and CKA sizing (`tiling`), handed to the planners (`planners/`), which it
-holds as attributes (`similarity`, `measures`, `entropy`, `depth`, `stitching`, `diagnostics`).
-`planner(family)` is the method that answers a registered metric's typed query (the servicer
-resolves the call into `requests.QUERY_TYPES[family]`). The matrix job uses the same parts.
+executor (`executor`) and CKA sizing (`tiling`), handed to the planners of the registered query
+families (`planners.families()`), one planner object per planner class. `answer(call)` resolves a
+metric call into its family's typed query and answers it; `planner(family)` is the method that
+answers a typed query. The diagnostics planner (`diagnostics`) serves its own RPCs. The matrix
+job uses the same parts.
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ from typing import Any
 
 from actstore.config import Settings
 from actstore.server.executor import Executor
-from actstore.server.planners import QueryParts
-from actstore.server.planners.depth import DepthPlanner
+from actstore.server.planners import Planner, QueryParts, families, family
 from actstore.server.planners.diagnostics import DiagnosticsPlanner
-from actstore.server.planners.entropy import EntropyPlanner
-from actstore.server.planners.measures import MeasurePlanner
-from actstore.server.planners.similarity import SimilarityPlanner
-from actstore.server.planners.stitching import StitchPlanner
+from actstore.server.requests import MetricCall
 from actstore.server.results import MetricResult, ResultCache
 from actstore.server.runs import RunChecks
 from actstore.server.tiling import CkaSizing
@@ -41,20 +38,26 @@ class QueryEngine:
             results=ResultCache(catalog, settings.result_cache_bytes),
             executor=executor,
             sizing=CkaSizing(settings, executor),
+            answer=self.answer,
         )
         self._generations = itertools.count(1)
         self._generation = 0
-        parts = self.parts  # one planner per family, each over the same parts
-        self.similarity, self.measures, self.entropy = (SimilarityPlanner(parts), MeasurePlanner(parts),
-                                                        EntropyPlanner(parts))
-        self.depth, self.stitching, self.diagnostics = (DepthPlanner(parts), StitchPlanner(parts),
-                                                        DiagnosticsPlanner(parts))
+        # one planner per planner class (a class may serve several families), each over the same parts
+        self._planners: dict[type, Planner] = {}
+        for registered in families():
+            if registered.planner not in self._planners:
+                self._planners[registered.planner] = registered.planner(self.parts)
+        self.diagnostics = DiagnosticsPlanner(self.parts)
 
     def planner(self, query: str) -> Callable[[Any], MetricResult]:
         """The planner method that answers a typed query of family `query` (`Measure.query`)."""
-        return {"measure": self.measures.measure, "similarity": self.similarity.similarity,
-                "entropy": self.entropy.entropy, "residual_norm": self.depth.residual_norm, "lens": self.depth.lens,
-                "neural_collapse": self.depth.neural_collapse, "stitch": self.stitching.stitch}[query]
+        registered = family(query)
+        return getattr(self._planners[registered.planner], registered.method)
+
+    def answer(self, call: MetricCall) -> MetricResult:
+        """A metric call resolved into its family's typed query, once, and answered."""
+        query = family(call.spec.query).query.resolve(self.parts.checks, call)
+        return self.planner(call.spec.query)(query)
 
     def result(self, result_key: str) -> MetricResult:
         return self.parts.results.result(result_key)

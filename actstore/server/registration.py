@@ -1,5 +1,6 @@
-"""Registering models and datasets: load them once, store them under their digest, catalog them
-with an alias. Model loading runs in a Ray task (torch stays out of the server process)."""
+"""Registering models, datasets and label sets: load them once, store them under their digest,
+catalog them with an alias (a label set: a name within its dataset). Model loading runs in a Ray
+task (torch stays out of the server process)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.config import Settings
 from actstore.errors import ActStoreError, AlreadyExists, InvalidArgument, NotFound, Unavailable
 from actstore.modeling.sources import BUILTIN_MODELS
-from actstore.options import DATASETS
+from actstore.options import DATASETS, LABELS
 from actstore.server.dispatch import get_or_raise
 from actstore.store import datasets as ds
-from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord
+from actstore.store.catalog import Catalog, DatasetRecord, LabelSetRecord, ModelRecord
+from actstore.store.datasets import labels
 from actstore.store.handle import StoreHandle
 from actstore.workers.registry import register_model
 
@@ -38,6 +40,8 @@ _UNUSABLE = {
                    "matching the model and the dataset",
     "model": "is not a model folder the server can load: it must be a Hugging Face model folder (config.json, "
              "weights and, for text, a tokenizer) of a supported architecture",
+    "labels": "is not a usable label file: it must be a .csv (with a header row), .jsonl, .json or .parquet file "
+              "with the id and label columns the request names, its ids those of the dataset",
 }
 
 
@@ -60,6 +64,19 @@ class DatasetSource:
     group_column: str | None = None
     augment_views: int = 0
     augment_method: str = DATASETS.augment_method.default
+
+
+@dataclass(frozen=True)
+class LabelsSource:
+    """Where a label set comes from: a file on the server's disk, or ids and values sent inline
+    (values "" / None / NaN: no label)."""
+
+    path: str | None = None
+    sample_ids: list[str] | None = None
+    values: list | None = None
+    id_column: str = LABELS.id_column.default
+    label_column: str = LABELS.label_column.default
+    kind: str = LABELS.kind.default
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes of one path component and of a whole path (Linux)
@@ -100,7 +117,7 @@ class Registrar:
         p = server_path(path, kind)
         try:
             usable = {"model": p.is_dir(), "dataset": p.is_file() or ds.is_dataset_folder(p),
-                      "activations": p.exists()}[kind] and os.access(p, os.R_OK)
+                      "activations": p.exists(), "labels": p.is_file()}[kind] and os.access(p, os.R_OK)
         except (OSError, ValueError):  # a name too long, a NUL byte
             usable = False
         if not usable:
@@ -195,6 +212,31 @@ class Registrar:
         self.catalog.datasets.add(record)
         self.catalog.datasets.set_alias(alias, digest)
         return self.catalog.datasets.get(digest)
+
+    def register_labels(self, dataset: str, source: LabelsSource, name: str | None = None) -> LabelSetRecord:
+        """A label set for `dataset`'s samples, by sample id (`store.datasets.labels`): stored as a
+        folder of its digest, then catalogued under `name` (a name is never moved to other labels)."""
+        if bool(source.path) == (source.sample_ids is not None):
+            raise InvalidArgument("give exactly one label source: a file path, or sample ids with their labels")
+        record = self.catalog.datasets.get(dataset)
+        dataset_ids = ds.load_dataset(self.store.local(record.path)).sample_ids
+        if source.path:
+            where = source.path
+            ids, values = self.from_server_path(source.path, "labels", lambda: labels.read_label_file(
+                server_path(source.path, "labels"), source.id_column, source.label_column))
+            origin = {"file": str(server_path(source.path, "labels").resolve()), "id_column": source.id_column,
+                      "label_column": source.label_column}
+        else:
+            where, ids, values, origin = "the labels sent", source.sample_ids, source.values or [], {"inline": True}
+        made = labels.make_label_set(record.digest, dataset_ids, ids, values, source.kind, where, origin)
+        digest = labels.label_set_digest(made)
+        name = name or (Path(source.path).stem if source.path else f"labels-{digest[:8]}")
+        if not name or name != name.strip():
+            raise InvalidArgument(f"label set name {name!r} is not a valid name (no padding, not empty)")
+        self.catalog.label_sets.held(record.digest, name, digest)  # a name held by other labels: refused first
+        ref = self.store.files.write_folder(f"labels/{digest}",
+                                            lambda target: labels.save_label_set(made, name, target))
+        return self.catalog.label_sets.add(labels.label_set_record(made, digest, name, ref))
 
     def _check_dataset_alias(self, alias: str, digest: str, n: int) -> None:
         """A name that already names another dataset is not moved: in a shared store, everyone's

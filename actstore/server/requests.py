@@ -4,7 +4,7 @@ Every query RPC first becomes one `MetricCall`: the registered spec (`actstore.m
 runs, the layers and the options given. The generic `Measure` RPC makes it from its fields and its
 JSON options (an option the metric does not take is refused); each older RPC (Similarity, Entropy,
 Lens, ...) from its message's fields (`options.given_in_message`). The call then resolves into its
-family's typed query, which the family's planner takes (`QUERY_TYPES`).
+family's typed query (`planners.family(spec.query).query`), which the family's planner takes.
 
 A `MeasureQuery` holds everything a measure needs, already checked: the registered spec
 (`actstore.measures`), its options defaulted and bounded by the spec's `Option`s (and this
@@ -144,24 +144,20 @@ class SimilarityQuery:
 
     @staticmethod
     def options_of(metric: str, given: Mapping[str, Any]) -> dict[str, Any]:
-        """The options `metric` uses, resolved through the SIMILARITY table; the others are not read."""
-        def option(name):
-            return resolve(SIMILARITY, name, given.get(name))
-
-        options: dict[str, Any] = {"align": option("align")}
+        """The options `metric`'s spec takes, resolved through the SIMILARITY table (align always,
+        word_pool with align); the others are not read."""
+        spec = measures.get(metric, query="similarity")
+        takes = [option.name for option in spec.options]
+        options: dict[str, Any] = {"align": resolve(SIMILARITY, "align", given.get("align"))}
         if options["align"] != "none":  # different tokenizers: rows are shared words (or spans)
-            if metric not in ("cka", "cos"):
-                raise InvalidArgument(f"--align {options['align']} is implemented for cka and cos, not {metric}")
-            options["word_pool"] = option("word_pool")
-        if metric == "cos":
-            options["center"] = option("center")
-        elif metric == "minibatch_cka":
-            options["batch_size"] = option("batch_size")
-            options["remainder"] = option("remainder")
-        elif metric == "mutual_knn":
-            options["k"] = option("k")
-        elif metric != "cka":
-            raise InvalidArgument(f"similarity metric {metric!r} is not one of cka, cos, minibatch_cka, mutual_knn")
+            if "align" not in takes:
+                aligned = ", ".join(m.identifier for m in measures.measures(query="similarity")
+                                    if SIMILARITY.align in m.options)
+                raise InvalidArgument(f"--align {options['align']} is implemented for {aligned}, not {metric}")
+            options["word_pool"] = resolve(SIMILARITY, "word_pool", given.get("word_pool"))
+        for name in takes:
+            if name not in ("align", "word_pool"):
+                options[name] = resolve(SIMILARITY, name, given.get(name))
         return options
 
     @staticmethod
@@ -343,8 +339,3 @@ class StitchQuery:
             options.update(tune_steps=self.tune_steps, tune_lr=self.tune_lr)
         return options
 
-
-# The typed query of each query family (`Measure.query`), for the generic RPC's dispatch.
-QUERY_TYPES = {"measure": MeasureQuery, "similarity": SimilarityQuery, "entropy": EntropyQuery,
-               "residual_norm": ResidualNormQuery, "lens": LensQuery, "neural_collapse": NeuralCollapseQuery,
-               "stitch": StitchQuery}

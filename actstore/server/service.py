@@ -33,16 +33,17 @@ from actstore.server.jobs import JobManager, JobSnapshot
 from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.readers import Readers
-from actstore.server.registration import DatasetSource, Registrar
+from actstore.server.registration import DatasetSource, LabelsSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
 from actstore.store import backups
-from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, ModelRecord, RunRecord
+from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
 from actstore.workers import cluster
 
-__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "ImportRequest", "RunDescription", "TrainRequest"]
+__all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "ImportRequest", "LabelsSource", "RunDescription",
+           "TrainRequest"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,13 @@ class ActStoreService:
 
     def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
         return self.registrar.register_dataset(source, name)
+
+    def register_labels(self, dataset: str, source: LabelsSource, name: str | None = None) -> LabelSetRecord:
+        return self.registrar.register_labels(dataset, source, name)
+
+    def label_sets(self, dataset: str = "") -> list[LabelSetRecord]:
+        """The label sets of one dataset (an alias or digest; empty: every dataset's)."""
+        return self.catalog.label_sets.of(self.catalog.datasets.get(dataset).digest if dataset else None)
 
     def models(self) -> list[ModelRecord]:
         return self.catalog.models.all()

@@ -16,6 +16,7 @@ from actstore.options import (
     DATASETS,
     ENTROPY,
     GC,
+    LABELS,
     SIMILARITY,
     TRAIN,
     from_message,
@@ -24,11 +25,12 @@ from actstore.options import (
 )
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
+from actstore.server.planners import family
 from actstore.server.replies import KeptReplies
-from actstore.server.requests import QUERY_TYPES, MetricCall, options_from_json
+from actstore.server.requests import MetricCall, options_from_json
 from actstore.server.results import MetricResult
-from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, TrainRequest
-from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
+from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, LabelsSource, TrainRequest
+from actstore.store.catalog import DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.keys import site_of
 from actstore.wire import to_ndarray
 
@@ -52,6 +54,25 @@ def model_proto(m: ModelRecord) -> pb.Model:
 def dataset_proto(d: DatasetRecord) -> pb.Dataset:
     return pb.Dataset(digest=d.digest, aliases=d.aliases, kind=d.kind, n=d.n, num_labels=d.num_labels,
                       has_groups=d.has_groups, source_json=json.dumps(d.source))
+
+
+def label_set_proto(r: LabelSetRecord) -> pb.LabelSet:
+    return pb.LabelSet(digest=r.digest, dataset_digest=r.dataset_digest, name=r.name, kind=r.kind, classes=r.classes,
+                       labelled=r.labelled, samples=r.samples, source_json=json.dumps(r.source))
+
+
+def labels_source(request: pb.RegisterLabelsRequest) -> LabelsSource:
+    """A RegisterLabels request's source: a server path, or ids with their values (strings or numbers)."""
+    which = request.WhichOneof("source")
+    columns = {"id_column": from_wire(LABELS, "id_column", request.id_column),
+               "label_column": from_wire(LABELS, "label_column", request.label_column),
+               "kind": from_wire(LABELS, "kind", request.kind)}
+    if which != "inline":
+        return LabelsSource(path=request.path or None, **columns)
+    inline = request.inline
+    if inline.values and inline.numbers:
+        raise InvalidArgument("inline labels come as strings (values) or as numbers, not both")
+    return LabelsSource(sample_ids=list(inline.sample_ids), values=list(inline.values or inline.numbers), **columns)
 
 
 def run_proto(r: RunRecord, recorded_shards: int = 0) -> pb.Run:
@@ -135,6 +156,14 @@ class CatalogServicer(rpc.CatalogServicer):
     def DeleteRun(self, request, context):
         return pb.DeleteRunResponse(run_key=self.service.delete_run(request.run))
 
+    def RegisterLabels(self, request, context):
+        return label_set_proto(self.service.register_labels(request.dataset, labels_source(request),
+                                                            request.name or None))
+
+    def ListLabelSets(self, request, context):
+        found = self.service.label_sets(request.dataset)
+        return pb.ListLabelSetsResponse(label_sets=[label_set_proto(r) for r in found])
+
 
 class CaptureServicer(rpc.CaptureServicer):
     def __init__(self, service: ActStoreService) -> None:
@@ -185,7 +214,7 @@ class QueryServicer(rpc.QueryServicer):
     # always were).
     def _resolved(self, call: MetricCall) -> MetricResult:
         queries = self.service.queries
-        query = QUERY_TYPES[call.spec.query].resolve(queries.parts.checks, call)
+        query = family(call.spec.query).query.resolve(queries.parts.checks, call)
         return queries.planner(call.spec.query)(query)
 
     def Similarity(self, request, context):

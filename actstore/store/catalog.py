@@ -3,7 +3,7 @@
 One process owns it (the server, or the embedded client's in-process server): DuckDB allows a
 single writer. `Catalog` owns the file's one connection and its lock; the statements of each table
 family are in their own module, reached as attributes: `catalog.models`, `.datasets`, `.runs`,
-`.chunks`, `.results`, `.jobs`, `.principals`, `.audit` (`store.catalog_models` and so on). The
+`.label_sets`, `.chunks`, `.results`, `.jobs`, `.principals`, `.audit` (`store.catalog_models` and so on). The
 records they return are defined in `store.catalog_schema` and importable from here.
 """
 
@@ -23,6 +23,7 @@ from actstore.store.catalog_audit import Audit
 from actstore.store.catalog_chunks import Chunks
 from actstore.store.catalog_datasets import Datasets
 from actstore.store.catalog_jobs import Jobs
+from actstore.store.catalog_labels import LabelSets
 from actstore.store.catalog_models import Models
 from actstore.store.catalog_principals import Principals
 from actstore.store.catalog_results import Results
@@ -33,11 +34,13 @@ from actstore.store.catalog_schema import (
     ChunkHealth,
     DatasetRecord,
     JobRecord,
+    LabelSetRecord,
     ModelRecord,
     RunRecord,
 )
 
-__all__ = ["CHUNK_SCHEMA", "Catalog", "ChunkHealth", "DatasetRecord", "JobRecord", "ModelRecord", "RunRecord"]
+__all__ = ["CHUNK_SCHEMA", "Catalog", "ChunkHealth", "DatasetRecord", "JobRecord", "LabelSetRecord", "ModelRecord",
+           "RunRecord"]
 
 # DuckDB's file starts with its main header and two alternating database headers, 4 KiB each
 DUCKDB_HEADER_BYTES = 3 * 4096
@@ -90,6 +93,7 @@ class Catalog:
         self._lock = threading.RLock()
         self.models = Models(self)
         self.datasets = Datasets(self)
+        self.label_sets = LabelSets(self)
         self.runs = Runs(self)
         self.chunks = Chunks(self)
         self.results = Results(self)

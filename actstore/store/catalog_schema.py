@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS principals (
     token_hash VARCHAR PRIMARY KEY, name VARCHAR UNIQUE, role VARCHAR,
     created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS label_sets (
+    dataset_digest VARCHAR, name VARCHAR, digest VARCHAR, kind VARCHAR, classes JSON, labelled BIGINT,
+    samples BIGINT, path VARCHAR, source JSON, created_at TIMESTAMP DEFAULT current_timestamp,
+    PRIMARY KEY (dataset_digest, name));
 CREATE TABLE IF NOT EXISTS audit (
     ts TIMESTAMP DEFAULT current_timestamp, principal VARCHAR, method VARCHAR, target VARCHAR,
     status VARCHAR);
@@ -84,6 +88,21 @@ class DatasetRecord:
     path: str
     source: dict[str, Any]
     aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LabelSetRecord:
+    """A label set registered against a dataset under a name (`store.datasets.labels`)."""
+
+    dataset_digest: str
+    name: str
+    digest: str
+    kind: str  # categorical | continuous
+    classes: tuple[str, ...]  # categorical: the class names, in code order; continuous: ()
+    labelled: int
+    samples: int
+    path: str
+    source: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ import duckdb
 
 from actstore.errors import DeadlineExceeded, InvalidArgument, PermissionDenied, ResourceExhausted
 
-READABLE_TABLES = ("models", "model_aliases", "datasets", "dataset_aliases", "runs", "chunks", "results", "jobs")
+READABLE_TABLES = ("models", "model_aliases", "datasets", "dataset_aliases", "label_sets", "runs", "chunks", "results",
+                   "jobs")
 ADMIN_TABLES = READABLE_TABLES + ("audit",)
 _FUNCTION_TYPES = ("scalar", "aggregate", "macro", "window")
 # scalar functions that answer from the server's settings, environment, session, sequences or

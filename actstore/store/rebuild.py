@@ -29,6 +29,7 @@ from actstore.store.array_store import ArrayStore
 from actstore.store.atomic import FILE_MODE, fsync_path
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.datasets import load_dataset
+from actstore.store.datasets.labels import label_set_record, load_label_set
 from actstore.store.files import RECORD_FILE
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
@@ -38,6 +39,7 @@ NOT_RECOVERABLE = (
     "job history",
     "access tokens (create them again with `actstore token create`)",
     "aliases other than each model's and dataset's default name",
+    "label-set names other than the name each set was first registered under",
 )
 
 
@@ -45,6 +47,7 @@ NOT_RECOVERABLE = (
 class RebuildReport:
     models: int = 0
     datasets: int = 0
+    label_sets: int = 0
     runs: int = 0
     committed_runs: int = 0
     chunk_rows: int = 0
@@ -69,9 +72,15 @@ def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
             report.datasets += 1
         except (ValueError, KeyError, OSError, DataLoss) as exc:
             report.skipped.append(f"{key}: unreadable ({exc})")
+    known_datasets = {d.digest for d in catalog.datasets.all()}
+    for key in files.folders("labels"):
+        try:
+            _add_label_set(catalog, store, key, known_datasets)
+            report.label_sets += 1
+        except (ValueError, KeyError, OSError, DataLoss) as exc:
+            report.skipped.append(f"{key}: unreadable ({exc})")
     arrays = store.open()
     known_models = {m.digest for m in catalog.models.all()}
-    known_datasets = {d.digest for d in catalog.datasets.all()}
     for run_key in arrays.run_keys():
         try:
             spec = arrays.spec(run_key)
@@ -196,6 +205,14 @@ def _add_dataset(catalog: Catalog, store: StoreHandle, key: str) -> None:
     )
     catalog.datasets.add(record)
     catalog.datasets.set_alias(_default_name(data.source, digest), digest)
+
+
+def _add_label_set(catalog: Catalog, store: StoreHandle, key: str, known_datasets: set[str]) -> None:
+    ref = store.files.ref(key)
+    labels, digest, name = load_label_set(store.local(ref))
+    if labels.dataset_digest not in known_datasets:
+        raise KeyError(f"its dataset {labels.dataset_digest[:12]} is not in the store")
+    catalog.label_sets.add(label_set_record(labels, digest, name or digest[:12], ref))
 
 
 def _default_name(source: dict, digest: str) -> str:

@@ -127,16 +127,23 @@ def accumulate_prompts(store: StoreHandle, run_key: str, layers: list[int],
     return accumulator
 
 
-def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[list[np.ndarray]]:
-    """Cut the prompts into chunks of about `rows_per_chunk` token rows (whole prompts only), dealt
-    into at most `parts` contiguous groups."""
-    chunks, first = [], 0
+def prompt_ranges(offsets: np.ndarray, rows_per_chunk: int) -> list[tuple[int, int]]:
+    """The prompts cut into ranges [first, last) of whole prompts of about `rows_per_chunk`
+    token rows each (a longer prompt alone)."""
+    ranges, first = [], 0
     n = len(offsets) - 1
     while first < n:
         last = int(np.searchsorted(offsets, offsets[first] + rows_per_chunk, side="right")) - 1
         last = min(max(last, first + 1), n)
-        chunks.append(offsets[first: last + 1].copy())
+        ranges.append((first, last))
         first = last
+    return ranges
+
+
+def split_prompts(offsets: np.ndarray, rows_per_chunk: int, parts: int) -> list[list[np.ndarray]]:
+    """Cut the prompts into chunks of about `rows_per_chunk` token rows (whole prompts only), dealt
+    into at most `parts` contiguous groups."""
+    chunks = [offsets[first: last + 1].copy() for first, last in prompt_ranges(offsets, rows_per_chunk)]
     return deal(chunks, parts)
 
 

@@ -10,7 +10,7 @@ from actstore.metrics import lens
 from actstore.metrics import similarity as sim
 from actstore.server.dispatch import gather
 from actstore.server.executor import merged
-from actstore.server.planners import Planner
+from actstore.server.planners import Family, Planner, register_family
 from actstore.server.requests import LensQuery, NeuralCollapseQuery, ResidualNormQuery
 from actstore.server.results import MetricResult
 from actstore.workers.metric_tasks import PerLayer
@@ -101,3 +101,8 @@ class DepthPlanner(Planner):
 
         return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key],
                                               query.refresh, compute)
+
+
+register_family(Family("residual_norm", ResidualNormQuery, DepthPlanner, "residual_norm"))
+register_family(Family("lens", LensQuery, DepthPlanner, "lens"))
+register_family(Family("neural_collapse", NeuralCollapseQuery, DepthPlanner, "neural_collapse"))

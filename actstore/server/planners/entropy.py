@@ -14,7 +14,7 @@ from actstore.measures.families import PRESET_ASKS
 from actstore.metrics import entropy as ent
 from actstore.metrics import entropy_presets as presets
 from actstore.options import ENTROPY
-from actstore.server.planners import Planner
+from actstore.server.planners import Family, Planner, register_family
 from actstore.server.planners.word_entropy import WordEntropyPlanner
 from actstore.server.requests import EntropyQuery
 from actstore.server.results import MetricResult
@@ -55,8 +55,9 @@ class EntropyPlanner(Planner):
         """A reference pipeline by name (`metrics.entropy_presets`), from a token-level run."""
         preset, metric, record, layers = query.options["preset"], query.metric, query.run, query.layers
         fixed = presets.SKEAN2025
-        if metric not in ("dataset_entropy", "prompt_entropy", "curvature"):
-            raise InvalidArgument(f"preset {preset} covers dataset_entropy, prompt_entropy and curvature, not {metric}")
+        if metric not in presets.SKEAN2025_METRICS:
+            raise InvalidArgument(f"preset {preset} covers {', '.join(presets.SKEAN2025_METRICS[:-1])} and "
+                                  f"{presets.SKEAN2025_METRICS[-1]}, not {metric}")
         if record.pooling != "tokens":
             raise InvalidArgument(f"preset {preset} starts from token rows; run {record.run_key[:12]} is pooled "
                                   f"'{record.pooling}': capture with --pooling tokens")
@@ -196,3 +197,6 @@ def _paired_value(z: np.ndarray, metric: str, first: np.ndarray, second: np.ndar
 
 def _lidar_value(z: np.ndarray, groups: np.ndarray, alpha: float, exp: bool) -> float:
     return ent.lidar(z, groups, alpha=alpha, exp=exp)
+
+
+register_family(Family("entropy", EntropyQuery, EntropyPlanner, "entropy"))

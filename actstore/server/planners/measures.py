@@ -19,7 +19,7 @@ import numpy as np
 from actstore.measures import MOMENTS
 from actstore.metrics import similarity as sim
 from actstore.metrics.similarity import in_memory_measures as in_memory
-from actstore.server.planners import Planner
+from actstore.server.planners import Family, Planner, register_family
 from actstore.server.requests import MeasureQuery
 from actstore.server.results import MetricResult
 from actstore.server.tiling import chunks, pair_blocks, row_itemsize
@@ -77,3 +77,6 @@ class MeasurePlanner(Planner):
             return {"values": values}, {"n": float(a.rows)}, notes
 
         return compute
+
+
+register_family(Family("measure", MeasureQuery, MeasurePlanner, "measure"))

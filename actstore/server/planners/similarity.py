@@ -11,7 +11,7 @@ from actstore.errors import InvalidArgument
 from actstore.metrics import similarity as sim
 from actstore.metrics.similarity.features import TransformedAccumulator
 from actstore.options import SIMILARITY
-from actstore.server.planners import Planner
+from actstore.server.planners import Family, Planner, register_family
 from actstore.server.planners.aligned import AlignedPlanner
 from actstore.server.requests import SimilarityQuery
 from actstore.server.results import MetricResult
@@ -37,36 +37,45 @@ class SimilarityPlanner(Planner):
     def similarity(self, query: SimilarityQuery) -> MetricResult:
         if query.align != "none":  # different tokenizers: rows are shared words (or spans)
             return AlignedPlanner(self.parts).similarity(query)
-        metric, a, b, la, lb, refresh = query.metric, query.a, query.b, query.layers_a, query.layers_b, query.refresh
-        run_keys = query.run_keys
-        if metric == "cka":
-            options = {"layers_a": la, "layers_b": lb}
-            return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
-                                                  lambda: self.tiled_cka(a, b, la, lb))
-        if metric == "cos":
-            center = query.center
-            if a.width != b.width:
-                raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
-                                      f"({a.width} != {b.width}): COS is for layers of one model or of models "
-                                      "of equal width; use CKA across widths")
-            pairs = len(la) * len(lb)  # each map task holds an accumulator, and the merge one more
-            self.checks.check_memory(sim.CosineAccumulator.estimate_nbytes(pairs) * (self.executor.parts + 1),
-                                     f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
-            options = {"layers_a": la, "layers_b": lb, "center": center}
-            return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, run_keys,
-                                                  refresh, lambda: self._cos(a, b, la, lb, center))
-        if metric == "minibatch_cka":
-            minimum = SIMILARITY.batch_size.minimum
-            if a.rows < minimum:
-                raise InvalidArgument(f"minibatch CKA needs batches of at least {minimum} "
-                                      f"samples and the runs hold {a.rows}: use cka, or a run with more samples")
-            batch_size, remainder = query.batch_size, query.remainder  # required: None was not given
-            if batch_size is None or batch_size > a.rows:
-                raise InvalidArgument(f"batch_size {batch_size or 0!r} must be an int between {minimum} and n={a.rows}")
-            options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
-            return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, run_keys, refresh,
-                                                  lambda: self._minibatch(a, b, la, lb, batch_size, remainder))
-        k = query.k  # mutual_knn: the only other metric a SimilarityQuery holds
+        answer = {"cka": self._cka, "cos": self._cos_query, "minibatch_cka": self._minibatch_query,
+                  "mutual_knn": self._knn_query}
+        return answer[query.metric](query)
+
+    def _cka(self, query: SimilarityQuery) -> MetricResult:
+        a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
+        options = {"layers_a": la, "layers_b": lb}
+        return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, query.run_keys,
+                                              query.refresh, lambda: self.tiled_cka(a, b, la, lb))
+
+    def _cos_query(self, query: SimilarityQuery) -> MetricResult:
+        a, b, la, lb, center = query.a, query.b, query.layers_a, query.layers_b, query.center
+        if a.width != b.width:
+            raise InvalidArgument(f"COS compares one sample's vectors directly, so the widths must match "
+                                  f"({a.width} != {b.width}): COS is for layers of one model or of models "
+                                  "of equal width; use CKA across widths")
+        pairs = len(la) * len(lb)  # each map task holds an accumulator, and the merge one more
+        self.checks.check_memory(sim.CosineAccumulator.estimate_nbytes(pairs) * (self.executor.parts + 1),
+                                 f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
+        options = {"layers_a": la, "layers_b": lb, "center": center}
+        return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, query.run_keys,
+                                              query.refresh, lambda: self._cos(a, b, la, lb, center))
+
+    def _minibatch_query(self, query: SimilarityQuery) -> MetricResult:
+        a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
+        minimum = SIMILARITY.batch_size.minimum
+        if a.rows < minimum:
+            raise InvalidArgument(f"minibatch CKA needs batches of at least {minimum} "
+                                  f"samples and the runs hold {a.rows}: use cka, or a run with more samples")
+        batch_size, remainder = query.batch_size, query.remainder  # required: None was not given
+        if batch_size is None or batch_size > a.rows:
+            raise InvalidArgument(f"batch_size {batch_size or 0!r} must be an int between {minimum} and n={a.rows}")
+        options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
+        return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, query.run_keys,
+                                              query.refresh, lambda: self._minibatch(a, b, la, lb, batch_size,
+                                                                                     remainder))
+
+    def _knn_query(self, query: SimilarityQuery) -> MetricResult:
+        a, b, la, lb, k = query.a, query.b, query.layers_a, query.layers_b, query.k
         if not SIMILARITY.k.minimum <= k < a.rows:
             raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
         self.checks.check_in_memory(a, 2, square=True)
@@ -74,9 +83,10 @@ class SimilarityPlanner(Planner):
 
         def knn():
             values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
-            return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
+            return {"values": values}, {"n": float(a.rows)}, []
 
-        return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, run_keys, refresh, knn)
+        return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, query.run_keys,
+                                              query.refresh, knn)
 
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):
@@ -162,3 +172,6 @@ class SimilarityPlanner(Planner):
         if stats.zero_norm.any():
             notes.append(f"{int(stats.zero_norm.max())} samples had a zero vector; their cosine counts as 0")
         return arrays, {"n": float(stats.n)}, notes
+
+
+register_family(Family("similarity", SimilarityQuery, SimilarityPlanner, "similarity"))

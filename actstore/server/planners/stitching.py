@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from actstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from actstore.server.dispatch import get_or_raise
-from actstore.server.planners import Planner
+from actstore.server.planners import Family, Planner, register_family
 from actstore.server.requests import StitchQuery
 from actstore.server.results import MetricResult
 from actstore.workers.stitch import StitchPlan, stitch_penalty
@@ -46,3 +46,6 @@ class StitchPlanner(Planner):
 
         return self.results.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key],
                                               query.refresh, compute)
+
+
+register_family(Family("stitch", StitchQuery, StitchPlanner, "stitch"))

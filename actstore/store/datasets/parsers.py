@@ -85,9 +85,9 @@ def load_file(
         names = label_names(features, label_column)
         return data if names is None else replace(data, label_names=names)
     if ext == ".csv":
-        columns, rows = _read_user_csv(p)
+        columns, rows = read_user_csv(p)
     else:
-        columns, rows = _read_user_json(p, jsonl=ext == ".jsonl", text_column=text_column)
+        columns, rows = read_json_records(p, jsonl=ext == ".jsonl", text_column=text_column)
     return _records_to_dataset(
         p, columns, rows, text_column, label_column, id_column, group_column, source
     )
@@ -100,7 +100,7 @@ def read_csv_strings(path: Path):
     return pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
 
 
-def _read_user_csv(p: Path) -> tuple[list[str], list[dict]]:
+def read_user_csv(p: Path) -> tuple[list[str], list[dict]]:
     import pandas as pd
 
     try:
@@ -117,7 +117,7 @@ def _read_user_csv(p: Path) -> tuple[list[str], list[dict]]:
     return columns, df.to_dict("records")
 
 
-def _read_user_json(p: Path, *, jsonl: bool, text_column: str) -> tuple[list[str], list[dict]]:
+def read_json_records(p: Path, *, jsonl: bool, text_column: str) -> tuple[list[str], list[dict]]:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -512,6 +512,154 @@ class RegisterDatasetRequest(google.protobuf.message.Message):
 Global___RegisterDatasetRequest: typing_extensions.TypeAlias = RegisterDatasetRequest
 
 @typing.final
+class LabelSet(google.protobuf.message.Message):
+    """Labels registered by sample id against a dataset after its runs exist (probing tasks): a
+    label set never changes the dataset digest or a run key, and is named within its dataset.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: builtins.int
+    DATASET_DIGEST_FIELD_NUMBER: builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    CLASSES_FIELD_NUMBER: builtins.int
+    LABELLED_FIELD_NUMBER: builtins.int
+    SAMPLES_FIELD_NUMBER: builtins.int
+    SOURCE_JSON_FIELD_NUMBER: builtins.int
+    digest: builtins.str
+    """content address: the dataset, the kind, the classes and every labelled sample's label"""
+    dataset_digest: builtins.str
+    name: builtins.str
+    kind: builtins.str
+    """categorical | continuous"""
+    labelled: builtins.int
+    """samples with a label"""
+    samples: builtins.int
+    """samples of the dataset"""
+    source_json: builtins.str
+    @property
+    def classes(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """categorical: the class names in code order"""
+
+    def __init__(
+        self,
+        *,
+        digest: builtins.str = ...,
+        dataset_digest: builtins.str = ...,
+        name: builtins.str = ...,
+        kind: builtins.str = ...,
+        classes: collections.abc.Iterable[builtins.str] | None = ...,
+        labelled: builtins.int = ...,
+        samples: builtins.int = ...,
+        source_json: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["classes", b"classes", "dataset_digest", b"dataset_digest", "digest", b"digest", "kind", b"kind", "labelled", b"labelled", "name", b"name", "samples", b"samples", "source_json", b"source_json"]) -> None: ...
+
+Global___LabelSet: typing_extensions.TypeAlias = LabelSet
+
+@typing.final
+class InlineLabels(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SAMPLE_IDS_FIELD_NUMBER: builtins.int
+    VALUES_FIELD_NUMBER: builtins.int
+    NUMBERS_FIELD_NUMBER: builtins.int
+    @property
+    def sample_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def values(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """one per id ("" = no label), or empty when `numbers` holds them"""
+
+    @property
+    def numbers(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.float]:
+        """one per id (NaN = no label), or empty"""
+
+    def __init__(
+        self,
+        *,
+        sample_ids: collections.abc.Iterable[builtins.str] | None = ...,
+        values: collections.abc.Iterable[builtins.str] | None = ...,
+        numbers: collections.abc.Iterable[builtins.float] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["numbers", b"numbers", "sample_ids", b"sample_ids", "values", b"values"]) -> None: ...
+
+Global___InlineLabels: typing_extensions.TypeAlias = InlineLabels
+
+@typing.final
+class RegisterLabelsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: builtins.int
+    NAME_FIELD_NUMBER: builtins.int
+    PATH_FIELD_NUMBER: builtins.int
+    INLINE_FIELD_NUMBER: builtins.int
+    ID_COLUMN_FIELD_NUMBER: builtins.int
+    LABEL_COLUMN_FIELD_NUMBER: builtins.int
+    KIND_FIELD_NUMBER: builtins.int
+    dataset: builtins.str
+    """alias or digest"""
+    name: builtins.str
+    """unique within the dataset; default: the file's stem, or labels-<digest>"""
+    path: builtins.str
+    """.csv / .jsonl / .json / .parquet on the server"""
+    id_column: builtins.str
+    """default "id" """
+    label_column: builtins.str
+    """default "label" """
+    kind: builtins.str
+    """auto (default) | categorical | continuous"""
+    @property
+    def inline(self) -> Global___InlineLabels: ...
+    def __init__(
+        self,
+        *,
+        dataset: builtins.str = ...,
+        name: builtins.str = ...,
+        path: builtins.str = ...,
+        inline: Global___InlineLabels | None = ...,
+        id_column: builtins.str = ...,
+        label_column: builtins.str = ...,
+        kind: builtins.str = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["inline", b"inline", "path", b"path", "source", b"source"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["dataset", b"dataset", "id_column", b"id_column", "inline", b"inline", "kind", b"kind", "label_column", b"label_column", "name", b"name", "path", b"path", "source", b"source"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["source", b"source"]) -> typing.Literal["path", "inline"] | None: ...
+
+Global___RegisterLabelsRequest: typing_extensions.TypeAlias = RegisterLabelsRequest
+
+@typing.final
+class ListLabelSetsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    DATASET_FIELD_NUMBER: builtins.int
+    dataset: builtins.str
+    def __init__(
+        self,
+        *,
+        dataset: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset", b"dataset"]) -> None: ...
+
+Global___ListLabelSetsRequest: typing_extensions.TypeAlias = ListLabelSetsRequest
+
+@typing.final
+class ListLabelSetsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    LABEL_SETS_FIELD_NUMBER: builtins.int
+    @property
+    def label_sets(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___LabelSet]: ...
+    def __init__(
+        self,
+        *,
+        label_sets: collections.abc.Iterable[Global___LabelSet] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["label_sets", b"label_sets"]) -> None: ...
+
+Global___ListLabelSetsResponse: typing_extensions.TypeAlias = ListLabelSetsResponse
+
+@typing.final
 class CaptureRequest(google.protobuf.message.Message):
     """---------------------------------------------------------------------------------- capture"""
 

@@ -69,6 +69,16 @@ class CatalogStub(object):
                 request_serializer=actstore_dot_v1_dot_actstore__pb2.DeleteRunRequest.SerializeToString,
                 response_deserializer=actstore_dot_v1_dot_actstore__pb2.DeleteRunResponse.FromString,
                 _registered_method=True)
+        self.RegisterLabels = channel.unary_unary(
+                '/actstore.v1.Catalog/RegisterLabels',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.RegisterLabelsRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.LabelSet.FromString,
+                _registered_method=True)
+        self.ListLabelSets = channel.unary_unary(
+                '/actstore.v1.Catalog/ListLabelSets',
+                request_serializer=actstore_dot_v1_dot_actstore__pb2.ListLabelSetsRequest.SerializeToString,
+                response_deserializer=actstore_dot_v1_dot_actstore__pb2.ListLabelSetsResponse.FromString,
+                _registered_method=True)
 
 
 class CatalogServicer(object):
@@ -116,6 +126,18 @@ class CatalogServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterLabels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLabelSets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CatalogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +175,16 @@ def add_CatalogServicer_to_server(servicer, server):
                     servicer.DeleteRun,
                     request_deserializer=actstore_dot_v1_dot_actstore__pb2.DeleteRunRequest.FromString,
                     response_serializer=actstore_dot_v1_dot_actstore__pb2.DeleteRunResponse.SerializeToString,
+            ),
+            'RegisterLabels': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterLabels,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.RegisterLabelsRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.LabelSet.SerializeToString,
+            ),
+            'ListLabelSets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLabelSets,
+                    request_deserializer=actstore_dot_v1_dot_actstore__pb2.ListLabelSetsRequest.FromString,
+                    response_serializer=actstore_dot_v1_dot_actstore__pb2.ListLabelSetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +376,60 @@ class Catalog(object):
             '/actstore.v1.Catalog/DeleteRun',
             actstore_dot_v1_dot_actstore__pb2.DeleteRunRequest.SerializeToString,
             actstore_dot_v1_dot_actstore__pb2.DeleteRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterLabels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Catalog/RegisterLabels',
+            actstore_dot_v1_dot_actstore__pb2.RegisterLabelsRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.LabelSet.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLabelSets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/actstore.v1.Catalog/ListLabelSets',
+            actstore_dot_v1_dot_actstore__pb2.ListLabelSetsRequest.SerializeToString,
+            actstore_dot_v1_dot_actstore__pb2.ListLabelSetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

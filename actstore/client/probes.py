@@ -1,0 +1,286 @@
+"""Client methods for label sets and probes ("which layer encodes this?", METRICS.md "Probes").
+
+    c.register_labels("rotten-tomatoes", "lengths.csv", id_column="id", label_column="words", name="length")
+    c.label_sets("rotten-tomatoes")                             # Listing[LabelSetInfo]
+    p = c.probe(run)                                            # the dataset's own labels, ridge, 5 folds
+    p = c.probe(run, labels="length", method="ridge")           # a continuous target: R^2 per layer
+    p = c.probe(token_run, pool="mean", method="logistic", control=True, against=["dataset-entropy"])
+    p.best_layer, p.score, p.selectivity, p.correlations        # per layer; p.plot(); p.to_pandas()
+    results = c.probe_runs([run_a, run_b], against=["skean2025"])  # several models of one dataset
+
+The probe goes through the generic `Measure` RPC (the spec "probe"), so its answer is cached
+under its result key like every metric's, the label set's digest in it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from actstore import measures
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client.arguments import options
+from actstore.client.frames import Listing, pandas
+from actstore.client.results import Provenance, QueryAnswer
+from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.options import LABELS, PROBE
+
+
+@dataclass(frozen=True)
+class LabelSetInfo:
+    digest: str
+    dataset_digest: str
+    name: str
+    kind: str  # categorical | continuous
+    classes: list[str]
+    labelled: int
+    samples: int
+    source: dict
+
+    @staticmethod
+    def from_proto(r: pb.LabelSet) -> LabelSetInfo:
+        return LabelSetInfo(r.digest, r.dataset_digest, r.name, r.kind, list(r.classes), r.labelled, r.samples,
+                            json.loads(r.source_json or "{}"))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """A probe of one run: per probed layer (`layers`), the mean score over folds (`score`: accuracy
+    for classes, R^2 for a continuous target), every score per fold (`arrays["accuracy"]`, `...["macro_f1"]`,
+    `["log_loss"]`, `["r2"]`: layers x folds) with `_mean`, `_std`, `_low`, `_high` (the 95%
+    corrected resampled t interval), the control task's (`control_...`) and `selectivity`; the
+    best layer and the smallest within `tolerance` of it; baselines; with `against`, each metric's
+    values per layer and its Spearman, Pearson and distance correlation with the score."""
+
+    arrays: dict[str, np.ndarray]
+    scalars: dict[str, float]
+    provenance: Provenance
+    notes: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def from_answer(answer: QueryAnswer) -> ProbeResult:
+        return ProbeResult(answer.arrays, answer.scalars, answer.provenance, answer.notes)
+
+    @property
+    def layers(self) -> list[int]:
+        return [int(layer) for layer in self.arrays["layers"]]
+
+    @property
+    def metric(self) -> str:
+        """The primary score: accuracy (classes) or r2 (a continuous target)."""
+        return "accuracy" if "accuracy" in self.arrays else "r2"
+
+    @property
+    def score(self) -> np.ndarray:
+        return self.arrays["score"]
+
+    @property
+    def interval(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays[f"{self.metric}_low"], self.arrays[f"{self.metric}_high"]
+
+    @property
+    def selectivity(self) -> np.ndarray | None:
+        return self.arrays.get("selectivity")
+
+    @property
+    def best_layer(self) -> int:
+        return int(self.scalars["best_layer"])
+
+    @property
+    def within_layer(self) -> int:
+        """The smallest layer whose score is within `tolerance` of the best one's."""
+        return int(self.scalars["within_layer"])
+
+    @property
+    def classes(self) -> list[str]:
+        raw = self.arrays.get("classes_json")
+        return [] if raw is None else json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
+
+    @property
+    def baseline(self) -> float:
+        """The majority class's accuracy (classes) or 0 (R^2)."""
+        return self.scalars.get("majority_accuracy", self.scalars.get("baseline_r2", 0.0))
+
+    @property
+    def against(self) -> list[str]:
+        return list(self.provenance.options.get("against", []))
+
+    @property
+    def correlations(self) -> dict[str, dict[str, float]]:
+        """Per `against` metric: its spearman, pearson and dcor with the score over the layers."""
+        values = self.arrays.get("correlations", np.empty((0, 3)))
+        return {name: dict(zip(("spearman", "pearson", "dcor"), map(float, row)))
+                for name, row in zip(self.against, values)}
+
+    def to_pandas(self):
+        """One row per probed layer: the score's mean, std and interval, the control's and the
+        selectivity where asked, and each `against` metric."""
+        columns = {"layer": self.layers}
+        for name in ("accuracy", "macro_f1", "log_loss", "r2"):
+            if f"{name}_mean" in self.arrays:
+                for part in ("mean", "std", "low", "high"):
+                    columns[f"{name}_{part}"] = self.arrays[f"{name}_{part}"]
+                if f"control_{name}_mean" in self.arrays:
+                    columns[f"control_{name}_mean"] = self.arrays[f"control_{name}_mean"]
+        if self.selectivity is not None:
+            columns["selectivity"] = self.selectivity
+        for name, row in zip(self.against, self.arrays.get("against_values", [])):
+            columns[name] = row
+        return pandas().DataFrame(columns)
+
+    def plot(self, ax=None, *, label: str | None = None, relative: bool = False, **style):
+        """Draw the score per layer with its interval band (the control's dashed, the majority
+        baseline dotted, the best layer marked) on `ax` (a new figure's when None); `relative` puts
+        layer / last layer on the x axis (models of other depths side by side). Returns the Axes."""
+        plt = _pyplot()
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6.4, 4.0))
+        depth = max(self.layers) or 1
+        x = np.asarray(self.layers, dtype=np.float64) / (depth if relative else 1)
+        line, = ax.plot(x, self.score, marker="o", markersize=3, label=label or self.metric, **style)
+        low, high = self.interval
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        control = self.arrays.get(f"control_{self.metric}_mean")
+        if control is not None:
+            ax.plot(x, control, linestyle="--", color=line.get_color(), alpha=0.7,
+                    label=f"{label or ''} control".strip())
+        if "majority_accuracy" in self.scalars:
+            ax.axhline(self.scalars["majority_accuracy"], color="0.5", linestyle=":", linewidth=1)
+        best = self.layers.index(self.best_layer)
+        ax.plot([x[best]], [self.score[best]], marker="*", markersize=12, color=line.get_color())
+        ax.set_xlabel("layer / last layer" if relative else "layer")
+        ax.set_ylabel(f"held-out {self.metric.replace('_', '-')}")
+        ax.set_title(f"probe of run {self.provenance.run_keys[0][:12]}: best layer {self.best_layer}"
+                     if label is None else "probe per layer")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        return ax
+
+    def __repr__(self) -> str:
+        return (f"ProbeResult(run={self.provenance.run_keys[0][:12]}, {self.metric} over {len(self.layers)} layers, "
+                f"best layer {self.best_layer} ({self.scalars['best_score']:.4f}), last "
+                f"{self.scalars['last_score']:.4f}, n={int(self.scalars['n'])})")
+
+
+def plot_probes(results: Sequence[ProbeResult], labels: Sequence[str] | None = None, *, relative: bool = True):
+    """One figure: every result's score per (relative) layer, and one panel per `against` metric
+    of the first result (each run's curve, its Spearman rho in the legend). Returns the Figure."""
+    plt = _pyplot()
+    against = results[0].against
+    figure, axes = plt.subplots(1, 1 + len(against), figsize=(5.2 * (1 + len(against)), 4.0), squeeze=False)
+    names = list(labels or [r.provenance.run_keys[0][:12] for r in results])
+    for result, name in zip(results, names):
+        result.plot(axes[0, 0], label=name, relative=relative)
+        depth = max(result.layers) or 1
+        x = np.asarray(result.layers, dtype=np.float64) / (depth if relative else 1)
+        for panel, metric in enumerate(against, start=1):
+            row = result.against.index(metric)
+            rho = result.correlations[metric]["spearman"]
+            axes[0, panel].plot(x, result.arrays["against_values"][row], marker="o", markersize=3,
+                                label=f"{name} (Spearman {rho:+.2f})")
+    for panel, metric in enumerate(against, start=1):
+        ax = axes[0, panel]
+        ax.set_title(metric)
+        ax.set_xlabel("layer / last layer" if relative else "layer")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _pyplot():
+    """matplotlib's pyplot (its own backend choice: inline in Jupyter, Agg without a display)."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise FailedPrecondition("plot() needs matplotlib: pip install 'actstore[plots]' (or matplotlib)") from None
+    return plt
+
+
+def _inline_labels(sample_ids: Sequence[str], labels: Sequence) -> pb.InlineLabels:
+    """Numbers travel as doubles (NaN: no label), anything else as strings ("": no label)."""
+    if len(sample_ids) != len(labels):
+        raise InvalidArgument(f"{len(sample_ids)} sample ids for {len(labels)} labels: give one label per id")
+    numeric = all(v is None or (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool))
+                  for v in labels)
+    if numeric:
+        return pb.InlineLabels(sample_ids=list(sample_ids),
+                               numbers=[math.nan if v is None else float(v) for v in labels])
+    return pb.InlineLabels(sample_ids=list(sample_ids), values=["" if v is None else str(v) for v in labels])
+
+
+class ProbesMixin:
+    """`Client`'s label sets and probes (needs its `_catalog` and `_query` stubs)."""
+
+    @options(LABELS)
+    def register_labels(self, dataset: str, path: str | Path | None = None, *,
+                        sample_ids: Sequence[str] | None = None, labels: Sequence | None = None,
+                        name: str | None = None, id_column: str = LABELS.id_column.default,
+                        label_column: str = LABELS.label_column.default,
+                        kind: str = LABELS.kind.default) -> LabelSetInfo:
+        """Register labels of `dataset`'s samples by sample id: from a .csv/.jsonl/.json/.parquet
+        file on the server (`path`, its `id_column` and `label_column`), or `sample_ids` with their
+        `labels` (None, "" or NaN: no label). `kind`: categorical, continuous or auto. The set is
+        content-addressed; it changes no dataset digest and no run key; a name is never moved to
+        other labels. Ids that match no sample are refused."""
+        if (path is None) == (sample_ids is None):
+            raise InvalidArgument("give exactly one label source: a file path, or sample_ids with their labels")
+        request = pb.RegisterLabelsRequest(dataset=dataset, name=name or "", id_column=id_column,
+                                           label_column=label_column, kind=kind)
+        if path is not None:
+            request.path = str(path)
+        else:
+            request.inline.CopyFrom(_inline_labels(list(sample_ids), list(labels or [])))
+        return LabelSetInfo.from_proto(self._catalog.RegisterLabels(request))
+
+    def label_sets(self, dataset: str | None = None) -> Listing[LabelSetInfo]:
+        """The label sets of a dataset (None: of every dataset)."""
+        found = self._catalog.ListLabelSets(pb.ListLabelSetsRequest(dataset=dataset or "")).label_sets
+        return Listing(LabelSetInfo.from_proto(r) for r in found)
+
+    @options(PROBE)
+    def probe(self, run: str, *, labels: str | None = PROBE.labels.default, method: str = PROBE.method.default,
+              folds: int = PROBE.folds.default, alpha: float | None = PROBE.alpha.default,
+              alphas: Sequence[float] | None = None, C: float = PROBE.C.default, tol: float = PROBE.tol.default,
+              max_iter: int = PROBE.max_iter.default, pool: str | None = PROBE.pool.default,
+              control: bool = PROBE.control.default, control_seed: int = PROBE.control_seed.default,
+              tolerance: float = PROBE.tolerance.default, against: Sequence[str] | str | None = None,
+              standardize: bool = PROBE.standardize.default, exclude_dims: Sequence[int] | None = None,
+              exclude_outliers: bool = PROBE.exclude_outliers.default,
+              outlier_sigmas: float = PROBE.outlier_sigmas.default, layers: Sequence[int] | None = None,
+              refresh: bool = False) -> ProbeResult:
+        """A linear probe of every layer of `run` (or `layers`): how well the layer's rows predict
+        `labels` (a registered label set of the run's dataset; default its own labels) on held-out
+        folds of the sample ids (`folds`, stratified, the same for every run of the dataset).
+        method="ridge" (streamed, any n; `alpha`, or one per fold from `alphas` by inner CV) or
+        "logistic" (L2, L-BFGS in memory; `C`, `tol`, `max_iter`). A token-level run needs `pool`.
+        `control`: the same probe of a seeded relabelling, and selectivity. `against`: one-run
+        per-layer metrics (e.g. "dataset-entropy", or "skean2025") set beside the score, with their
+        correlations over the layers (Skean et al. 2025). Returns a `ProbeResult`."""
+        given = {"labels": labels, "method": method, "folds": folds, "alpha": alpha, "alphas": alphas, "pool": pool,
+                 "control": control, "control_seed": control_seed, "tolerance": tolerance, "against": against,
+                 "standardize": standardize, "exclude_dims": exclude_dims, "exclude_outliers": exclude_outliers,
+                 "outlier_sigmas": outlier_sigmas}
+        if method == "logistic":  # the other method's options are not sent at their defaults
+            given.update(C=C, tol=tol, max_iter=max_iter, alphas=None)
+        else:
+            untouched = {"C": PROBE.C.default, "tol": PROBE.tol.default, "max_iter": PROBE.max_iter.default}
+            given.update({k: v for k, v in {"C": C, "tol": tol, "max_iter": max_iter}.items() if v != untouched[k]})
+        spec = measures.get("probe")
+        request = pb.MeasureRequest(measure="probe", run_a=run, layers_a=list(layers or []), refresh=refresh,
+                                    options_json=json.dumps(spec.check(given)))
+        return ProbeResult.from_answer(QueryAnswer.from_proto(self._query.Measure(request)))
+
+    def probe_runs(self, runs: Sequence[str], **options) -> list[ProbeResult]:
+        """`probe` of several runs of one dataset with the same options (paired: the same folds)."""
+        infos = [self.describe(run) for run in runs]
+        datasets = {info.dataset_digest for info in infos}
+        if len(datasets) > 1:
+            raise InvalidArgument(f"the runs are of {len(datasets)} datasets: a comparison across models probes runs "
+                                  "of one dataset (the same samples and folds)")
+        return [self.probe(info.run_key, **options) for info in infos]
