@@ -9,7 +9,10 @@ else. The sandbox is the wall; the checks are there to say clearly why a query i
    INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, ATTACH, DETACH, COPY, EXPORT, INSTALL, LOAD, SET,
    PRAGMA, CALL, BEGIN ... are other statement types: PERMISSION_DENIED.
 2. The SELECT's syntax tree (DuckDB's `json_serialize_sql`): every table it names must be one of
-   the role's readable catalog tables (or a CTE of the query); table functions (`read_csv`,
+   the role's readable catalog tables, or a CTE in scope where it is named, scoped as DuckDB's
+   binder does (`_table_references`: a CTE's body sees the CTEs listed before it, not itself
+   unless it is the recursive part of a recursive CTE), so `WITH audit AS (SELECT * FROM audit)`
+   names the table `audit` and a reader gets PERMISSION_DENIED, as for `FROM audit`; table functions (`read_csv`,
    `read_text`, `glob`, `query`, `duckdb_*` ...), SHOW/DESCRIBE/SUMMARIZE and replacement scans of a
    path (`FROM '/etc/passwd'`, which names a table) are refused; every function called must be one
    DuckDB has loaded, and none that reads server state rather than rows (`current_setting`,
@@ -84,6 +87,34 @@ def _nodes(tree: Any) -> Iterator[dict]:
             yield from _nodes(value)
 
 
+def _table_references(tree: Any, scope: frozenset[str] = frozenset()) -> Iterator[tuple[dict, frozenset[str]]]:
+    """Every BASE_TABLE node of `tree` with the CTE names visible where it stands, as DuckDB binds
+    them: the CTEs of a WITH are visible in its query, and each in the bodies of those listed
+    after it; a CTE's own name is visible in its body only in the recursive part (the right side)
+    of a recursive CTE. Elsewhere the name is a table."""
+    if isinstance(tree, list):
+        for value in tree:
+            yield from _table_references(value, scope)
+        return
+    if not isinstance(tree, dict):
+        return
+    if tree.get("type") == "BASE_TABLE":
+        yield tree, scope
+    entries = tree.get("cte_map", {}).get("map", []) if isinstance(tree.get("cte_map"), dict) else []
+    listed = scope
+    for entry in entries:
+        body = entry.get("value", {}).get("query_node", {})
+        if isinstance(body, dict) and body.get("type") == "RECURSIVE_CTE_NODE":
+            yield from _table_references({k: v for k, v in body.items() if k != "right"}, listed)
+            yield from _table_references(body.get("right"), listed | {body.get("cte_name") or entry["key"]})
+        else:
+            yield from _table_references(body, listed)
+        listed = listed | {entry["key"]}
+    for key, value in tree.items():
+        if key != "cte_map":
+            yield from _table_references(value, listed)
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -118,12 +149,11 @@ class CatalogSql:
         if tree.get("error"):
             raise PermissionDenied(f"this SELECT form is not answered ({tree.get('error_message')}): write a plain "
                                    "SELECT over the catalog tables")
-        nodes = list(_nodes(tree))
-        ctes = {entry["key"] for node in nodes if isinstance(node.get("cte_map"), dict)
-                for entry in node["cte_map"].get("map", [])}
         readable = ", ".join(tables)
         named: set[str] = set()
-        for node in nodes:
+        for node, ctes in _table_references(tree):
+            named |= self._check_table(node, tables, ctes, readable)
+        for node in _nodes(tree):
             kind = node.get("type")
             if kind == "TABLE_FUNCTION":
                 name = node.get("function", {}).get("function_name", "?")
@@ -132,8 +162,6 @@ class CatalogSql:
             if kind == "SHOW_REF":
                 raise PermissionDenied("SHOW, DESCRIBE and SUMMARIZE are refused: docs/sql.md lists every table "
                                        "and column")
-            if kind == "BASE_TABLE":
-                named |= self._check_table(node, tables, ctes, readable)
             if node.get("class") not in ("FUNCTION", "WINDOW"):
                 continue
             function = node.get("function_name", "?")
@@ -145,12 +173,12 @@ class CatalogSql:
                                        f"rows): query the catalog tables ({readable})")
         return statement.query, named
 
-    def _check_table(self, node: dict, tables: tuple[str, ...], ctes: set[str], readable: str) -> set[str]:
-        """The readable table `node` names (none for a CTE), or PermissionDenied."""
+    def _check_table(self, node: dict, tables: tuple[str, ...], ctes: frozenset[str], readable: str) -> set[str]:
+        """The readable table `node` names (none for a CTE in scope there), or PermissionDenied."""
         name, schema, database = node.get("table_name", ""), node.get("schema_name", ""), node.get("catalog_name", "")
         if name in ctes and not schema and not database:
-            # A CTE's scope is not checked here: where the name is also a readable table the sandbox
-            # gets its copy; anything else so named (a path, `principals`) is simply not there.
+            # should the scoping above miss a case, the sandbox still holds: a readable table of the
+            # name gets its copy there; anything else so named (a path, `principals`) is not there
             return {name} if name in tables else set()
         if database not in ("", self._database) or schema not in ("", "main") or name not in tables:
             shown = ".".join(part for part in (database, schema, name) if part)
