@@ -1,9 +1,10 @@
 """`actstore demo`: the main job, end to end on embedded defaults.
 
 Captures MiniLM-L6 (encoder, 6 blocks) and SmolLM2-135M (causal LM, 30 blocks) on Rotten
-Tomatoes reviews, asks the service for within-model CKA and COS matrices and the cross-model CKA
-matrix, and writes heatmaps plus a Markdown report. Everything is computed by the service next to
-the stored chunks; the client only receives the small result matrices.
+Tomatoes reviews, asks the service for within-model CKA and COS matrices, the cross-model CKA
+matrix and a sentiment probe of every layer of both models, and writes plots plus a Markdown
+report. Everything is computed by the service next to the stored chunks; the client only receives
+the small result matrices.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from actstore.client import Client
+from actstore.client.probes import plot_probes
 from actstore.report import bars, curves, heatmap, markdown_matrix, outlier_panels
 
 MODELS = (("minilm-l6", "MiniLM-L6"), ("smollm2-135m", "SmolLM2-135M"))
@@ -91,6 +93,9 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
         sections.append(_standardised_section(client, out, (label_a, run_a), (label_b, run_b), cross.biased))
         timings["outlier report + standardised cross-model CKA"] = time.perf_counter() - t
         t = time.perf_counter()
+        sections.append(_probe_section(client, out, runs))
+        timings["sentiment probes of both models, with Layer by Layer correlations"] = time.perf_counter() - t
+        t = time.perf_counter()
         sections.append(_saturation_section(client, out, runs["SmolLM2-135M"][1]))
         timings["SmolLM2 logit lens on 20 prompts"] = time.perf_counter() - t
         total = time.perf_counter() - started
@@ -148,6 +153,37 @@ def _standardised_section(client: Client, out: Path, a: tuple[str, str], b: tupl
         f"{np.nanmean(standard.biased[:, flat]) if len(flat) else np.nan:.3f}. Range of the z-scored matrix "
         f"{np.nanmin(standard.biased):.3f}..{np.nanmax(standard.biased):.3f} (plain {np.nanmin(plain):.3f}.."
         f"{np.nanmax(plain):.3f}).\n"
+    )
+
+
+PROBE_AGAINST = ("dataset-entropy", "effective-rank")
+
+
+def _probe_section(client: Client, out: Path, runs: dict) -> str:
+    """Which layer of each model encodes the reviews' sentiment (the dataset's fresh/rotten labels):
+    a ridge probe per layer on five folds of the sample ids, the same for both models, with the
+    entropy family of "Layer by Layer" set beside it."""
+    labels = list(runs)
+    results = client.probe_runs([run for run, _ in runs.values()], against=list(PROBE_AGAINST))
+    plot_probes(results, labels).savefig(out / "probe_sentiment.png", dpi=110)
+    lines = []
+    for label, result in zip(labels, results):
+        s = result.scalars
+        rho = result.correlations
+        lines.append(
+            f"- {label}: best layer {result.best_layer} of {result.layers[-1]}, accuracy {s['best_score']:.3f} "
+            f"(last layer {s['last_score']:.3f}: {s['best_minus_last']:+.3f} for the best); the smallest layer within "
+            f"0.01 of the best is {result.within_layer}; majority class {s['majority_accuracy']:.3f}. Spearman rho "
+            "with the probe accuracy over the layers: "
+            + ", ".join(f"{name} {values['spearman']:+.2f}" for name, values in rho.items()))
+    first = results[0]
+    return (
+        f"## Sentiment probes: which layer encodes fresh vs rotten ({int(first.scalars['n'])} reviews)\n\n"
+        "![probes](probe_sentiment.png)\n\n"
+        "A ridge classifier per layer (alpha per fold by an inner cross-validation), scored by held-out accuracy "
+        f"on {int(first.scalars['folds'])} folds of the sample ids (the same folds for both models; band: 95% "
+        "corrected resampled t interval), with the dataset entropy and effective rank of each layer beside it "
+        "(\"Layer by Layer\").\n\n" + "\n".join(lines) + "\n"
     )
 
 

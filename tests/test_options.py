@@ -22,7 +22,9 @@ from actstore.options import (
     ENTROPY,
     GC,
     IMPORTS,
+    LABELS,
     LENS,
+    PROBE,
     PROGRESSION,
     SERVE,
     SIMILARITY,
@@ -198,6 +200,8 @@ CLI = {
     "gc": ([GC], set(GC)),
     "sql": ([SQL], {"limit"}),
     "import": ([IMPORTS], set(IMPORTS)),
+    "register-labels": ([LABELS], set(LABELS)),
+    "probe": ([PROBE], set(PROBE)),
 }
 CLI_OWN_DEFAULTS = {("experiment", "recipe"): "vit-fmnist"}  # the experiment picks a recipe; train does not
 CLI_OWN_CHOICES = {  # the matrix job computes the streamed measures, and the registry lists them
@@ -322,6 +326,8 @@ CLIENT = {
     "cos_stats": (UNCERTAINTY, set(UNCERTAINTY) - {"top_k", "null", "bootstrap_method", "bootstrap_groups"}),
     "outliers": (UNCERTAINTY, {"top_k", "outlier_sigmas"}),
     "progression": (PROGRESSION, set(PROGRESSION)),
+    "register_labels": (LABELS, set(LABELS)),
+    "probe": (PROBE, set(PROBE)),
 }
 
 

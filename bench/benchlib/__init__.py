@@ -159,8 +159,15 @@ def _synthetic_digest(kind: str, **fields) -> str:
     return sha256_hex({"bench-synthetic": kind, **fields})
 
 
+def synthetic_latents(n: int, shard_rows: int, seed: int = 0, latent: int = 32) -> np.ndarray:
+    """The per-sample latent vectors z (n, latent) behind `write_synthetic_runs`' runs of `seed`."""
+    return np.concatenate([np.random.default_rng([seed, 0, shard]).standard_normal(
+        (min(shard_rows, n - start), latent), dtype=np.float32) for shard, start in enumerate(range(0, n, shard_rows))])
+
+
 def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, width: int = 384, seed: int = 0,
-                         latent: int = 32, outliers: int = 4, log: bool = True) -> list[str]:
+                         latent: int = 32, outliers: int = 4, log: bool = True,
+                         dataset_digest: str | None = None) -> list[str]:
     """Write `runs` committed float16 pooled runs of n samples x `states` layers x `width` into the
     embedded server's store through its in-process service (no model, no capture job), and return
     their run keys. Capturing 100k real samples would take about an hour on 2 cores.
@@ -178,7 +185,9 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
     (`actstore.workers.shard_writes.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
     `service.catalog.chunks.insert`, then the layer means are written and `catalog.runs.commit`
-    checks every shard is recorded and marks the run committed, as a capture job does."""
+    checks every shard is recorded and marks the run committed, as a capture job does. With
+    `dataset_digest` (a dataset registered with the ids "s0000000", ...) the runs are of that
+    dataset instead of a placeholder record."""
     import pyarrow as pa
 
     from actstore.store.arrays import RunLayout
@@ -188,9 +197,10 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
 
     service = client._server.service
     shard_rows = service.settings.shard_rows
-    dataset_digest = _synthetic_digest("dataset", n=n, seed=seed, latent=latent)
-    service.catalog.datasets.add(DatasetRecord(digest=dataset_digest, kind="text", n=n, num_labels=0,
-                                              has_groups=False, path="", source={"bench-synthetic": n}))
+    if dataset_digest is None:
+        dataset_digest = _synthetic_digest("dataset", n=n, seed=seed, latent=latent)
+        service.catalog.datasets.add(DatasetRecord(digest=dataset_digest, kind="text", n=n, num_labels=0,
+                                                  has_groups=False, path="", source={"bench-synthetic": n}))
     sample_ids = [f"s{i:07d}" for i in range(n)]
     keys = []
     for m in range(runs):

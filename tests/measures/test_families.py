@@ -14,17 +14,24 @@ from tests.measures.served import client, runs  # noqa: F401 (fixtures)
 from tests.test_cli import actstore, ok
 
 FAMILIES = {"cka", "cos", "minibatch_cka", "mutual_knn", "dataset_entropy", "prompt_entropy", "effective_rank",
-            "curvature", "infonce", "dime", "lidar", "residual_norm", "nc1", "lens", "stitch"}
+            "curvature", "infonce", "dime", "lidar", "residual_norm", "nc1", "lens", "stitch", "probe"}
 
 
 def test_every_metric_is_one_spec_listed_with_the_command_that_asks_for_it():
     every = measures.measures(query=None)
     identifiers = [spec.identifier for spec in every]
     assert len(identifiers) == len(set(identifiers)) and FAMILIES <= set(identifiers)
-    assert {spec.query for spec in every} == set(measures.QUERIES)
-    from actstore.server.requests import QUERY_TYPES
+    from actstore.server.planners import Planner, families, family
 
-    assert set(QUERY_TYPES) == set(measures.QUERIES)  # every family has its typed query
+    # every spec's family is registered, each with its typed query and its planner's answering method
+    assert {spec.query for spec in every} == {f.name for f in families()}
+    for spec in every:
+        registered = family(spec.query)
+        assert callable(registered.query.resolve) and issubclass(registered.planner, Planner)
+        assert callable(getattr(registered.planner, registered.method))
+    curves = {spec.identifier for spec in every if spec.curve}
+    assert curves == {"dataset_entropy", "prompt_entropy", "effective_rank", "curvature", "infonce", "dime", "lidar",
+                      "residual_norm", "nc1", "lens", "probe"}
     assert [spec.identifier for spec in measures.measures()] == [s.identifier for s in every if s.query == "measure"]
     listing = ok(actstore("measures"))
     for spec in every:

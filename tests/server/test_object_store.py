@@ -128,7 +128,7 @@ def test_catalog_rebuild_from_the_object_store_alone(s3_service, s3_client, capt
     out = subprocess.run([sys.executable, "-m", "actstore.cli", "catalog", "rebuild", "--store", s3_module_bucket,
                           "--catalog", str(fresh)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "2 models, 1 datasets, 3 runs (3 committed)" in out.stdout
+    assert "2 models, 1 datasets, 0 label sets, 3 runs (3 committed)" in out.stdout
     assert "cached metric results" in out.stdout  # what it says it could not recover
     from actstore.store.catalog import Catalog
 

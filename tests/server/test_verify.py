@@ -99,6 +99,8 @@ POOLED_QUERIES = {
     "neural_collapse": lambda c, r: c.neural_collapse(r, layers=[2]),
     "read_activations": lambda c, r: c.read_activations(r, 2),
     "cka_matrix": lambda c, r: c.cka_matrix([r]),
+    "probe_ridge": lambda c, r: c.probe(r, alpha=1.0, folds=2),
+    "probe_logistic": lambda c, r: c.probe(r, method="logistic", folds=2),
 }
 
 
@@ -115,6 +117,7 @@ TOKEN_QUERIES = {
     "lens": lambda c, r: c.lens(r),
     "stitch": lambda c, r: c.stitch(r, 2, r, 2),
     "read_activations": lambda c, r: c.read_activations(r, 2),
+    "probe": lambda c, r: c.probe(r, pool="mean", alpha=1.0, folds=2),
 }
 
 
