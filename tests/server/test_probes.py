@@ -354,3 +354,16 @@ def test_a_rebuilt_catalog_holds_the_label_sets(client, setup, module_server, tm
         original = setup[name]
         assert rebuilt[original.digest].name == name
         assert (rebuilt[original.digest].kind, rebuilt[original.digest].labelled) == (original.kind, original.labelled)
+
+
+def test_excluded_dimensions_are_left_out_of_the_fit(client, setup):
+    codes, _ = codes_of([animal(t) for t in setup["texts"]])
+    result = client.probe(setup["pooled"], labels="animals", alpha=1.0, exclude_dims=[0, 5, 11], layers=[2])
+    fold = folds_by_the_documented_rule(setup["ids"], 5, codes)
+    rows = stored_layers(client, setup["pooled"])[2][:, [d for d in range(16) if d not in (0, 5, 11)]]
+    accuracy = [(RidgeClassifier(alpha=1.0).fit(rows[fold != f], codes[fold != f]).predict(rows[fold == f])
+                 == codes[fold == f]).mean() for f in range(5)]
+    np.testing.assert_array_equal(result.arrays["accuracy"][0], accuracy)
+    assert result.arrays["kept_dims"].tolist() == [13.0]
+    with pytest.raises(InvalidArgument, match="exclude_dims value -1 must be >= 0"):
+        client.probe(setup["pooled"], exclude_dims=[-1])

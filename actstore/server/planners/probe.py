@@ -260,12 +260,15 @@ class ProbePlanner(Planner):
         run, layers, options = query.run, query.layers, query.options
         k, categorical = options["folds"], targets.categorical
         columns = targets.task.shape[1]
+        width_t = (1 if len(targets.classes) <= 2 else len(targets.classes)) if categorical else 1
+        self.checks.check_memory(8 * len(targets.fold) * width_t * columns, f"the probe's targets ({width_t * columns} "
+                                 f"columns for {len(targets.classes)} classes x {len(targets.fold)} samples)",
+                                 "probe fewer classes (merge rare ones in the label set)")
         if categorical:
             classes = len(targets.classes)
             side = np.hstack([probes.class_targets(targets.task[:, c], classes) for c in range(columns)])
         else:
             side = np.nan_to_num(targets.task)
-        width_t = side.shape[1] // columns
         groups = [slice(c * width_t, (c + 1) * width_t) for c in range(columns)]
         side_ref = ray.put(side)
         pool = options["pool"]
