@@ -15,7 +15,7 @@ from actstore.options import SIMILARITY
 NEEDS = {needs: measures.NEEDS[needs] for needs in (measures.MOMENTS, measures.ROWS)}
 # The command that asks for a metric of each query family (the registry's own measures: `similarity`).
 COMMANDS = {"measure": "similarity {identifier}", "entropy": "entropy {identifier}", "residual_norm": "residual-norm",
-            "lens": "lens", "neural_collapse": "nc1", "stitch": "stitch"}
+            "lens": "lens", "neural_collapse": "nc1", "stitch": "stitch", "probe": "probe"}
 SIMILARITY_COMMANDS = {"cka": "cka", "cos": "cos", "minibatch_cka": "minibatch-cka", "mutual_knn": "knn"}
 
 

@@ -37,7 +37,8 @@ def test_every_metric_is_one_spec_listed_with_the_command_that_asks_for_it():
     for spec in every:
         assert spec.identifier in listing
     for command in ("actstore cka", "actstore entropy dime", "actstore residual-norm", "actstore nc1",
-                    "actstore lens", "actstore stitch", "actstore knn", "actstore similarity nbs-score"):
+                    "actstore lens", "actstore stitch", "actstore knn", "actstore similarity nbs-score",
+                    "actstore probe"):
         assert command in listing
     markdown = ok(actstore("measures", "--markdown"))
     assert "| `dataset_entropy` |" in markdown and "alpha=1.0" in markdown
