@@ -52,6 +52,23 @@ class Settings(BaseSettings):
     read_cache_gb: float = Field(50.0, gt=0, description="the most a node's read cache holds; the least recently "
                                  "read chunks go first")
 
+    # S3 answers SlowDown for seconds to minutes while a prefix scales up, and drops connections now
+    # and then: a call rides that out rather than failing a long capture (`store.retries`)
+    store_retry_attempts: int = Field(10, ge=1, description="with an s3:// store: tries of one object-store call "
+                                      "that fails transiently (5xx, throttling, a timeout, a reset connection), "
+                                      "the first included; then it fails UNAVAILABLE naming the store")
+    store_retry_seconds: float = Field(120.0, gt=0, description="with an s3:// store: no object-store call is tried "
+                                       "again once this long has passed since its first try (or would have, with "
+                                       "the next backoff)")
+    store_backoff_seconds: float = Field(0.2, gt=0, description="with an s3:// store: the backoff before the first "
+                                         "retry of an object-store call, doubling with each retry (each wait drawn "
+                                         "at random up to it: full jitter)")
+    store_backoff_max_seconds: float = Field(10.0, gt=0, description="with an s3:// store: the longest backoff "
+                                             "between two tries of an object-store call")
+    store_request_seconds: float = Field(60.0, gt=0, description="with an s3:// store: one object-store request "
+                                         "taking longer (connecting, sending and reading the answer) fails as a "
+                                         "timeout and is retried")
+
     shard_rows: int = Field(256, ge=4, description="samples per Zarr shard of a pooled run, and the least "
                             "token rows a shard of a token-level run holds")
     shard_mb: float = Field(16.0, ge=0, description="a token-level run's shards hold a multiple of shard_rows "
@@ -162,6 +179,11 @@ class Settings(BaseSettings):
     job_progress_seconds: float = Field(
         1.0, ge=0, description="how often a running job's progress (done/total) is written to the catalog, so a "
         "restarted server shows how far it got; 0 = at every step")
+
+    job_stall_seconds: float = Field(
+        1800.0, ge=0, description="a running job that reports no progress for this long is ended, failed with "
+        "DEADLINE_EXCEEDED (a lost worker, a store that stopped answering), so its slot is free and a resubmission "
+        "starts afresh; longer than any one step of a job (a model's load, a tile's finalize); 0 = never")
 
     catalog_backup_seconds: float = Field(
         3600.0, ge=0, description="back the catalog up this often, and when the server stops cleanly (a "

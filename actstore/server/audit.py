@@ -8,6 +8,7 @@ after it, or server stop). A flood of strangers thus adds at most two rows per s
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ AUDITED = {m for m, role in METHOD_ROLES.items() if role != "reader"}
 WINDOW_SECONDS = 60.0
 MAX_SOURCES = 10_000  # open windows kept before closed ones are written out early
 REFUSED = "UNAUTHENTICATED"
+
+log = logging.getLogger(__name__)
 
 
 def _source(peer: str) -> str:
@@ -39,7 +42,10 @@ class AuditLog:
         if status == REFUSED:
             self._refused(method, _source(peer() or "unknown"))
         elif method in AUDITED:
-            self.catalog.audit.record(principal, method, str(request).replace("\n", " ")[:200], status)
+            try:
+                self.catalog.audit.record(principal, method, str(request).replace("\n", " ")[:200], status)
+            except Exception as exc:  # a call done (or refused) stays so: its row is what is lost, and said
+                log.error("the audit row of %s by %s (%s) was not written: %s", method, principal, status, exc)
 
     def _refused(self, method: str, source: str) -> None:
         now = time.monotonic()

@@ -345,10 +345,13 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         return run_windowed(tasks, lambda shards: submit(shards, needs[shards[0]]), width, collect,
                             job.cancel_requested, retries=retries)
     except Exception as exc:
-        # the runs say so (not `running` forever)
+        # the runs say so (not `running` forever), where the catalog can still be written
         if not isinstance(exc, Cancelled):
             for record in records:
-                catalog.runs.set_status(record.run_key, "failed")
+                try:
+                    catalog.runs.set_status(record.run_key, "failed")
+                except Exception as also:
+                    log.error("run %s not marked failed (%s): %s", record.run_key[:12], exc, also)
         raise
 
 

@@ -21,6 +21,7 @@ from actstore.server.audit import AuditLog
 from actstore.server.auth import authenticate, check_role, check_server_path
 from actstore.server.dispatch import call_active
 from actstore.server.limits import RequestLimiter
+from actstore.store import disk
 from actstore.store.catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ def _parsing(deserialize, method: str):
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+    if not isinstance(exc, ActStoreError) and disk.full(exc):  # a write our own layers did not name
+        exc = disk.no_space(exc, None)
     if isinstance(exc, ActStoreError):
         # a message that quotes a huge input must still fit gRPC's metadata limit (8 kB by default)
         message = str(exc)

@@ -6,6 +6,13 @@ progress is published to any number of watchers, and mirrored in the catalog's `
 at most once per `job_progress_seconds` (and whenever its total changes), so a server that dies
 leaves the progress its job had reached. At most one live job exists per target (run key or
 result key): an identical request joins it.
+
+Every job ends, whatever its bookkeeping hits: an error of the work, of a catalog write (a full
+disk is RESOURCE_EXHAUSTED naming it), of a callback, is the job's error, and the job is published
+finished and its slot freed even when the catalog cannot record that (`_finish`), so a
+resubmission starts afresh. A watchdog ends a running job that has published nothing for
+`stall_seconds` (DEADLINE_EXCEEDED), and its thread is told to stop. A job's last event says how
+many object-store calls were retried while it ran (`faults`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from dataclasses import dataclass, replace
 
 from cachetools import LRUCache
 
-from actstore.errors import ActStoreError, Cancelled, ResourceExhausted, Unavailable
+from actstore.errors import ActStoreError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+from actstore.store import disk
 from actstore.store.catalog import Catalog, JobRecord
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,7 @@ class JobState:
     def __init__(self, snapshot: JobSnapshot, record: Callable[[int, int], None] | None = None) -> None:
         self._snapshot = snapshot
         self._version = 0
+        self.changed_at = time.monotonic()  # the last publish: what the watchdog reads
         self._cond = threading.Condition()
         self._record = record  # keeps progress where a restarted server finds it
         self.cancel_requested = threading.Event()
@@ -70,8 +79,11 @@ class JobState:
 
     def publish(self, **changes) -> None:
         with self._cond:
+            if self._snapshot.finished:  # ended already (by the watchdog): a late thread changes nothing
+                return
             self._snapshot = replace(self._snapshot, **changes)
             self._version += 1
+            self.changed_at = time.monotonic()
             self._cond.notify_all()
 
     def progress(self, done: int, total: int, unit: str, message: str = "") -> None:
@@ -119,6 +131,20 @@ class _ProgressRecorder:
             self._written_at, self._total = now, total
 
 
+def failure(exc: BaseException, catalog: Catalog, what: str) -> ActStoreError:
+    """Our error for ``exc``, raised by ``what`` of a job: as it is when it is ours; a full disk as
+    RESOURCE_EXHAUSTED naming it (the catalog's, unless the error names another path); else a bug
+    (INTERNAL), with the traceback logged."""
+    if isinstance(exc, ActStoreError):
+        return exc
+    if disk.full(exc):
+        return disk.no_space(exc, catalog.path, None, what)
+    log.error("%s failed on an unexpected error", what, exc_info=exc)
+    error = ActStoreError(f"internal error in {what}: {exc!r}; the server log has the traceback: please report it")
+    error.code = "INTERNAL"
+    return error
+
+
 def _runs(request: dict) -> dict:
     """A capture request's run keys and sites, for its snapshot."""
     if not isinstance(request, dict):
@@ -128,11 +154,14 @@ def _runs(request: dict) -> dict:
 
 class JobManager:
     def __init__(self, catalog: Catalog, max_running: int, finished_kept: int, progress_seconds: float = 1.0,
-                 max_per_principal: int | None = None) -> None:
+                 max_per_principal: int | None = None, stall_seconds: float = 0.0,
+                 faults: Callable[[], dict[str, int]] | None = None) -> None:
         self.catalog = catalog
         self.max_running = max_running
         self.progress_seconds = progress_seconds
         self.max_per_principal = max_per_principal  # for named principals (auth on); None: no such limit
+        self.stall_seconds = stall_seconds  # 0: no watchdog
+        self._faults = faults  # the cluster's object-store retries so far (`workers.store_faults`)
         self._lock = threading.Lock()
         self._live: dict[str, JobState] = {}  # queued or running
         # finished jobs keep their full status (error code, cache hit) for a while; older ones are
@@ -141,6 +170,9 @@ class JobManager:
         self._by_target: dict[str, str] = {}
         self._threads: set[threading.Thread] = set()
         self._stopping = False
+        self._stopped = threading.Event()
+        if stall_seconds > 0:
+            threading.Thread(target=self._watch, name="job-watchdog", daemon=True).start()
 
     def live_for(self, target: str) -> JobState | None:
         with self._lock:
@@ -196,10 +228,17 @@ class JobManager:
             self._live[job_id] = state
             for each in (target, *also):
                 self._by_target[each] = job_id
-        if resumed:
-            self.catalog.jobs.update(job_id, status="queued")
-        else:
-            self.catalog.jobs.add(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
+        try:
+            if resumed:
+                self.catalog.jobs.update(job_id, status="queued")
+            else:
+                self.catalog.jobs.add(JobRecord(job_id, kind, target, "queued", request, 0, 0, None, principal))
+        except Exception as exc:  # not recorded: not started, and its slot and target are free again
+            with self._lock:
+                self._live.pop(job_id, None)
+                for each in [t for t, job in self._by_target.items() if job == job_id]:
+                    self._by_target.pop(each)
+            raise failure(exc, self.catalog, f"the catalog's record of a new {kind} job") from None
         thread = threading.Thread(target=self._run, args=(state, work), name=f"job-{job_id}", daemon=True)
         with self._lock:
             self._threads.add(thread)
@@ -210,39 +249,95 @@ class JobManager:
                         cache_hit: bool = True) -> JobSnapshot:
         """A job that had nothing to do (a cache hit): recorded so it can be watched like any other."""
         job_id = uuid.uuid4().hex[:16]
-        self.catalog.jobs.add(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
-        return JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1,
-                           unit="run", cache_hit=cache_hit, message="served from the store", principal=principal,
-                           **_runs(request))
+        snapshot = JobSnapshot(job_id=job_id, kind=kind, target=target, status="done", done=1, total=1, unit="run",
+                               cache_hit=cache_hit, message="served from the store", principal=principal,
+                               **_runs(request))
+        try:
+            self.catalog.jobs.add(JobRecord(job_id, kind, target, "done", request, 1, 1, None, principal))
+        except Exception as exc:  # bookkeeping only: the answer stands, kept in memory to be watched
+            log.error("the catalog did not record job %s (%s, served from the store): %s", job_id, kind,
+                      failure(exc, self.catalog, "a job's record"))
+            with self._lock:
+                self._finished[job_id] = JobState(snapshot)
+        return snapshot
 
     def _run(self, state: JobState, work: Work) -> None:
         job_id = state.snapshot.job_id
-        self.catalog.jobs.update(job_id, status="running")
-        state.publish(status="running")
+        before = self._fault_counts()
         try:
+            self.catalog.jobs.update(job_id, status="running")
+            state.publish(status="running")
             work(state)
         except Cancelled as exc:
             status = "interrupted" if self._stopping else "cancelled"
-            self._finish(state, status=status, error=str(exc), error_code=exc.code)
-        except ActStoreError as exc:
-            self._finish(state, status="failed", error=str(exc), error_code=exc.code)
-        except Exception as exc:  # a bug: report it as INTERNAL, keep the server alive
-            log.exception("job %s failed", job_id)
-            self._finish(state, status="failed", error=f"internal error: {exc!r}", error_code="INTERNAL")
+            changes = {"status": status, "error": str(exc), "error_code": exc.code}
+        except Exception as exc:  # whatever it is, the job ends with it (a bug: INTERNAL)
+            error = failure(exc, self.catalog, f"job {job_id} ({state.snapshot.kind})")
+            changes = {"status": "failed", "error": str(error), "error_code": error.code}
         else:
-            snap = state.snapshot
-            self._finish(state, status="done", done=snap.total, error="", error_code="")
+            changes = {"status": "done", "done": state.snapshot.total, "error": "", "error_code": ""}
+        try:
+            self._finish(state, before=before, **changes)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
 
-    def _finish(self, state: JobState, **changes) -> None:
+    def _fault_counts(self) -> dict[str, int] | None:
+        if self._faults is None:
+            return None
+        try:
+            return self._faults()
+        except Exception as exc:  # a count is never worth a job
+            log.warning("object-store retry counts unread: %s", exc)
+            return None
+
+    def _finish(self, state: JobState, before: dict[str, int] | None = None, **changes) -> None:
+        """Record the job's end in the catalog, then free its slot and publish it, whatever the
+        catalog does: a job the catalog cannot record ends all the same, failed with that cause."""
         snap = state.snapshot
-        self.catalog.jobs.update(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
-                                total=snap.total, error=changes.get("error") or None)
-        with self._lock:
-            for target in [t for t, job in self._by_target.items() if job == snap.job_id]:
-                self._by_target.pop(target)
-            self._finished[snap.job_id] = self._live.pop(snap.job_id)
-            self._threads.discard(threading.current_thread())
-        state.publish(**changes)
+        if snap.finished:  # the watchdog ended it; this is its thread, done at last
+            return
+        after = self._fault_counts() if before is not None else None
+        if after is not None:
+            retried, gave_up = (after.get(k, 0) - before.get(k, 0) for k in ("retried", "gave_up"))
+            if retried or gave_up:
+                changes["message"] = (f"{retried} object-store call(s) retried while it ran"
+                                      + (f", {gave_up} given up" if gave_up else ""))
+                log.warning("job %s (%s): %s", snap.job_id, snap.kind, changes["message"])
+        try:
+            self.catalog.jobs.update(snap.job_id, status=changes["status"], done=changes.get("done", snap.done),
+                                    total=snap.total, error=changes.get("error") or None)
+        except Exception as exc:
+            error = failure(exc, self.catalog, f"the catalog's record of the end of job {snap.job_id}")
+            log.error("job %s ended %s, but the catalog did not record it: %s", snap.job_id, changes["status"], error)
+            if changes["status"] == "done":  # what the catalog says of it now is wrong: said so
+                changes.update(status="failed", error=f"the job finished, but its end was not recorded: {error}",
+                               error_code=error.code)
+        finally:
+            with self._lock:
+                for target in [t for t, job in self._by_target.items() if job == snap.job_id]:
+                    self._by_target.pop(target)
+                if snap.job_id in self._live:
+                    self._finished[snap.job_id] = self._live.pop(snap.job_id)
+            state.publish(**changes)
+
+    def _watch(self) -> None:
+        """End every running job that has published nothing for `stall_seconds`."""
+        period = max(0.2, min(5.0, self.stall_seconds / 4))
+        while not self._stopped.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                stalled = [s for s in self._live.values() if now - s.changed_at > self.stall_seconds]
+            for state in stalled:
+                snap = state.snapshot
+                state.cancel_requested.set()  # its thread stops at its next step, if it ever takes one
+                error = DeadlineExceeded(
+                    f"job {snap.job_id} ({snap.kind}) made no progress for {self.stall_seconds:g} s "
+                    f"(ACTSTORE_JOB_STALL_SECONDS) at {snap.done} of {snap.total} {snap.unit}: it was ended (a lost "
+                    "worker or a store that stopped answering; the server log says more). Submit it again: what "
+                    "was stored is kept")
+                log.error("%s", error)
+                self._finish(state, status="failed", error=str(error), error_code=error.code)
 
     def _state(self, job_id: str) -> JobState | None:
         with self._lock:
@@ -282,6 +377,7 @@ class JobManager:
             states = list(self._live.values())
             threads = list(self._threads)
         self._stopping = True
+        self._stopped.set()
         for state in states:
             state.cancel_requested.set()
         for thread in threads:

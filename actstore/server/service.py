@@ -41,6 +41,7 @@ from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSet
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
 from actstore.workers import cluster
+from actstore.workers.store_faults import FaultTally
 
 __all__ = ["ActStoreService", "CaptureRequest", "DatasetSource", "ImportRequest", "LabelsSource", "RunDescription",
            "TrainRequest"]
@@ -62,14 +63,16 @@ class ActStoreService:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.heap = HeapUpkeep()
-        self.store = StoreHandle.from_settings(self.settings)
+        self.faults = FaultTally()  # every process's object-store retries, counted for this server
+        self.store = StoreHandle.from_settings(self.settings, self.faults)
         self.store.path.mkdir(parents=True, exist_ok=True)
         self.store.check()
         self.catalog = Catalog(self.settings.catalog_path, self.settings.catalog_memory_bytes)
         self._tokens_lock = threading.Lock()
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
-                               self.settings.job_progress_seconds, self.settings.principal_max_running_jobs)
+                               self.settings.job_progress_seconds, self.settings.principal_max_running_jobs,
+                               self.settings.job_stall_seconds, self.faults.totals if self.store.is_url else None)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings)
         self.registrar = Registrar(self.catalog, self.store, self.settings)
@@ -108,6 +111,12 @@ class ActStoreService:
         self.backups.stop()
         self.catalog.close()
         self.heap.stop()
+        self.faults.stop()
+
+    def store_faults(self) -> dict[str, int]:
+        """The object-store calls retried and given up since this server started, in every process
+        of its cluster (`workers.store_faults`)."""
+        return self.faults.totals()
 
     def resume_interrupted(self) -> list[str]:
         """Restart jobs that a previous server left unfinished: captures compute only their missing

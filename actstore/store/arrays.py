@@ -48,6 +48,7 @@ from actstore.store.damage import (
     why_failed,
 )
 from actstore.store.read_cache import ReadThroughCache
+from actstore.store.retries import RetryPolicy
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 
@@ -64,11 +65,13 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
     interface, so both behave alike. Object-store failures raise our errors (`objects.failure`)."""
 
     def __init__(self, root: Path | str, compressor: str = "lz4", s3_config: objects.S3Config | None = None,
-                 read_cache: str | Path | None = None, read_cache_bytes: int = 50 << 30) -> None:
+                 read_cache: str | Path | None = None, read_cache_bytes: int = 50 << 30,
+                 retry: RetryPolicy | None = None) -> None:
         self.root = root
         self.compressor = compressor
         self._url = objects.is_url(str(root))
-        self._zarr = open_store(root, s3_config, read_cache, read_cache_bytes)
+        self._retry = retry or RetryPolicy()
+        self._zarr = open_store(root, s3_config, read_cache, read_cache_bytes, self._retry)
         self._cache = self._zarr if isinstance(self._zarr, ReadThroughCache) else None
         self._objects = (self._cache.objects if self._cache else self._zarr.store) if self._url else None
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from actstore.store import disk
+
 # A staging folder older than this belongs to a writer that crashed; younger ones may be live.
 STALE_STAGING_SECONDS = 3600.0
 # mkdtemp makes folders 0700 and mkstemp files 0600; the store is shared by a team.
@@ -57,22 +59,33 @@ def _remove_stale_staging(parent: Path, prefix: str) -> None:
 
 
 @contextmanager
-def atomic_directory(target: Path | str) -> Iterator[Path]:
+def atomic_directory(target: Path | str, needed: int | None = None, what: str = "a folder") -> Iterator[Path]:
     """Yield an empty staging folder; when the block ends cleanly it becomes ``target``.
 
     Raises ``FileExistsError`` when ``target`` exists by the time the block ends (another writer
     won the race): the caller decides whether the existing folder is acceptable. On any error the
-    staging folder is removed and ``target`` is untouched.
+    staging folder is removed and ``target`` is untouched; a full disk is RESOURCE_EXHAUSTED naming
+    ``target`` and, where the caller gives it, the space ``what`` needs (`disk.no_space`).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{target.name}.staging-"
-    _remove_stale_staging(target.parent, prefix)
-    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f".{target.name}.staging-"
+        _remove_stale_staging(target.parent, prefix)
+        staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    except OSError as exc:
+        if disk.full(exc):
+            raise disk.no_space(exc, target, needed, what) from None
+        raise
     try:
         os.chmod(staging, DIR_MODE)
-        yield staging
-        fsync_tree(staging)
+        try:
+            yield staging
+            fsync_tree(staging)
+        except OSError as exc:
+            if disk.full(exc):
+                raise disk.no_space(exc, target, needed, what) from None
+            raise
         # rename(2) silently replaces an *empty* folder, so look first; the rename's error covers
         # a target that appears after this look.
         if os.path.lexists(target):
@@ -92,19 +105,23 @@ def atomic_directory(target: Path | str) -> Iterator[Path]:
 def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Replace the file at ``path`` with ``data``: readers see the old or the new bytes, never a part."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{path.name}.staging-"
-    _remove_stale_staging(path.parent, prefix)
-    fd, staging = tempfile.mkstemp(prefix=prefix, dir=path.parent)
+    staging = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f".{path.name}.staging-"
+        _remove_stale_staging(path.parent, prefix)
+        fd, staging = tempfile.mkstemp(prefix=prefix, dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(staging, FILE_MODE)
         os.replace(staging, path)
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
+    except BaseException as exc:
+        if staging is not None:
+            Path(staging).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and disk.full(exc):
+            raise disk.no_space(exc, path, len(data), f"the file {path.name}") from None
         raise
     fsync_path(path.parent)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 
 from actstore.errors import ActStoreError, DataLoss, Unavailable
-from actstore.store import backups
+from actstore.store import backups, disk
 from actstore.store.catalog_audit import Audit
 from actstore.store.catalog_chunks import Chunks
 from actstore.store.catalog_datasets import Datasets
@@ -117,8 +117,10 @@ class Catalog:
                     self._con.execute(f'COPY FROM DATABASE "{name}" TO actstore_backup')
                 finally:
                     self._con.execute("DETACH actstore_backup")
-            except BaseException:
+            except BaseException as exc:
                 staged.unlink(missing_ok=True)
+                if disk.full(exc):
+                    raise disk.no_space(exc, staged.parent, self.path.stat().st_size, "a catalog backup") from None
                 raise
         return backups.publish(staged, self.path, keep)
 
@@ -135,12 +137,23 @@ class Catalog:
 
     def execute(self, sql: str, params: list | tuple = ()) -> None:
         """Run one statement for its effect."""
-        with self._lock:
+        with self._lock, self._writing():
             self._con.execute(sql, params)
 
     @contextmanager
     def connection(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """The connection, held under the lock, for statements that must run together (a
         transaction, a registered Arrow table)."""
-        with self._lock:
+        with self._lock, self._writing():
             yield self._con
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that finds the catalog's disk full as RESOURCE_EXHAUSTED naming it (DuckDB keeps
+        answering reads, and writes again once there is space)."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            if disk.full(exc):
+                raise disk.no_space(exc, self.path, None, "the catalog") from None
+            raise

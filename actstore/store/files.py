@@ -20,6 +20,7 @@ from pathlib import Path
 from actstore.errors import DataLoss, NotFound
 from actstore.store import objects
 from actstore.store.atomic import atomic_directory, atomic_write_bytes
+from actstore.store.retries import RetryPolicy
 
 COMPLETE_MARKER = ".complete"
 RECORD_FILE = "record.json"  # a registered model's catalog record, kept in its folder
@@ -102,13 +103,26 @@ class LocalFiles(StoreFiles):
 class ObjectFiles(StoreFiles):
     """Folders as objects under ``<url>/<key>/``; refs are keys, copies cached in ``cache_dir``."""
 
-    def __init__(self, url: str, cache_dir: Path | None = None, config: objects.S3Config | None = None) -> None:
+    def __init__(self, url: str, cache_dir: Path | None = None, config: objects.S3Config | None = None,
+                 retry: RetryPolicy | None = None) -> None:
         self.url = url
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(url)
         self.config = config
+        self.retry = retry or RetryPolicy()
 
     def _store(self):
-        return objects.s3_store(self.url, self.config)
+        return objects.s3_store(self.url, self.config, self.retry)
+
+    def _call(self, request: str, fn):
+        """``fn()``, retried where it fails transiently (`store.retries`)."""
+        return self.retry.call(self.url, request, fn)
+
+    def _names(self, store, prefix: str) -> list[str]:
+        """Every key under ``prefix``: a listing cut short is listed again whole."""
+        import obstore
+
+        return self._call(f"LIST {prefix}", lambda: [meta["path"] for batch in obstore.list(store, prefix=prefix)
+                                                     for meta in batch])
 
     def ref(self, key: str) -> str:
         return key
@@ -117,7 +131,7 @@ class ObjectFiles(StoreFiles):
         import obstore
 
         try:
-            obstore.head(self._store(), f"{key}/{COMPLETE_MARKER}")
+            self._call(f"HEAD {key}/{COMPLETE_MARKER}", lambda: obstore.head(self._store(), f"{key}/{COMPLETE_MARKER}"))
             return True
         except FileNotFoundError:
             return False
@@ -135,8 +149,10 @@ class ObjectFiles(StoreFiles):
             build(folder)
             try:
                 for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-                    obstore.put(store, f"{key}/{path.relative_to(folder).as_posix()}", path)
-                obstore.put(store, f"{key}/{COMPLETE_MARKER}", b"")  # last: the folder is whole
+                    name = f"{key}/{path.relative_to(folder).as_posix()}"
+                    self._call(f"PUT {name}", lambda name=name, path=path: obstore.put(store, name, path))
+                # last: the folder is whole
+                self._call(f"PUT {key}/{COMPLETE_MARKER}", lambda: obstore.put(store, f"{key}/{COMPLETE_MARKER}", b""))
             except Exception as exc:
                 raise objects.failure(exc, self.url) from None
         return key
@@ -149,7 +165,7 @@ class ObjectFiles(StoreFiles):
             return target
         store = self._store()
         try:
-            names = [meta["path"] for batch in obstore.list(store, prefix=f"{ref}/") for meta in batch]
+            names = self._names(store, f"{ref}/")
         except Exception as exc:
             raise objects.failure(exc, self.url) from None
         if f"{ref}/{COMPLETE_MARKER}" not in names:
@@ -162,7 +178,8 @@ class ObjectFiles(StoreFiles):
                 for name in names:
                     path = staging / name[len(ref) + 1:]
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(bytes(obstore.get(store, name).bytes()))
+                    found = self._call(f"GET {name}", lambda name=name: obstore.get(store, name).bytes())
+                    path.write_bytes(bytes(found))
         except FileExistsError:
             pass  # another task on this node downloaded it meanwhile
         except (FileNotFoundError, OSError) as exc:
@@ -171,10 +188,8 @@ class ObjectFiles(StoreFiles):
 
 
     def folders(self, prefix: str) -> list[str]:
-        import obstore
-
         try:
-            names = [meta["path"] for batch in obstore.list(self._store(), prefix=f"{prefix}/") for meta in batch]
+            names = self._names(self._store(), f"{prefix}/")
         except Exception as exc:
             raise objects.failure(exc, self.url) from None
         marker = "/" + COMPLETE_MARKER
@@ -185,7 +200,7 @@ class ObjectFiles(StoreFiles):
         import obstore
 
         try:
-            return bytes(obstore.get(self._store(), f"{key}/{name}").bytes())
+            return bytes(self._call(f"GET {key}/{name}", lambda: obstore.get(self._store(), f"{key}/{name}").bytes()))
         except FileNotFoundError:
             return None
         except Exception as exc:
@@ -195,7 +210,8 @@ class ObjectFiles(StoreFiles):
         import obstore
 
         try:
-            obstore.put(self._store(), f"{key}/{name}", data)  # an object is replaced whole
+            # an object is replaced whole
+            self._call(f"PUT {key}/{name}", lambda: obstore.put(self._store(), f"{key}/{name}", data))
         except Exception as exc:
             raise objects.failure(exc, self.url) from None
 
@@ -204,10 +220,11 @@ class ObjectFiles(StoreFiles):
 
         store = self._store()
         try:
-            obstore.delete(store, f"{key}/{COMPLETE_MARKER}")  # first: readers no longer take it
-            names = [meta["path"] for batch in obstore.list(store, prefix=f"{key}/") for meta in batch]
+            # first: readers no longer take it
+            self._call(f"DELETE {key}/{COMPLETE_MARKER}", lambda: obstore.delete(store, f"{key}/{COMPLETE_MARKER}"))
+            names = self._names(store, f"{key}/")
             if names:
-                obstore.delete(store, names)
+                self._call(f"DELETE {len(names)} objects under {key}/", lambda: obstore.delete(store, names))
         except FileNotFoundError:
             pass
         except Exception as exc:

@@ -15,6 +15,7 @@ from actstore.store import objects
 from actstore.store.array_store import ArrayStore
 from actstore.store.arrays import ZarrArrayStore
 from actstore.store.files import LocalFiles, ObjectFiles, StoreFiles, default_cache_dir
+from actstore.store.retries import Observer, RetryPolicy
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.
 _OPENED: dict[StoreHandle, ArrayStore] = {}
@@ -32,14 +33,17 @@ class StoreHandle:
     s3_config: objects.S3Config | None = field(default=None, repr=False)  # credentials: never printed
     read_cache: str = ""  # with a URL root: each node's directory of the chunks it read (`store.read_cache`)
     read_cache_bytes: int = 0
+    retry: RetryPolicy = RetryPolicy()  # how an object store's calls are retried (`store.retries`)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> StoreHandle:
+    def from_settings(cls, settings: Settings, observer: Observer | None = None) -> StoreHandle:
+        """The handle of the settings' store; ``observer`` is told of every object-store retry and
+        call given up, in whichever process it happens (`retries.RetryPolicy`)."""
         url = objects.is_url(settings.store_root)
         config = objects.config_from_env() if url else None
         cache = settings.read_cache if url and settings.read_cache else ""
         return cls(settings.store_root, settings.compressor, str(settings.server_path), config, cache,
-                   int(settings.read_cache_gb * (1 << 30)))
+                   int(settings.read_cache_gb * (1 << 30)), RetryPolicy.from_settings(settings, observer))
 
     @property
     def is_url(self) -> bool:
@@ -60,12 +64,12 @@ class StoreHandle:
     def check(self) -> None:
         """Fail fast, saying what to fix, when an object store cannot be reached."""
         if self.is_url:
-            objects.check_reachable(self.root, self.s3_config)
+            objects.check_reachable(self.root, self.s3_config, self.retry)
 
     @property
     def files(self) -> StoreFiles:
         """The store's folders of models and datasets (`store.files`)."""
-        return ObjectFiles(self.root, config=self.s3_config) if self.is_url else LocalFiles(self.path)
+        return ObjectFiles(self.root, config=self.s3_config, retry=self.retry) if self.is_url else LocalFiles(self.path)
 
     def local(self, ref: str) -> Path:
         """A local folder with the files of a model or dataset the catalog names ``ref``."""
@@ -76,5 +80,5 @@ class StoreHandle:
         if store is None:
             root = self.root if self.is_url else self.path
             store = _OPENED[self] = ZarrArrayStore(root, self.compressor, self.s3_config, self.read_cache or None,
-                                                   self.read_cache_bytes)
+                                                   self.read_cache_bytes, self.retry)
         return store

@@ -2,32 +2,33 @@
 
 ``s3://bucket/prefix`` URLs open a zarr ``ObjectStore`` over obstore's ``S3Store``, configured
 by the standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), so MinIO, Ceph and AWS all work. Retries with
-backoff and timeouts are the library's (``RETRY``, ``CLIENT_OPTIONS``); nothing here loops.
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), so MinIO, Ceph and AWS all work. Every call is
+retried where it fails transiently, by the store's `retries.RetryPolicy` (`RetryingStore` for the
+calls zarr makes; the blocking calls of this package through `RetryPolicy.call`); a request's own
+time is bounded by the client's timeouts (``CLIENT_OPTIONS``, the policy's `timeout`).
 Errors of the object store become ours: a missing bucket or refused credentials are
-FAILED_PRECONDITION naming the variable to fix, anything else UNAVAILABLE.
+FAILED_PRECONDITION naming the variable to fix, a call that spent its retries UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from urllib.parse import urlparse
 
 from obstore.store import S3Store
-from zarr.storage import ObjectStore
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest
+from zarr.storage import ObjectStore, WrapperStore
 
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument, Unavailable
+from actstore.store.retries import RetryPolicy, obstore_retry
 
 SCHEMES = ("s3",)
-# Bounded: a store that does not answer fails a call within about half a minute, never hangs.
-RETRY = {
-    "max_retries": 3,
-    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2},
-    "retry_timeout": timedelta(seconds=30),
-}
-CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5), "timeout": timedelta(seconds=60)}
+# Bounded: a request that gets no answer fails within the policy's timeout and is retried.
+CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5)}
 _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
                      "ExpiredToken")
 
@@ -58,20 +59,99 @@ def config_from_env() -> S3Config:
     return tuple(sorted(found.items()))
 
 
-def s3_store(url: str, config: S3Config | None = None) -> S3Store:
+def s3_store(url: str, config: S3Config | None = None, policy: RetryPolicy | None = None) -> S3Store:
     """obstore's S3Store for ``s3://bucket/prefix`` with ``config`` (default: this process's AWS
-    variables); plain-HTTP endpoints (MinIO on a LAN, a test server on loopback) are allowed."""
+    variables); plain-HTTP endpoints (MinIO on a LAN, a test server on loopback) are allowed.
+    obstore retries nothing itself: its callers retry by ``policy`` (`retries`)."""
     parsed = urlparse(url)
     if parsed.scheme != "s3" or not parsed.netloc:
         raise InvalidArgument(f"store URL {url!r} is not s3://bucket/prefix")
     settings = dict(config_from_env() if config is None else config)
-    options = {**CLIENT_OPTIONS, "allow_http": settings.get("endpoint", "").startswith("http://")}
+    policy = policy or RetryPolicy()
+    options = {**CLIENT_OPTIONS, "timeout": timedelta(seconds=policy.timeout),
+               "allow_http": settings.get("endpoint", "").startswith("http://")}
     return S3Store(parsed.netloc, prefix=parsed.path.strip("/") or None, config=settings, client_options=options,
-                   retry_config=RETRY)
+                   retry_config=obstore_retry())
 
 
-def zarr_store(url: str, config: S3Config | None = None) -> ObjectStore:
-    return ObjectStore(s3_store(url, config))
+def zarr_store(url: str, config: S3Config | None = None, policy: RetryPolicy | None = None) -> RetryingStore:
+    policy = policy or RetryPolicy()
+    return RetryingStore(ObjectStore(s3_store(url, config, policy)), url, policy)
+
+
+class RetryingStore(WrapperStore[ObjectStore]):
+    """zarr's ObjectStore with every call retried by ``policy`` (`retries`). A listing is collected
+    whole, then handed out, so that a listing cut short is listed again from its start."""
+
+    def __init__(self, store: ObjectStore, url: str, policy: RetryPolicy) -> None:
+        super().__init__(store)
+        self.url, self.policy = url, policy
+
+    def _with_store(self, store: ObjectStore) -> RetryingStore:
+        return type(self)(store, self.url, self.policy)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RetryingStore) and self._store == other._store
+
+    def __repr__(self) -> str:
+        return f"RetryingStore({self._store!r})"
+
+    @property
+    def store(self) -> S3Store:
+        """The obstore store underneath (for the blocking calls made with `policy.call`)."""
+        return self._store.store
+
+    def _retried(self, request: str, fn):
+        return self.policy.call_async(self.url, request, fn)
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        return await self._retried(f"GET {key}", lambda: self._store.get(key, prototype, byte_range))
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
+        key_ranges = list(key_ranges)
+        first = key_ranges[0][0] if key_ranges else ""
+        return await self._retried(f"GET {len(key_ranges)} ranges ({first} ...)",
+                                   lambda: self._store.get_partial_values(prototype, key_ranges))
+
+    async def exists(self, key: str) -> bool:
+        return await self._retried(f"HEAD {key}", lambda: self._store.exists(key))
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._retried(f"PUT {key}", lambda: self._store.set(key, value))
+
+    async def delete(self, key: str) -> None:
+        await self._retried(f"DELETE {key}", lambda: self._store.delete(key))
+
+    async def delete_dir(self, prefix: str) -> None:
+        await self._retried(f"DELETE {prefix}/*", lambda: self._store.delete_dir(prefix))
+
+    async def getsize(self, key: str) -> int:
+        return await self._retried(f"HEAD {key}", lambda: self._store.getsize(key))
+
+    async def getsize_prefix(self, prefix: str) -> int:
+        return await self._retried(f"LIST {prefix}", lambda: self._store.getsize_prefix(prefix))
+
+    async def is_empty(self, prefix: str) -> bool:
+        return await self._retried(f"LIST {prefix}", lambda: self._store.is_empty(prefix))
+
+    async def _listed(self, method: str, *args: str) -> list[str]:
+        async def collect() -> list[str]:
+            return [name async for name in getattr(self._store, method)(*args)]
+
+        return await self._retried(f"LIST {args[0] if args else ''}", collect)
+
+    async def list(self) -> AsyncIterator[str]:
+        for name in await self._listed("list"):
+            yield name
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        for name in await self._listed("list_prefix", prefix):
+            yield name
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        for name in await self._listed("list_dir", prefix):
+            yield name
 
 
 def failure(exc: BaseException, url: str) -> ActStoreError:
@@ -93,10 +173,11 @@ def failure(exc: BaseException, url: str) -> ActStoreError:
                        "AWS_ENDPOINT_URL and that the server is up, then retry")
 
 
-def check_reachable(url: str, config: S3Config | None = None) -> None:
+def check_reachable(url: str, config: S3Config | None = None, policy: RetryPolicy | None = None) -> None:
     """Fail fast, with the variable to fix, when the bucket cannot be listed."""
-    store = s3_store(url, config)
+    policy = policy or RetryPolicy()
+    store = s3_store(url, config, policy)
     try:
-        next(iter(store.list(chunk_size=1)), None)
+        policy.call(url, "LIST", lambda: next(iter(store.list(chunk_size=1)), None))
     except Exception as exc:
         raise failure(exc, url) from None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shutil
 import threading
@@ -40,7 +41,11 @@ from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import ObjectStore, WrapperStore
 
+from actstore.errors import ResourceExhausted
+from actstore.store.retries import RetryPolicy
 from actstore.store.store_calls import write_file
+
+log = logging.getLogger(__name__)
 
 CACHED_PART = "/c/"  # the chunk objects of a zarr array: `<array>/c/<coords>`
 
@@ -109,7 +114,13 @@ class ReadThroughCache(WrapperStore[ObjectStore]):
     def read(self, key: str, byte_range: ByteRequest | None = None) -> memoryview | None:
         """An object's bytes (or the range of them asked for), from the local copy of its current
         version where there is one, else from the object store, keeping a copy; None: no object.
-        Blocking, in the calling thread (object-store errors are obstore's)."""
+        Blocking, in the calling thread (object-store errors are obstore's), retried as a whole by
+        the store's policy (`store.retries`) where it fails transiently."""
+        policy = getattr(self._store, "policy", None) or RetryPolicy()
+        return policy.call(getattr(self._store, "url", str(self._store)), f"GET {key}",
+                           lambda: self._read(key, byte_range))
+
+    def _read(self, key: str, byte_range: ByteRequest | None) -> memoryview | None:
         if CACHED_PART not in key and byte_range is None:
             try:
                 return memoryview(obstore.get(self.objects, key).bytes())
@@ -141,7 +152,11 @@ class ReadThroughCache(WrapperStore[ObjectStore]):
             return None
         data = fetched.bytes()
         self.forget(key)  # older versions
-        write_file(self.folder / f"{key}~{_version(fetched.meta)}", data)
+        try:
+            write_file(self.folder / f"{key}~{_version(fetched.meta)}", data)
+        except ResourceExhausted as exc:  # a full cache disk costs the copy, never the read
+            log.warning("no copy of %s kept in the read cache: %s", key, exc)
+            return _within(data, byte_range)
         self._count(len(data))
         return _within(data, byte_range)
 

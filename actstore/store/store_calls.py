@@ -36,7 +36,8 @@ from zarr.buffer.cpu import Buffer
 from zarr.storage import LocalStore
 
 from actstore.event_loop import sync
-from actstore.store import objects
+from actstore.store import disk, objects
+from actstore.store.retries import RetryPolicy
 
 if TYPE_CHECKING:
     from actstore.store.read_cache import ReadThroughCache
@@ -48,15 +49,19 @@ def write_file(path: Path, data) -> None:
     renamed over it, so a reader sees the old bytes or the new, never a part (no fsync, as
     LocalStore: a killed process loses nothing the kernel has; the store's writers rewrite what a
     crashed machine lost)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(staging, "xb") as f:  # a new file, with the process's umask (shared stores: 0644)
             for part in data if isinstance(data, list) else [data]:
                 f.write(part)  # a large part goes to the file as it is, not through the buffer
         os.replace(staging, path)
-    except BaseException:
+    except BaseException as exc:
         staging.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and disk.full(exc):
+            parts = data if isinstance(data, list) else [data]
+            raise disk.no_space(exc, path, sum(memoryview(p).nbytes for p in parts), f"the object {path.name}") \
+                from None
         raise
 
 
@@ -75,12 +80,15 @@ def _joined(value):
 class StoreCalls:
     """Mixin over ``self._zarr`` (a zarr store: `store.byte_stores`), ``self._url`` (whether it is
     an object store), ``self._objects`` (then its obstore store), ``self._cache`` (the zarr store
-    where it is a `ReadThroughCache`, else None) and ``self.root`` (named in errors)."""
+    where it is a `ReadThroughCache`, else None), ``self._retry`` (how an object store's calls are
+    retried: `store.retries`; the zarr store's own calls retry themselves) and ``self.root`` (named
+    in errors)."""
 
     _zarr: Store
     _url: bool
     _objects: object
     _cache: ReadThroughCache | None
+    _retry: RetryPolicy
     root: object
 
     @contextmanager
@@ -114,13 +122,16 @@ class StoreCalls:
         if self._url and len(contents) == 1:
             [(key, value)] = contents.items()
             with self._reported():
-                obstore.put(self._objects, key, value, chunk_size=PART_BYTES)
+                self._retry.call(str(self.root), f"PUT {key}",
+                                 lambda: obstore.put(self._objects, key, value, chunk_size=PART_BYTES))
             return
 
         async def put() -> None:
             if self._url:  # the request zarr's ObjectStore makes, with the part size
-                await asyncio.gather(*(obstore.put_async(self._objects, key, value, chunk_size=PART_BYTES)
-                                       for key, value in contents.items()))
+                await asyncio.gather(*(self._retry.call_async(
+                    str(self.root), f"PUT {key}",
+                    lambda key=key, value=value: obstore.put_async(self._objects, key, value, chunk_size=PART_BYTES))
+                    for key, value in contents.items()))
                 return
             await asyncio.gather(*(self._zarr.set(key, Buffer.from_bytes(_joined(value)))
                                    for key, value in contents.items()))
@@ -138,7 +149,8 @@ class StoreCalls:
                 with self._reported():
                     if self._cache is not None:  # None for an absent object
                         return [self._cache.read(key)]
-                    found = (obstore.get(self._objects, key).bytes() if self._url
+                    found = (self._retry.call(str(self.root), f"GET {key}",
+                                              lambda: obstore.get(self._objects, key).bytes()) if self._url
                              else (self._zarr.root / key).read_bytes())
             except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 return [None]

@@ -216,7 +216,7 @@ def save_checkpoint(
     if final.exists():
         raise AlreadyExists(f"checkpoint {final} exists already")
     try:
-        with atomic_directory(final) as staging:
+        with atomic_directory(final, _tensor_bytes(model, optimizer), "a training checkpoint") as staging:
             digest = _write_checkpoint(
                 staging, step, total, run, model, tokenizer, parts, heads, optimizer, parent,
                 metrics, elapsed,
@@ -224,6 +224,13 @@ def save_checkpoint(
     except FileExistsError:
         raise AlreadyExists(f"checkpoint {final} exists already") from None
     return final, digest
+
+
+def _tensor_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """About what a checkpoint of ``model`` and ``optimizer`` holds: their tensors' bytes."""
+    tensors = [*model.state_dict().values()]
+    tensors += [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _write_checkpoint(
