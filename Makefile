@@ -3,7 +3,7 @@ SHELL := bash
 PYTHON ?= python
 export PYTHON
 
-.PHONY: setup demo test test-all test-floors bench gpu-check protos wheelhouse
+.PHONY: setup demo test test-quick test-changed test-all test-floors bench gpu-check protos wheelhouse
 
 setup:
 	bash scripts/setup.sh
@@ -22,6 +22,20 @@ demo: setup
 TEST_WORKERS ?= 3
 test: setup
 	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# An author's quick loop (no Ray cluster, no server of minutes, under 3 minutes): every test that is
+# not slow, not in a `long` file and uses no Ray cluster (`ray`: set from a test's fixtures by
+# tests/conftest.py): the metrics, the store, options, measures, the CLI's parsing, the client's checks.
+test-quick: setup
+	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) -m "not slow and not long and not ray"
+
+# The test files a change touches (scripts/changed_tests.py: changed tests, the test files that
+# mirror or import each changed module), against BASE (default HEAD: the working tree's changes).
+BASE ?= HEAD
+test-changed: setup
+	@files=$$($(PYTHON) scripts/changed_tests.py $(BASE)); \
+	if [ -z "$$files" ]; then echo "no test file mirrors or imports what changed since $(BASE)"; exit 0; fi; \
+	echo "$$files"; $(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile $$files
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''

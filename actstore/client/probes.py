@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -276,7 +277,7 @@ class ProbesMixin:
                                     options_json=json.dumps(spec.check(given)))
         return ProbeResult.from_answer(QueryAnswer.from_proto(self._query.Measure(request)))
 
-    def probe_runs(self, runs: Sequence[str], **options) -> list[ProbeResult]:
+    def probe_runs(self, runs: Sequence[str], **options: Any) -> list[ProbeResult]:
         """`probe` of several runs of one dataset with the same options (paired: the same folds)."""
         infos = [self.describe(run) for run in runs]
         datasets = {info.dataset_digest for info in infos}

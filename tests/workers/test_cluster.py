@@ -13,7 +13,11 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from actstore.workers.cluster import WORKER_ENV
+
+pytestmark = pytest.mark.ray  # it starts a local Ray cluster of its own
 
 SCRIPT = textwrap.dedent("""
     import json, os, time
