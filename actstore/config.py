@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     metric_tasks: int | None = Field(
         None, ge=1, description="parallel map tasks per metric job; default: the cluster's CPUs"
     )
+    metric_groups: int = Field(
+        32, ge=1, le=4096, description="a streamed metric's rows are cut into at most this many groups of whole "
+        "shards, one map task each, fixed by the run and this setting and never by the cluster's size, and the "
+        "groups' results merged in group order: the same stored bytes give the same float64 answer on any server "
+        "and cluster (metric_tasks of them run at once); more groups spread one query over more CPUs, at the "
+        "cost of a result moved per group")
     metric_device: Literal["auto", "cpu", "cuda", "torch-cpu"] = Field(
         "auto",
         description="where metric tasks form their float64 products: auto = CUDA in tasks given a GPU "

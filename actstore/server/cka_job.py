@@ -17,6 +17,10 @@ running map tasks and the reducer together, stays within `max_accumulator_bytes`
 
 Progress is reported per finished task. Partial results are checkpointed under
 `<store>/partials/<result key>/`, so a cancelled job, or one whose server died, resumes from them.
+
+The same bits on any cluster: the rows are cut into the executor's `groups` (a setting, not the
+cluster's CPUs), the Gram panels are spread over a fixed number of slots, and every merge takes
+the tasks' results in task order (`run_windowed(..., ordered=True)`), never as they arrive.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from actstore.workers.metric_tasks import accumulate
 
 METRIC = "linear_cka_matrix"
 CHECKPOINT_SECONDS = 20.0
-GROUPS_PER_TASK_SLOT = 4  # more map tasks than CPUs, so progress moves in small steps
+GROUPS_PER_TASK_SLOT = 4  # Gram tiles per task slot, so progress moves in small steps
 
 
 def plan(parts: QueryParts, runs: list[str], measure: str = "", strict: bool = False,
@@ -138,7 +142,8 @@ def gram_plan(parts: QueryParts, blocks: list[tuple[RunRecord, int]], rows: int)
     executor = parts.executor
     return gram_matrix.plan(widths, rows, executor.settings.shard_rows, row_itemsize(*[r for r, _ in blocks]),
                             max(r.width * (r.num_layers + 1) for r, _ in blocks), parts.sizing.limit,
-                            executor.parts, GROUPS_PER_TASK_SLOT, parts.sizing.worker_bytes)
+                            executor.parts, GROUPS_PER_TASK_SLOT, parts.sizing.worker_bytes,
+                            slots=max(1, executor.groups // GROUPS_PER_TASK_SLOT))
 
 
 def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, options: dict) -> None:
@@ -148,7 +153,7 @@ def run(parts: QueryParts, job: JobState, records: list[RunRecord], key: str, op
     rows = records[0].rows
     partials = executor.store.path / "partials" / key
     partials.mkdir(parents=True, exist_ok=True)
-    groups = executor.row_groups(rows, executor.parts * GROUPS_PER_TASK_SLOT)
+    groups = executor.row_groups(rows)
     gram = None if "measure" in options else gram_plan(parts, blocks, rows)
     if gram is not None:
         progress = _Progress(job, len(groups) + len(gram.tiles))
@@ -250,7 +255,8 @@ def _run_tile(parts: QueryParts, job: JobState, progress: _Progress, sources: li
     try:
         complete = run_windowed([g for g in range(len(groups)) if g not in finished],
                                 lambda g: submit(executor.store, sources, groups[g], empty),
-                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then,
+                                ordered=True)
     except Cancelled:  # raised by the progress report of a job cancelled meanwhile
         complete = False
     if not complete:

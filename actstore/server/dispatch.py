@@ -159,15 +159,23 @@ def run_windowed(
     cancelled: threading.Event,
     tick: Callable[[], None] | None = None,
     retries: int = 0,
+    ordered: bool = False,
 ) -> bool:
     """Submit ``submit(item)`` for every item with at most ``width`` in flight; ``collect(item,
     ref)`` each as it finishes. ``tick`` runs about every ``WAIT_SECONDS`` while tasks are in
     flight. Returns True when every item was collected, False when ``cancelled`` was set (after
     collecting what was in flight).
 
+    ``ordered``: ``collect`` sees the items in their order, whatever order their tasks finish in
+    (a reduction that merges as it collects then adds the same numbers in the same order on any
+    cluster and in any run: the same bits), and at most ``width`` items are submitted and not yet
+    collected (a finished task waits in Ray's object store for those before it).
+
     When ``collect`` raises for a task whose worker was lost (`worker_lost`), the item is
     submitted again, up to ``retries`` times (then the error stands): ``submit`` sees an item a
     second time only then, and should send it elsewhere."""
+    if ordered:
+        return _run_in_order(deque(items), submit, width, collect, cancelled, tick, retries)
     queue = deque(items)
     pending: dict[ray.ObjectRef, Any] = {}
     tries: Counter = Counter()
@@ -199,3 +207,61 @@ def run_windowed(
         if tick is not None:
             tick()
     return True
+
+
+def _run_in_order(queue: deque, submit, width: int, collect, cancelled: threading.Event, tick, retries: int) -> bool:
+    """`run_windowed` with ``ordered``: the submitted items in their order, collected from the head."""
+    window: deque[list] = deque()  # [item, ref], in item order
+    tries: Counter = Counter()
+
+    def collect_head() -> bool:
+        """Collect the first item; False when it was submitted again (its worker was lost)."""
+        item, ref = window.popleft()
+        try:
+            collect(item, ref)
+        except Exception:
+            if tries[item] >= retries or not worker_lost(ref):
+                raise
+            tries[item] += 1
+            log.warning("a task of %r was lost with its worker; submitting it again (%d of %d)", item, tries[item],
+                        retries)
+            window.appendleft([item, submit(item)])
+            return False
+        return True
+
+    while queue or window:
+        while queue and len(window) < width:
+            item = queue.popleft()
+            window.append([item, submit(item)])
+        ray.wait([window[0][1]], num_returns=1, timeout=WAIT_SECONDS)
+        if cancelled.is_set():
+            ray.wait([ref for _, ref in window], num_returns=len(window))
+            while window and collect_head():
+                pass
+            return False
+        while window and ray.wait([window[0][1]], timeout=0)[0]:
+            if not collect_head():
+                break
+        if tick is not None:
+            tick()
+    return True
+
+
+def fold_in_order(items: list, submit: Callable[[Any], ray.ObjectRef], width: int, fold: Callable[[Any], None]) -> None:
+    """``fold(result)`` of ``submit(item)`` for every item, in the items' order, at most ``width``
+    tasks submitted and not yet folded (so at most that many results are held at once): a
+    reduction over the same items adds the same numbers in the same order whichever task finishes
+    first. The results come through `gather`: our errors as themselves, and when the gRPC call
+    this thread serves ends, the tasks outstanding are cancelled and ``Cancelled`` raised."""
+    window: deque[ray.ObjectRef] = deque()
+    queue = deque(items)
+    try:
+        while queue or window:
+            while queue and len(window) < width:
+                window.append(submit(queue.popleft()))
+            fold(gather(window[0]))
+            window.popleft()
+    except BaseException:
+        if window:
+            cancel(list(window))
+        raise

@@ -1,5 +1,10 @@
 """The Ray side of metric queries: map accumulators over shard groups, merge, and run the
-in-memory and Gram-strip tasks, each task opening the store from the handle it is given."""
+in-memory and Gram-strip tasks, each task opening the store from the handle it is given.
+
+One answer per stored bytes: the rows of a reduction are cut into `groups` groups (the settings'
+`metric_groups`, never the cluster's CPUs) and the groups' accumulators are merged in group order
+(`dispatch.fold_in_order`), at most `parts` tasks at a time, so a query gives the same float64
+bits on a cluster of any size, in any run."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import ray
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition
 from actstore.metrics.accumulator import Accumulator
-from actstore.server.dispatch import gather
+from actstore.server.dispatch import fold_in_order, gather
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
 from actstore.workers.metric_tasks import (
@@ -70,8 +75,13 @@ class Executor:
 
     @property
     def parts(self) -> int:
-        """Map tasks per job: the setting, or the cluster's CPUs."""
+        """Map tasks per job that run at once: the setting, or the cluster's CPUs."""
         return self.settings.metric_tasks or cluster.cluster_cpus()
+
+    @property
+    def groups(self) -> int:
+        """Groups a reduction's rows are cut into: fixed by the settings, whatever the cluster."""
+        return self.settings.metric_groups
 
     def device_task(self, function, returns: int = 1):
         """A submitter of `function` as a Ray task whose float64 products may run on a GPU: the
@@ -97,14 +107,30 @@ class Executor:
         return partial(remote(function, num_cpus=1, **share, **several).remote, device_policy=policy)
 
     def row_groups(self, rows: int, parts: int | None = None) -> list[list[tuple[int, int]]]:
-        return split_ranges(rows, self.settings.shard_rows, parts or self.parts)
+        """Shard-aligned row ranges in at most ``parts`` groups (default: `groups`)."""
+        return split_ranges(rows, self.settings.shard_rows, parts or self.groups)
+
+    def fold(self, partials_of, items: list):
+        """The accumulators ``partials_of(item)`` (task refs) merged in the items' order, `parts`
+        tasks at a time (`dispatch.fold_in_order`)."""
+        total = []
+
+        def add(part) -> None:
+            if total:
+                total[0].merge(part)
+            else:
+                total.append(copy.deepcopy(part))  # objects from Ray's store are read-only
+
+        fold_in_order(items, partials_of, self.parts, add)
+        return total[0]
 
     def map_reduce(self, rows: int, sources: list[tuple[str, list[int]]], accumulator, groups=None,
                    labels: np.ndarray | None = None):
-        """Map `accumulate` over shard-aligned row groups (or the given range groups), merge."""
+        """Map `accumulate` over shard-aligned row groups (or the given range groups), merge in
+        group order."""
         submit = self.device_task(accumulate)
         groups = groups or self.row_groups(rows)
-        return merged(gather([submit(self.store, sources, g, accumulator, labels) for g in groups]))
+        return self.fold(lambda g: submit(self.store, sources, g, accumulator, labels), groups)
 
     def map_finalize(self, rows: int, sources: list[tuple[str, list[int]]], accumulators: list, groups=None
                      ) -> list:
@@ -125,8 +151,8 @@ class Executor:
     def map_prompts(self, offsets: np.ndarray, run_key: str, layers: list[int], make_accumulator):
         """Map `accumulate_prompts` over groups of whole prompts, merge."""
         task = remote(accumulate_prompts, num_cpus=1)
-        groups = split_prompts(offsets, self.settings.shard_rows, self.parts)
-        return merged(gather([task.remote(self.store, run_key, layers, g, make_accumulator()) for g in groups]))
+        groups = split_prompts(offsets, self.settings.shard_rows, self.groups)
+        return self.fold(lambda g: task.remote(self.store, run_key, layers, g, make_accumulator()), groups)
 
     def evaluate_layers(self, run_key: str, layers: list[int], evaluate) -> list:
         """`evaluate(z)` on each whole layer, in one task (in-memory metrics, bounded by the caller)."""

@@ -83,10 +83,12 @@ def task_nbytes(widths: list[int], panel_rows: int, shard_rows: int, piece_rows:
 
 
 def plan(widths: list[int], n: int, shard_rows: int, itemsize: int, run_width: int, limit: int,
-         tasks: int, tiles_per_task: int, worker_bytes: int = 0) -> GramPlan | None:
+         tasks: int, tiles_per_task: int, worker_bytes: int = 0, slots: int | None = None) -> GramPlan | None:
     """The tallest panels (whole shards) such that `tasks` tile tasks, each in a worker process that
     grows by `worker_bytes` beside the task's arrays, and the reducer fit `limit`, and at least
-    `tiles_per_task` tiles per task; None when even one-shard panels do not fit."""
+    `tiles_per_task` tiles for each of `slots` task slots (default `tasks`; a number fixed by the
+    settings gives the same panels, so the same sums, on a cluster of any size while the memory
+    does not bind); None when even one-shard panels do not fit."""
     blocks = len(widths)
     budget = (limit - reducer_nbytes(blocks, n)) // max(1, tasks) - worker_bytes
     piece_rows = int(min(shard_rows, max(1, budget // 4 // (FLOAT64_BYTES * blocks * shard_rows))))
@@ -98,7 +100,7 @@ def plan(widths: list[int], n: int, shard_rows: int, itemsize: int, run_width: i
                                            itemsize, run_width) <= budget:
         fitting += 1
     # k panels give k(k+1)/2 tiles: enough for every task slot to take several
-    wanted = math.ceil((math.sqrt(1 + 8 * tiles_per_task * tasks) - 1) / 2)
+    wanted = math.ceil((math.sqrt(1 + 8 * tiles_per_task * (slots or tasks)) - 1) / 2)
     per_panel = max(1, min(fitting, -(-shards // wanted)))
     panel_rows = per_panel * shard_rows
     panels = [(start, min(start + panel_rows, n)) for start in range(0, n, panel_rows)]
@@ -146,7 +148,8 @@ def run_tiles(executor, job: JobState, progress, sources: list[tuple[str, list[i
 
     try:
         complete = run_windowed([t for t in range(len(tiles)) if t not in state["finished"]], start,
-                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then)
+                                2 * executor.parts, collect, job.cancel_requested, checkpoint_now_and_then,
+                                ordered=True)
     except Cancelled:  # raised by the progress report of a job cancelled meanwhile
         complete = False
     if not complete:
@@ -166,7 +169,7 @@ def _means(executor, progress, sources, widths, groups, job: JobState) -> list[n
 
     complete = run_windowed(range(len(groups)), lambda g: submit(executor.store, sources, groups[g],
                                                                  ColumnMeans(widths)),
-                            2 * executor.parts, collect, job.cancel_requested)
+                            2 * executor.parts, collect, job.cancel_requested, ordered=True)
     if not complete:
         raise Cancelled("CKA matrix job cancelled while computing the column means; submit it again")
     return total.finalize()

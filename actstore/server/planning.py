@@ -98,7 +98,7 @@ class CostPlanner:
         blocks = [(r, layer) for r in records for layer in range(r.num_layers + 1)]
         rows = records[0].rows
         itemsize = row_itemsize(*records)
-        groups = parts.executor.row_groups(rows, parts.executor.parts * cka_job.GROUPS_PER_TASK_SLOT)
+        groups = parts.executor.row_groups(rows)  # as the job cuts them (`cka_job.run`)
         gram = cka_job.gram_plan(parts, blocks, rows)
         if gram is not None:  # the sample-space tiles of `gram_matrix`: each Gram entry once
             data = sum(rows * run.width * ITEMSIZE[run.dtype] for run, _ in blocks)

@@ -12,6 +12,7 @@ FAILED_PRECONDITION naming the variable to fix, a call that spent its retries UN
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import AsyncIterator, Iterable
@@ -119,6 +120,18 @@ class RetryingStore(WrapperStore[ObjectStore]):
 
     async def set(self, key: str, value: Buffer) -> None:
         await self._retried(f"PUT {key}", lambda: self._store.set(key, value))
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        # zarr's ObjectStore ignores an object that exists, so a try after a lost answer is harmless
+        await self._retried(f"PUT {key} (if absent)", lambda: self._store.set_if_not_exists(key, value))
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        await asyncio.gather(*(self.set(key, value) for key, value in values))
+
+    async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
+                        ) -> AsyncIterator[tuple[str, Buffer | None]]:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
 
     async def delete(self, key: str) -> None:
         await self._retried(f"DELETE {key}", lambda: self._store.delete(key))

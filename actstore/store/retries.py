@@ -13,8 +13,9 @@ retried when it fails transiently:
   rule (AbortIncompleteMultipartUpload) removes such uploads;
 * DELETE (and S3's bulk delete, a POST) removes keys; removing one already gone is no error.
 
-The store makes no conditional or read-modify-write requests (no create-if-absent, no copy or
-rename), which could not be sent twice.
+The store makes no read-modify-write request (no copy, no rename); its one conditional request,
+zarr's create-if-absent of a metadata object, takes an object that exists as done, so it too may be
+sent again.
 
 Transient: 5xx answers, throttling (429, SlowDown), request timeouts (408) and transport errors:
 timeouts, refused or reset connections, a body cut short, whether before the request's body was

@@ -20,6 +20,7 @@ import ray
 
 log = logging.getLogger(__name__)
 
+NAMESPACE = "actstore-store-faults"  # a detached actor is found by name in a namespace of its own
 _ACTORS: dict[str, object] = {}  # this process's handle of each tally's actor
 _LOCK = threading.Lock()
 
@@ -50,7 +51,7 @@ class FaultTally:
             if actor is None:
                 # detached: it outlives the process that first retried (a worker Ray may end);
                 # the server ends it when it stops (`stop`)
-                actor = _ACTORS[self.name] = _Counts.options(name=self.name, get_if_exists=True,
+                actor = _ACTORS[self.name] = _Counts.options(name=self.name, namespace=NAMESPACE, get_if_exists=True,
                                                              lifetime="detached").remote()
         actor.add.remote(event)
 
@@ -58,7 +59,7 @@ class FaultTally:
         """Retries and calls given up so far, in every process of the cluster."""
         counts = {"retried": 0, "gave_up": 0}
         try:
-            counts.update(ray.get(ray.get_actor(self.name).totals.remote(), timeout=10))
+            counts.update(ray.get(ray.get_actor(self.name, namespace=NAMESPACE).totals.remote(), timeout=10))
         except ValueError:  # nothing was retried yet: no actor
             pass
         except Exception as exc:  # a count is never worth failing what asks for it
@@ -67,7 +68,7 @@ class FaultTally:
 
     def stop(self) -> None:
         try:
-            ray.kill(ray.get_actor(self.name))
+            ray.kill(ray.get_actor(self.name, namespace=NAMESPACE))
         except ValueError:
             pass
         except Exception as exc:

@@ -95,7 +95,7 @@ class SimilarityPlanner(Planner):
         if short and remainder == "merge":
             stops[-1] = a.rows
         batches = list(zip([0, *stops[:-1]], stops))
-        parts = max(1, min(self.executor.parts, len(batches)))
+        parts = max(1, min(self.executor.groups, len(batches)))  # the cluster's size changes no sum
         groups = [batches[i::parts] for i in range(parts)]
         sources, ia, ib = pair_blocks(a, b, la, lb)
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
