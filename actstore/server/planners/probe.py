@@ -220,11 +220,10 @@ class ProbePlanner(Planner):
             members = codes == code
             units = len(set(groups[members].tolist())) if groups is not None else int(members.sum())
             if units < k:
+                remedy = f"ask for --folds {units} or fewer" if units >= 2 else "leave the class out of the label set"
                 raise FailedPrecondition(f"class {name!r} has {units} labelled sample{'s' if units != 1 else ''} "
                                          f"{'(groups) ' if groups is not None else ''}for {k} folds, so a fold would "
-                                         f"hold none of it: ask for --folds {units} or fewer" if units >= 2 else
-                                         f"class {name!r} has {units} labelled sample(s) for {k} folds, so a fold "
-                                         "would hold none of it: leave the class out of the label set")
+                                         f"hold none of it: {remedy}")
 
     # ---- the computation ------------------------------------------------------------------------
     def _compute(self, query: ProbeQuery):
@@ -243,10 +242,10 @@ class ProbePlanner(Planner):
     def _sample_ranges(self, run: RunRecord, offsets: np.ndarray | None, n: int) -> list[list[tuple[int, int]]]:
         """Contiguous sample ranges of about a shard each (a token-level run's: of its token shards),
         dealt into the executor's map tasks."""
+        shard_rows = self.arrays.layout(run.run_key).shard_rows
         if offsets is None:
-            chunk = self.executor.settings.shard_rows
-            return deal([(s, min(s + chunk, n)) for s in range(0, n, chunk)], self.executor.parts)
-        return deal(prompt_ranges(offsets, self.arrays.layout(run.run_key).shard_rows), self.executor.parts)
+            return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], self.executor.parts)
+        return deal(prompt_ranges(offsets, shard_rows), self.executor.parts)
 
     def _layer_groups(self, run: RunRecord, layers: list[int], per_layer: int) -> list[list[int]]:
         """The layers in groups whose accumulators, one per map task and one merging, fit the limit."""
