@@ -12,10 +12,11 @@ training moments are the totals minus its own. Memory O(folds x d^2), whatever n
 alpha: given, or picked per outer fold from a grid by an inner cross-validation on the training
 part whose folds are the other outer folds (k-1 inner folds), by the held-out squared error of
 the targets summed over their columns (the criterion of scikit-learn's efficient RidgeCV). One
-eigendecomposition of each training part's `X^T X` serves the whole grid: with
-`X^T X = V diag(l) V^T`, `Q = V^T X^T Y` and a held-out part's moments about the training means
-rotated into V (`P = V^T Sxx V`, `R = V^T Sxy`), the held-out squared error of column t at alpha
-is `Szz_t - 2 sum_i a_i Q_it R_it + sum_ij a_i a_j Q_it P_ij Q_jt` with `a = 1 / (l + alpha)`.
+eigendecomposition of each training part's `X^T X` serves the whole grid (the part without folds
+f and g serves both (f, g) and (g, f): k(k-1)/2 of them, and k for the outer fits): with
+`X^T X = V diag(l) V^T` and `Q = V^T X^T Y`, the weights at alpha are `W = V diag(1 / (l + alpha)) Q`,
+and from a held-out part's moments about the training means (`Sxx`, `Sxy`, `Szz`) its squared
+error of column t is `Szz_t - 2 (W^T Sxy)_tt + (W^T Sxx W)_tt`.
 Ties in the error go to the larger alpha. Target columns can form groups that pick their alpha
 apart (the real task and its control task share the rows' moments).
 
@@ -107,12 +108,12 @@ class _Solver:
         sxy = (held.cross_target - np.outer(held.row_sum, target_mean) - np.outer(mean, held.target_sum)
                + held.n * np.outer(mean, target_mean)) * scale[:, None]
         szz = held.target_squares - 2 * target_mean * held.target_sum + held.n * target_mean**2
-        p = self.vectors.T @ sxx @ self.vectors
-        r = self.vectors.T @ sxy
         errors = np.empty((len(szz), len(alphas)))
         for j, alpha in enumerate(alphas):
-            a = self.rotated / (self.eigenvalues + alpha)[:, None]  # diag(a) Q: the rotated weights
-            errors[:, j] = szz - 2 * np.einsum("it,it->t", a, r) + np.einsum("it,it->t", a, p @ a)
+            # W = V diag(a) Q: two (d x d) @ (d x t) products per alpha, no d x d x d one
+            weights = self.vectors @ (self.rotated / (self.eigenvalues + alpha)[:, None])
+            errors[:, j] = (szz - 2 * np.einsum("it,it->t", weights, sxy)
+                            + np.einsum("it,it->t", weights, sxx @ weights))
         return errors
 
     def weights(self, alpha_of_column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,13 +260,17 @@ class FoldMoments:
         chosen = np.empty((k, len(groups)))
         inner = np.full((k, len(groups), len(grid)), np.nan)
         sse, sst = np.empty((k, t)), np.empty((k, t))
+        inner_parts: dict[tuple[int, int], _Solver] = {}  # all folds but f and g: the same part for (f, g) and (g, f)
         for f in range(k):
             train = total - parts[f]
             if len(grid) > 1:
                 errors, count = np.zeros((t, len(grid))), 0.0
                 for g in range(k):
                     if g != f:
-                        errors += _Solver.of(train - parts[g], standardize).squared_errors(parts[g], grid)
+                        pair = (min(f, g), max(f, g))
+                        if pair not in inner_parts:
+                            inner_parts[pair] = _Solver.of(total - parts[pair[0]] - parts[pair[1]], standardize)
+                        errors += inner_parts[pair].squared_errors(parts[g], grid)
                         count += parts[g].n
                 for index, group in enumerate(groups):
                     inner[f, index] = errors[group].sum(axis=0) / count
