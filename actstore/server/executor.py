@@ -83,13 +83,13 @@ class Executor:
         """Groups a reduction's rows are cut into: fixed by the settings, whatever the cluster."""
         return self.settings.metric_groups
 
-    def device_task(self, function, returns: int = 1):
+    def device_task(self, function):
         """A submitter of `function` as a Ray task whose float64 products may run on a GPU: the
         task asks for `metric_gpus_per_task` of one when `metric_device` is cuda, or auto and a
         share is free once idle capture replicas have handed theirs back (a GPU busy with a capture
         or training leaves auto's tasks on the host), and gets `device_policy=metric_device`
         (`metric_tasks.task_device` decides in the task). Call it as `function` is called; it
-        returns the task's ref (`returns` > 1: a list of that many refs, the task's values)."""
+        returns the task's ref."""
         policy = self.settings.metric_device
         gpus = cluster.cluster_gpus()
         if policy == "cuda" and not gpus:
@@ -103,8 +103,7 @@ class Executor:
             wanted = self.settings.metric_gpus_per_task
             if policy == "cuda" or ray.available_resources().get("GPU", 0.0) >= wanted:
                 share = {"num_gpus": wanted}
-        several = {"num_returns": returns} if returns != 1 else {}
-        return partial(remote(function, num_cpus=1, **share, **several).remote, device_policy=policy)
+        return partial(remote(function, num_cpus=1, **share).remote, device_policy=policy)
 
     def row_groups(self, rows: int, parts: int | None = None) -> list[list[tuple[int, int]]]:
         """Shard-aligned row ranges in at most ``parts`` groups (default: `groups`)."""

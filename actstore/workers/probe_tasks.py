@@ -20,7 +20,7 @@ from actstore.metrics.outliers import DimensionStats, outlier_dimensions
 from actstore.store.array_store import ArrayStore
 from actstore.store.handle import StoreHandle
 from actstore.workers.heap import unmap_large_frees
-from actstore.workers.metric_tasks import task_device
+from actstore.workers.metric_tasks import PerLayer, task_device
 
 
 def pool_rows(tokens: np.ndarray, offsets: np.ndarray, how: str) -> np.ndarray:
@@ -47,22 +47,17 @@ def sample_rows(arrays: ArrayStore, run_key: str, layers: list[int], start: int,
 
 def accumulate_samples(store: StoreHandle, run_key: str, layers: list[int], ranges: list[tuple[int, int]],
                        pool: str | None, offsets: np.ndarray | None, fold: np.ndarray, side: np.ndarray,
-                       accumulators: list, device_policy: str = "cpu"):
-    """Feed samples [start, stop) of every range to each layer's accumulator:
-    `accumulators[j].update(rows of layers[j], fold[start:stop], side[start:stop])`. Returns the
-    accumulators, one Ray return value each when there are several."""
+                       accumulator: PerLayer, device_policy: str = "cpu") -> PerLayer:
+    """Feed samples [start, stop) of every range to the layers' accumulators (`PerLayer`: layer j's
+    rows to accumulator j, each with `fold[start:stop]` and `side[start:stop]`)."""
     unmap_large_frees()
     arrays = store.open()
-    accumulators = copy.deepcopy(accumulators)  # Ray hands arguments over as read-only buffers
-    device = task_device(device_policy)
-    for accumulator in accumulators:
-        if hasattr(accumulator, "device"):
-            accumulator.device = device
+    accumulator = copy.deepcopy(accumulator)  # Ray hands arguments over as read-only buffers
+    accumulator.device = task_device(device_policy)
     for start, stop in ranges:
-        blocks = sample_rows(arrays, run_key, layers, start, stop, pool, offsets)
-        for accumulator, block in zip(accumulators, blocks):
-            accumulator.update(block, fold[start:stop], side[start:stop])
-    return accumulators[0] if len(accumulators) == 1 else tuple(accumulators)
+        accumulator.update(sample_rows(arrays, run_key, layers, start, stop, pool, offsets), fold[start:stop],
+                           side[start:stop])
+    return accumulator
 
 
 @dataclass(frozen=True)
@@ -86,15 +81,11 @@ class Features:
 
 
 def finalize_ridge(features: Features, groups: list[slice], alpha: float | None, alphas: Sequence[float],
-                   *partials: probes.FoldMoments) -> probes.RidgeFit:
-    """One layer's map-task moments merged (in the order given: the same bytes give the same
-    bits), then every fold's fit."""
+                   moments: probes.FoldMoments) -> probes.RidgeFit:
+    """Every fold's fit of one layer from its merged moments."""
     unmap_large_frees()
-    total = copy.deepcopy(partials[0])
-    for part in partials[1:]:
-        total.merge(part)
-    keep = features.kept(total.width, *total.column_stats())
-    return total.finalize(groups, alpha, alphas, features.standardize, keep)
+    keep = features.kept(moments.width, *moments.column_stats())
+    return moments.finalize(groups, alpha, alphas, features.standardize, keep)
 
 
 @dataclass(frozen=True)

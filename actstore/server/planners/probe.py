@@ -7,9 +7,10 @@ its planner and the family's registration; the numerics are `metrics.probes`, th
 `workers.probe_tasks`.
 
 - ridge: one streamed pass accumulates every layer's per-fold moments (`FoldMoments`; the layers
-  in groups that fit `max_accumulator_bytes`, one Ray return value per layer); a reduce task per
-  layer merges them in task order and fits every fold; regression scores come from the moments,
-  classification takes a second pass of predictions (`FoldConfusion`).
+  in groups that fit `max_accumulator_bytes`) over the executor's fixed range groups, merged in
+  group order (`Executor.fold`: the same bits on any cluster); a task per layer fits every fold
+  from the merged moments; regression scores come from the moments, classification takes a
+  second pass of predictions (`FoldConfusion`).
 - logistic: one task per layer holds its labelled rows and fits every fold (`fit_logistic`),
   refused with RESOURCE_EXHAUSTED beyond `max_accumulator_bytes`.
 - against: each named metric through the engine's one door (`parts.answer`), cached on its own.
@@ -38,7 +39,7 @@ from actstore.server.runs import RunChecks
 from actstore.store.catalog import LabelSetRecord, RunRecord
 from actstore.store.datasets import load_dataset
 from actstore.store.datasets.labels import load_label_set
-from actstore.workers.metric_tasks import deal, prompt_ranges
+from actstore.workers.metric_tasks import PerLayer, deal, prompt_ranges
 from actstore.workers.probe_tasks import Features, accumulate_samples, finalize_ridge, logistic_layer
 
 RIDGE_ONLY, LOGISTIC_ONLY = ("alpha", "alphas"), ("C", "tol", "max_iter")
@@ -241,14 +242,15 @@ class ProbePlanner(Planner):
 
     def _sample_ranges(self, run: RunRecord, offsets: np.ndarray | None, n: int) -> list[list[tuple[int, int]]]:
         """Contiguous sample ranges of about a shard each (a token-level run's: of its token shards),
-        dealt into the executor's map tasks."""
+        dealt into the executor's fixed number of groups (the same on any cluster: the same bits)."""
         shard_rows = self.arrays.layout(run.run_key).shard_rows
         if offsets is None:
-            return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], self.executor.parts)
-        return deal(prompt_ranges(offsets, shard_rows), self.executor.parts)
+            return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], self.executor.groups)
+        return deal(prompt_ranges(offsets, shard_rows), self.executor.groups)
 
     def _layer_groups(self, run: RunRecord, layers: list[int], per_layer: int) -> list[list[int]]:
-        """The layers in groups whose accumulators, one per map task and one merging, fit the limit."""
+        """The layers in groups whose accumulators, one per map task in flight and the merged one,
+        fit the limit."""
         tasks = self.executor.parts + 1
         self.checks.check_memory(per_layer * tasks, f"the probe's per-fold moments of one layer ({run.width} wide, "
                                  f"x {tasks} tasks)", "ask for fewer --folds, or probe a narrower site")
@@ -271,16 +273,20 @@ class ProbePlanner(Planner):
         groups = [slice(c * width_t, (c + 1) * width_t) for c in range(columns)]
         side_ref = ray.put(side)
         pool = options["pool"]
+        submit = self.executor.device_task(accumulate_samples)
+
+        def passed(accumulators: list, layers_of_pass: list[int], side_of_pass) -> PerLayer:
+            """One pass over every range group, each layer's accumulator merged in group order."""
+            return self.executor.fold(lambda r: submit(self.executor.store, run.run_key, layers_of_pass, r, pool,
+                                                       shared["offsets"], shared["fold"], side_of_pass,
+                                                       PerLayer(accumulators)), ranges)
+
+        reduce = remote(finalize_ridge, num_cpus=1).remote
         fits: list = []
         for group in self._layer_groups(run, layers, probes.FoldMoments.estimate_nbytes(run.width, k, side.shape[1])):
-            submit = self.executor.device_task(accumulate_samples, returns=len(group))
-            empty = [probes.FoldMoments(run.width, k, side.shape[1]) for _ in group]
-            parts = [submit(self.executor.store, run.run_key, group, r, pool, shared["offsets"], shared["fold"],
-                            side_ref, empty) for r in ranges]
-            parts = [p if isinstance(p, list) else [p] for p in parts]
-            reduce = remote(finalize_ridge, num_cpus=1).remote
-            fits += [reduce(query.features, groups, options["alpha"], options["alphas"],
-                            *[part[j] for part in parts]) for j in range(len(group))]
+            total = passed([probes.FoldMoments(run.width, k, side.shape[1]) for _ in group], group, side_ref)
+            fits += [reduce(query.features, groups, options["alpha"], options["alphas"], moments)
+                     for moments in total.accumulators]  # the layers' fits side by side
         fits = gather(fits)
         extra = {"alpha": np.stack([fit.alphas[:, 0] for fit in fits])}
         if columns > 1:
@@ -290,15 +296,8 @@ class ProbePlanner(Planner):
             r2 = np.asarray([[[probes.r2(fit.heldout_sse[f, c], fit.heldout_sst[f, c]) for f in range(k)]
                               for fit in fits] for c in range(columns)])
             return {"r2": r2}, extra, []
-        submit = self.executor.device_task(accumulate_samples, returns=1)
-        empty = [probes.FoldConfusion(fit, groups, len(targets.classes)) for fit in fits]
-        codes_ref = ray.put(targets.task)
-        counts = None
-        for part in gather([submit(self.executor.store, run.run_key, layers, r, pool, shared["offsets"],
-                                   shared["fold"], codes_ref, empty) for r in ranges]):
-            part = list(part) if isinstance(part, tuple) else [part]
-            totals = np.stack([p.finalize() for p in part])  # (layers, groups, folds, C, C)
-            counts = totals if counts is None else counts + totals
+        confusion = [probes.FoldConfusion(fit, groups, len(targets.classes)) for fit in fits]
+        counts = np.stack(passed(confusion, layers, ray.put(targets.task)).finalize())  # (layers, columns, folds, C, C)
         return _class_scores(counts), extra, []
 
     def _logistic(self, query: ProbeQuery, targets: Targets, shared):
