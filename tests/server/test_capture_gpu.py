@@ -33,7 +33,7 @@ ray.init(address="local", num_cpus=2, num_gpus=1, _node_ip_address="127.0.0.1", 
 holder = ray.remote(num_gpus=1)(lambda: time.sleep(3600)).remote()
 while ray.available_resources().get("GPU", 0) >= 1:
     time.sleep(0.1)
-with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_seconds=40,
+with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_seconds=5,
                      resume_on_start=False) as client:
     client.register_model(model, name="bert")
     client.register_dataset(texts=sentences(24), name="toy")
@@ -42,15 +42,12 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_se
         client.capture("bert", "toy")
         print("captured while the GPU was held")
     except Unavailable as exc:
-        print(f"UNAVAILABLE after {time.monotonic() - started:.0f} s: {exc}")
+        print(f"UNAVAILABLE after {time.monotonic() - started:.1f} s: {exc}")
     ray.cancel(holder, force=True)
-    for attempt in range(3):  # a loaded machine may take over 40 s to load the model: the message says
-        try:                  # to submit again, and the replicas started by the first try are then ready
-            run = client.capture("bert", "toy").run_key
-            break
-        except Unavailable:
-            if attempt == 2:
-                raise
+    # the same server, now given the time a loaded machine needs to load the model in a fresh
+    # process (over 40 s seen): the pool reads it at each start of replicas
+    client._server.service.capture_pool.start_seconds = 300
+    run = client.capture("bert", "toy").run_key
     print("then:", client.describe(run).status)
     # the capture's replica now idles on the GPU; a metric job asking for a GPU share has it
     # released (it waited out actor_idle_seconds, 120 s, before)
@@ -62,10 +59,9 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_se
 
 def test_one_gpu_shared_by_other_work_captures_and_metric_jobs(tmp_path, tiny_models):
     """On a cluster whose GPU other work holds, a capture's GPU replica waits in Ray's queue: the
-    capture fails after `replica_start_seconds` (40 s: a loaded machine took over 15 s to load the
-    model once the GPU was free) saying so, and succeeds once the GPU is free; a
-    metric job then gets the GPU from the idle replica at once. Its own local Ray (a subprocess)
-    with one logical GPU: no GPU is needed to schedule on one."""
+    capture fails after `replica_start_seconds` (5 s here) saying so, and the same server's
+    capture succeeds once the GPU is free; a metric job then gets the GPU from the idle replica at
+    once. Its own local Ray (a subprocess) with one logical GPU: no GPU is needed to schedule on one."""
     script = tmp_path / "no_free_gpu.py"
     script.write_text(textwrap.dedent(NO_FREE_GPU))
     root = Path(__file__).resolve().parents[2]
@@ -75,8 +71,8 @@ def test_one_gpu_shared_by_other_work_captures_and_metric_jobs(tmp_path, tiny_mo
     assert done.returncode == 0, done.stderr[-3000:]
     first, then, query = done.stdout.strip().splitlines()[-3:]
     assert first.startswith("UNAVAILABLE after"), done.stdout
-    assert int(first.split()[2]) < 80, first
-    assert "did not start within 40 s: no GPU came free (0 of the cluster's 1 free now)" in first, first
+    assert 5 <= float(first.split()[2]) < 45, first
+    assert "did not start within 5 s: no GPU came free (0 of the cluster's 1 free now)" in first, first
     assert then == "then: committed", done.stdout
     assert int(query.split()[2]) < 30, query
 
@@ -122,17 +118,27 @@ def test_the_gpu_path_on_a_logical_gpu_stores_what_the_cpu_path_stores(client, r
     script = tmp_path / "logical_gpu.py"
     script.write_text(textwrap.dedent(LOGICAL_GPU_PATH))
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "logical-gpu"), str(tiny_models["gpt2"]),
-                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # its Ray and replicas start while this session's CPU path captures the same (mostly waits, both)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "logical-gpu"),
+                                    str(tiny_models["gpt2"]), str(tmp_path)], stdout=stdout, stderr=stderr, cwd=root,
+                                   env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        here = {pooling: read_all(client, client.capture("gpt2", "toy", pooling=pooling).run_key, 3)
+                for pooling in ("last", "tokens")}
+        expected = reference_pooled(tiny_models["gpt2"], registered, "last")
+        process.wait(timeout=300)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, err.read_text()[-3000:]
+    report = json.loads(out.read_text().strip().splitlines()[-1])
     assert report["replicas"] == 2 and report["per_replica"] == make_settings(tmp_path).gpu_capture_tasks, report
     assert all(tasks > 0 for tasks in report["tasks"]), report
     for pooling in ("last", "tokens"):
         on_gpu_path = np.load(tmp_path / f"{pooling}.npy")
-        here = read_all(client, client.capture("gpt2", "toy", pooling=pooling).run_key, 3)
-        assert on_gpu_path.shape == here.shape and on_gpu_path.dtype == here.dtype == np.float16
-        np.testing.assert_allclose(on_gpu_path.astype(np.float32), here.astype(np.float32), rtol=2e-3, atol=2e-3)
-    expected = reference_pooled(tiny_models["gpt2"], registered, "last")
+        assert on_gpu_path.shape == here[pooling].shape and on_gpu_path.dtype == here[pooling].dtype == np.float16
+        np.testing.assert_allclose(on_gpu_path.astype(np.float32), here[pooling].astype(np.float32),
+                                   rtol=2e-3, atol=2e-3)
     np.testing.assert_allclose(np.load(tmp_path / "last.npy").astype(np.float32), expected, rtol=2e-3, atol=2e-3)
