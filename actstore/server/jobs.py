@@ -138,7 +138,7 @@ def failure(exc: BaseException, catalog: Catalog, what: str) -> ActStoreError:
     if isinstance(exc, ActStoreError):
         return exc
     if disk.full(exc):
-        return disk.no_space(exc, catalog.path, None, what)
+        return disk.no_space(exc, None, None, what, fallback=catalog.path)
     log.error("%s failed on an unexpected error", what, exc_info=exc)
     error = ActStoreError(f"internal error in {what}: {exc!r}; the server log has the traceback: please report it")
     error.code = "INTERNAL"

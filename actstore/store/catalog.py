@@ -120,7 +120,8 @@ class Catalog:
             except BaseException as exc:
                 staged.unlink(missing_ok=True)
                 if disk.full(exc):
-                    raise disk.no_space(exc, staged.parent, self.path.stat().st_size, "a catalog backup") from None
+                    size = sum(p.stat().st_size for p in (self.path, backups.wal_path(self.path)) if p.exists())
+                    raise disk.no_space(exc, staged.parent, size, "a catalog backup") from None
                 raise
         return backups.publish(staged, self.path, keep)
 
@@ -155,5 +156,5 @@ class Catalog:
             yield
         except duckdb.Error as exc:
             if disk.full(exc):
-                raise disk.no_space(exc, self.path, None, "the catalog") from None
+                raise disk.no_space(exc, None, None, "the catalog", fallback=self.path) from None
             raise

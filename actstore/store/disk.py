@@ -49,12 +49,13 @@ def free_bytes(path: Path | str) -> int | None:
     return None
 
 
-def no_space(exc: BaseException, path: Path | str | None, needed: int | None = None, what: str = "a write") -> \
-        ResourceExhausted:
-    """RESOURCE_EXHAUSTED for ``exc``, a write that found the disk of ``path`` full (the path the
-    error names, where it names one: an OSError's file, a quoted path in DuckDB's message)."""
+def no_space(exc: BaseException, path: Path | str | None, needed: int | None = None, what: str = "a write",
+             fallback: Path | str | None = None) -> ResourceExhausted:
+    """RESOURCE_EXHAUSTED for ``exc``, a write of ``what`` that found the disk of ``path`` full
+    (None: the path the error names, an OSError's file or a quoted path in DuckDB's message, else
+    ``fallback``)."""
     named = getattr(exc, "filename", None) or next(iter(_QUOTED_PATH.findall(str(exc))), None)
-    where = Path(named or path or ".")
+    where = Path(path or named or fallback or ".")
     free = free_bytes(where)
     room = f"{_mb(free)} free" if free is not None else "its free space unknown"
     need = f", {_mb(needed)} needed" if needed else ""
