@@ -15,11 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from actstore.client import Client
-from actstore.client.probes import plot_probes
-from actstore.report import bars, curves, heatmap, markdown_matrix, outlier_panels
+from actstore.client.plots import matrix_size
+from actstore.report import markdown_matrix, write_outliers, write_plot, write_probes
 
 MODELS = (("minilm-l6", "MiniLM-L6"), ("smollm2-135m", "SmolLM2-135M"))
 DATASET = "rotten-tomatoes"
+
+
+def _titled(result, title: str, **options):
+    """A drawing of `result.plot(ax, **options)` under the report's own title."""
+    return lambda ax: result.plot(ax, **options).set_title(title, fontsize=10)
 
 
 def _off_diagonal_corr(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,17 +57,16 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
             cka = client.cka(run)
             cos = client.cos(run)
             layers = cka.layers_a
-            heatmap(cka.biased, out / f"cka_{label}.png", title=f"{label}: linear CKA (n={cka.n})",
-                    xlabel="layer", ylabel="layer", xticks=layers, yticks=layers)
-            heatmap(cos.mean, out / f"cos_{label}.png", title=f"{label}: mean sample-wise cosine",
-                    xlabel="layer", ylabel="layer", xticks=layers, yticks=layers, vmin=None)
+            size = matrix_size(cka.biased.shape)
+            write_plot(out / f"cka_{label}.png", _titled(cka, f"{label}: linear CKA (n={cka.n})"), size)
+            write_plot(out / f"cos_{label}.png", _titled(cos, f"{label}: mean sample-wise cosine"), size)
+
+            def to_last(ax, cka=cka, cos=cos, label=label):
+                cos.plot(ax, show="to_last")
+                cka.plot(ax, show="to_last").set_title(f"{label}: similarity to the last layer", fontsize=10)
+
+            write_plot(out / f"to_last_{label}.png", to_last)
             last = len(layers) - 1
-            q = list(cos.quantile_levels)
-            lo, hi = q.index(0.25), q.index(0.75)
-            curves({"COS to last layer": cos.mean[:, last], "CKA to last layer": cka.biased[:, last]},
-                   out / f"to_last_{label}.png", title=f"{label}: similarity to the last layer",
-                   xlabel="layer", ylabel="similarity",
-                   bands={"COS to last layer": (cos.quantiles[:, last, lo], cos.quantiles[:, last, hi])})
             adjacent = np.diag(cka.biased, 1)
             sections.append(
                 f"## {label} ({model.num_layers} blocks, width {model.hidden_size})\n\n"
@@ -77,8 +81,8 @@ def run_demo(out: Path, store: str | None = None, n: int = 300, address: str | N
             )
         (label_a, (run_a, _)), (label_b, (run_b, _)) = runs.items()
         cross = client.cka(run_a, run_b)
-        heatmap(cross.biased, out / "cka_cross.png", title=f"linear CKA: {label_a} (rows) vs {label_b} (columns)",
-                xlabel=f"{label_b} layer", ylabel=f"{label_a} layer", xticks=cross.layers_b, yticks=cross.layers_a)
+        write_plot(out / "cka_cross.png", _titled(cross, f"linear CKA: {label_a} (rows) vs {label_b} (columns)"),
+                   matrix_size(cross.biased.shape))
         best = cross.biased.argmax(axis=1)
         timings["queries"] = time.perf_counter() - t
         sections.append(
@@ -125,12 +129,11 @@ def _standardised_section(client: Client, out: Path, a: tuple[str, str], b: tupl
     matrix on z-scored features (docs/metrics.md, "Outlier diagnostics")."""
     (label_a, run_a), (label_b, run_b) = a, b
     report = client.outliers(run_b, top_k=3)
-    outlier_panels(report.layers, report.severity, report.top_dims, report.top_ratio, report.kurtosis_max,
-                   out / "outliers_b.png", title=f"{label_b}: outlier dimensions per layer")
+    write_outliers(out / "outliers_b.png", report)
     standard = client.cka_stats(run_a, run_b, standardize=True)
-    heatmap(standard.biased, out / "cka_cross_standardised.png",
-            title=f"linear CKA on z-scored features: {label_a} (rows) vs {label_b} (columns)",
-            xlabel=f"{label_b} layer", ylabel=f"{label_a} layer", xticks=standard.layers_b, yticks=standard.layers_a)
+    write_plot(out / "cka_cross_standardised.png",
+               _titled(standard, f"linear CKA on z-scored features: {label_a} (rows) vs {label_b} (columns)"),
+               matrix_size(standard.biased.shape))
     layers = np.asarray(standard.layers_b)
     lit_plain, lit_standard = lit_columns(plain), lit_columns(standard.biased)
     flat = np.setdiff1d(np.arange(plain.shape[1]), lit_plain)
@@ -165,7 +168,7 @@ def _probe_section(client: Client, out: Path, runs: dict) -> str:
     entropy family of "Layer by Layer" set beside it."""
     labels = list(runs)
     results = client.probe_runs([run for run, _ in runs.values()], against=list(PROBE_AGAINST))
-    plot_probes(results, labels).savefig(out / "probe_sentiment.png", dpi=110)
+    write_probes(out / "probe_sentiment.png", results, labels)
     lines = []
     for label, result in zip(labels, results):
         s = result.scalars
@@ -196,11 +199,10 @@ def _saturation_section(client: Client, out: Path, model) -> str:
     client.register_dataset(builtin=DATASET, limit=LENS_PROMPTS, seed=1, name=f"{DATASET}-{LENS_PROMPTS}")
     run = client.capture(model.digest, f"{DATASET}-{LENS_PROMPTS}", pooling="tokens", max_len=64).run_key
     lens = client.lens(run)
-    bars({"tokens": lens.saturation_counts}, out / "smollm2_saturation.png",
-         title=f"SmolLM2-135M: saturation layer of {lens.n} next-token predictions", xlabel="layer",
-         ylabel="tokens")
-    curves({"lens accuracy (next token)": lens.accuracy}, out / "smollm2_lens_accuracy.png",
-           title="SmolLM2-135M: logit-lens next-token accuracy per layer", xlabel="layer", ylabel="accuracy")
+    write_plot(out / "smollm2_saturation.png",
+               _titled(lens, f"SmolLM2-135M: saturation layer of {lens.n} next-token predictions", show="saturation"))
+    write_plot(out / "smollm2_lens_accuracy.png",
+               _titled(lens, "SmolLM2-135M: logit-lens next-token accuracy per layer", show="accuracy"))
     half = int(np.searchsorted(lens.saturation_cumulative / lens.n, 0.5))  # cumulative counts -> share
     return (
         f"## SmolLM2-135M saturation events ({LENS_PROMPTS} reviews, {lens.n} next-token predictions)\n\n"

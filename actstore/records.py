@@ -22,9 +22,30 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class RunName:
+    """A run as a person knows it: its model's and dataset's names (an alias each; empty where
+    there is none), its pooling and capture site."""
+
+    run_key: str
+    model: str = ""
+    dataset: str = ""
+    pooling: str = ""
+    site: str = ""
+
+    @property
+    def label(self) -> str:
+        """`model / dataset`, or the run key's first 12 characters where the names are unknown."""
+        if not (self.model or self.dataset):
+            return self.run_key[:12]
+        return f"{self.model or self.run_key[:12]} / {self.dataset or '?'}"
+
+
+@dataclass(frozen=True)
 class Provenance:
     """Where a metric answer comes from: the metric and its definition version, the options and
-    input runs it was asked for, whether it came from the result cache, and its result key."""
+    input runs it was asked for, whether it came from the result cache, and its result key.
+    `run_names`: the runs by name, as the server's catalog names them when it replies (the server's
+    own records leave it empty: it is not part of the stored result)."""
 
     metric: str
     definition_version: int
@@ -33,6 +54,13 @@ class Provenance:
     cached: bool
     seconds: float
     result_key: str
+    run_names: list[RunName] = field(default_factory=list)
+
+    def run_name(self, index: int) -> RunName:
+        """The name of run_keys[index] (only its key where the reply carried no names)."""
+        if index < len(self.run_names):
+            return self.run_names[index]
+        return RunName(self.run_keys[index])
 
 
 @dataclass(frozen=True)

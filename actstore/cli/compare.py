@@ -13,26 +13,24 @@ from actstore.errors import InvalidArgument
 from actstore.options import SIMILARITY, STITCH
 
 
-def show_matrix(name: str, matrix, layers_a, layers_b, provenance, notes, args, title: str,
-                bounds: tuple[float | None, float | None] | None = None) -> None:
-    """Print a layer matrix (a table, or JSON with --json) and draw it with --plot; `bounds` are the
-    colour scale's (vmin, vmax), default [0, 1] ([auto, 1] for debiased CKA)."""
-    from actstore.report import heatmap, markdown_matrix
+def show_matrix(name: str, matrix, result, args, **plot_options) -> None:
+    """Print a layer matrix of `result` (a table, or JSON with --json) and with --plot write the
+    answer's own drawing, `result.plot(ax, **plot_options)`."""
+    from actstore.report import markdown_matrix, write_matrix_plot
 
+    layers_a, layers_b, provenance, notes = result.layers_a, result.layers_b, result.provenance, result.notes
     if args.json:
         print(json.dumps({"metric": name, "matrix": matrix.tolist(), "layers_a": layers_a, "layers_b": layers_b,
                           "cached": provenance.cached, "seconds": provenance.seconds,
                           "run_keys": provenance.run_keys, "notes": notes}))
         return
     print(markdown_matrix(matrix, layers_a, layers_b, digits=3))
-    print(f"\n{name}; runs {', '.join(k[:12] for k in provenance.run_keys)}; "
+    print(f"\n{name}; runs {', '.join(provenance.run_name(i).label for i in range(len(provenance.run_keys)))}; "
           f"{'cached' if provenance.cached else 'computed'} ({provenance.seconds:.2f} s compute)")
     for note in notes:
         print(f"note: {note}")
     if args.plot:
-        vmin, vmax = bounds or (None if "debiased" in name else 0.0, 1.0)
-        heatmap(matrix, Path(args.plot), title=title, xlabel="layer (B)", ylabel="layer (A)",
-                xticks=layers_b, yticks=layers_a, vmin=vmin, vmax=vmax)
+        write_matrix_plot(Path(args.plot), result, matrix, **plot_options)
         print(f"plot written to {args.plot}")
 
 
@@ -54,8 +52,7 @@ def cmd_cka(args) -> int:
                             refresh=args.refresh)
     matrix = result.debiased if args.debiased else result.biased
     name = f"linear CKA ({'debiased' if args.debiased else 'biased'})"
-    show_matrix(name, matrix, result.layers_a, result.layers_b, result.provenance, result.notes, args,
-                f"{name}, n={result.n}")
+    show_matrix(name, matrix, result, args, debiased=args.debiased)
     return 0
 
 
@@ -67,8 +64,7 @@ def cmd_cos(args) -> int:
         result = client.cos(args.run_a, args.run_b, layers_a=args.layers_a,
                             layers_b=args.layers_b, center=args.center, align=args.align,
                             word_pool=args.word_pool, refresh=args.refresh)
-    show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result.layers_a,
-                result.layers_b, result.provenance, result.notes, args, f"mean COS, n={result.n}")
+    show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result, args)
     return 0
 
 
@@ -78,8 +74,7 @@ def cmd_minibatch(args) -> int:
                                       layers_a=args.layers_a, layers_b=args.layers_b,
                                       remainder=args.remainder, refresh=args.refresh)
     batch = result.provenance.options["batch_size"]  # what the server used
-    show_matrix(f"minibatch CKA (batch {batch})", result.values, result.layers_a, result.layers_b,
-                result.provenance, result.notes, args, f"minibatch CKA, batch {batch}")
+    show_matrix(f"minibatch CKA (batch {batch})", result.values, result, args)
     return 0
 
 
@@ -88,13 +83,12 @@ def cmd_knn(args) -> int:
         result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=args.layers_a,
                                    layers_b=args.layers_b, refresh=args.refresh)
     k = result.provenance.options["k"]  # what the server used
-    show_matrix(f"mutual kNN (k={k})", result.values, result.layers_a, result.layers_b, result.provenance,
-                result.notes, args, f"mutual kNN alignment, k={k}")
+    show_matrix(f"mutual kNN (k={k})", result.values, result, args)
     return 0
 
 
 def cmd_cka_matrix(args) -> int:
-    from actstore.report import heatmap
+    from actstore.report import write_matrix_plot
 
     if args.dry_run:
         return dryrun.cka_matrix(args)
@@ -103,24 +97,23 @@ def cmd_cka_matrix(args) -> int:
         if args.measure:
             result = client.measure_matrix(args.runs, args.measure, refresh=args.refresh, progress=not args.json,
                                            **options)
-            matrix, name, bounds = result.values, result.identifier, measures.get(args.measure).bounds
+            matrix, name, plot_options = result.values, result.identifier, {}
         else:
             result = client.cka_matrix(args.runs, refresh=args.refresh, progress=not args.json)
             matrix = result.debiased if args.debiased else result.biased
-            name, bounds = "CKA", (None if args.debiased else 0.0, 1.0)
+            name, plot_options = "CKA", {"debiased": args.debiased}
     labels = [f"{r}:{layer}" for r, layer in zip(result.block_run, result.block_layer)]
     if args.json:
         print(json.dumps({"matrix": matrix.tolist(), "blocks": labels, "runs": result.runs,
                           "cached": result.provenance.cached}))
         return 0
     print(f"{matrix.shape[0]} x {matrix.shape[1]} {name} matrix over runs "
-          + ", ".join(f"{i}={k[:12]}" for i, k in enumerate(result.runs))
+          + ", ".join(f"{i}={result.provenance.run_name(i).label}" for i in range(len(result.runs)))
           + f" ({'cached' if result.provenance.cached else 'computed'}, {result.provenance.seconds:.1f} s)")
     for note in result.notes:
         print(f"note: {note}")
     if args.plot:
-        heatmap(matrix, Path(args.plot), title=f"{name} over all layers of all runs", xlabel="run:layer",
-                ylabel="run:layer", xticks=labels, yticks=labels, vmin=bounds[0], vmax=bounds[1])
+        write_matrix_plot(Path(args.plot), result, matrix, **plot_options)
         print(f"plot written to {args.plot}")
     return 0
 

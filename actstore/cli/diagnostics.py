@@ -48,18 +48,15 @@ def _interval_table(name: str, values: np.ndarray, interval: np.ndarray | None, 
     return "\n".join(lines)
 
 
-def _plot(args, name: str, values, interval, layers_a, layers_b, null_band=None) -> None:
-    from actstore.report import errorbars, heatmap
+def _plot(args, result, values, interval, **options) -> None:
+    """The answer's own drawing (intervals as error bars, else the heatmap) written to --plot."""
+    from actstore.report import write_matrix_plot, write_plot
 
     path = Path(args.plot)
     if interval is None:
-        heatmap(values, path, title=name, xlabel="layer (B)", ylabel="layer (A)", xticks=layers_b,
-                yticks=layers_a, vmin=None)
+        write_matrix_plot(path, result, values, **options)
     else:
-        series = {f"A layer {la}": (values[i], interval[i, :, 0], interval[i, :, 1]) for i, la in enumerate(layers_a)}
-        bands = None if null_band is None else {"null (5%-95%), first A layer": null_band}
-        errorbars(series, path, title=f"{name} with {args.ci:.0%} bootstrap intervals", xlabel="layer (B)",
-                  ylabel=name, xticks=layers_b, bands=bands)
+        write_plot(path, lambda ax: result.plot(ax, **options))
     print(f"plot written to {args.plot}")
 
 
@@ -91,11 +88,7 @@ def cmd_cka_stats(args) -> int:
     for note in r.notes:
         print(f"note: {note}")
     if args.plot:
-        levels = list(r.quantile_levels) if r.quantile_levels is not None else []
-        band = None
-        if null is not None and 0.05 in levels and 0.95 in levels:
-            band = (null.quantiles[0, :, levels.index(0.05)], null.quantiles[0, :, levels.index(0.95)])
-        _plot(args, f"CKA ({variant})", values, interval, r.layers_a, r.layers_b, band)
+        _plot(args, r, values, interval, debiased=args.debiased)
     return 0
 
 
@@ -114,7 +107,7 @@ def cmd_cos_stats(args) -> int:
     for note in r.notes:
         print(f"note: {note}")
     if args.plot:
-        _plot(args, "mean COS", r.mean, r.mean_ci, r.layers_a, r.layers_b)
+        _plot(args, r, r.mean, r.mean_ci)
     return 0
 
 
@@ -138,10 +131,9 @@ def cmd_outliers(args) -> int:
     for note in r.notes:
         print(f"note: {note}")
     if args.plot:
-        from actstore.report import outlier_panels
+        from actstore.report import write_outliers
 
-        outlier_panels(r.layers, r.severity, r.top_dims, r.top_ratio, r.kurtosis_max, Path(args.plot),
-                       title=f"outlier dimensions of run {r.provenance.run_keys[0][:12]}")
+        write_outliers(Path(args.plot), r)
         print(f"plot written to {args.plot}")
     return 0
 

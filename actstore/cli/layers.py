@@ -5,28 +5,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from actstore import measures
 from actstore.cli.common import add_option, connect, layers_option, output_options
 from actstore.options import ENTROPY, LENS
 
 
-def show_curve(name: str, layers, values, provenance, notes, args, bands=None) -> None:
-    from actstore.report import curves
+def show_curve(name: str, values, result, args) -> None:
+    """Print one value per layer of `result` (or JSON with --json); --plot writes its own drawing."""
+    from actstore.report import write_plot
 
+    layers, provenance, notes = result.layers, result.provenance, result.notes
     if args.json:
         print(json.dumps({"metric": name, "layers": layers, "values": [float(v) for v in values],
                           "cached": provenance.cached, "run_keys": provenance.run_keys, "notes": notes}))
         return
     for layer, value in zip(layers, values):
         print(f"layer {layer:3d}  {value: .6f}")
-    print(f"\n{name}; run {provenance.run_keys[0][:12]}; {'cached' if provenance.cached else 'computed'} "
+    print(f"\n{name}; run {provenance.run_name(0).label}; {'cached' if provenance.cached else 'computed'} "
           f"({provenance.seconds:.2f} s compute)")
     for note in notes:
         print(f"note: {note}")
     if args.plot:
-        curves({name: np.asarray(values)}, Path(args.plot), title=name, xlabel="layer", ylabel=name, bands=bands)
+        write_plot(Path(args.plot), result.plot)
         print(f"plot written to {args.plot}")
 
 
@@ -37,22 +37,19 @@ def cmd_entropy(args) -> int:
                                 convention=args.convention, abs_cos=args.abs_cos, permutations=args.permutations,
                                 seed=args.seed, exp=args.exp, temperature=args.temperature, preset=args.preset,
                                 align=args.align, word_pool=args.word_pool, refresh=args.refresh)
-    show_curve(args.metric, result.layers, result.values, result.provenance, result.notes, args)
+    show_curve(args.metric, result.values, result, args)
     return 0
 
 
 def cmd_residual(args) -> int:
     with connect(args) as client:
         result = client.residual_norm(args.run, layers=args.layers, refresh=args.refresh)
-    levels = list(result.quantile_levels)
-    band = (result.quantiles[:, levels.index(0.25)], result.quantiles[:, levels.index(0.75)])
-    show_curve("residual norm ratio", result.layers, result.mean, result.provenance, result.notes, args,
-               {"residual norm ratio": band})
+    show_curve("residual norm ratio", result.mean, result, args)
     return 0
 
 
 def cmd_lens(args) -> int:
-    from actstore.report import bars, curves
+    from actstore.report import write_plot
 
     with connect(args) as client:
         r = client.lens(args.run, epsilon=args.epsilon, taus=args.taus, heads=args.heads, refresh=args.refresh)
@@ -74,10 +71,8 @@ def cmd_lens(args) -> int:
         print(f"note: {note}")
     if args.plot_prefix:
         prefix = Path(args.plot_prefix)
-        curves({"lens accuracy": r.accuracy}, prefix.with_name(prefix.name + "_accuracy.png"),
-               title="logit-lens accuracy per layer", xlabel="layer", ylabel="accuracy", ylim=(0, 1))
-        bars({"samples": r.saturation_counts}, prefix.with_name(prefix.name + "_saturation.png"),
-             title="saturation layer distribution", xlabel="layer", ylabel="samples")
+        for show in ("accuracy", "saturation"):
+            write_plot(prefix.with_name(f"{prefix.name}_{show}.png"), lambda ax, show=show: r.plot(ax, show=show))
         print(f"plots written to {prefix}_accuracy.png and {prefix}_saturation.png")
     return 0
 
@@ -85,7 +80,7 @@ def cmd_lens(args) -> int:
 def cmd_nc1(args) -> int:
     with connect(args) as client:
         result = client.neural_collapse(args.run, layers=args.layers, refresh=args.refresh)
-    show_curve("NC1", result.layers, result.values, result.provenance, result.notes, args)
+    show_curve("NC1", result.values, result, args)
     return 0
 
 

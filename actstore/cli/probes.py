@@ -103,7 +103,7 @@ def _show(result, name: str) -> None:
 
 
 def cmd_probe(args) -> int:
-    from actstore.client.probes import plot_probes
+    from actstore.report import write_probes
 
     with connect(args) as client:
         infos = [client.describe(run) for run in args.runs]
@@ -123,8 +123,7 @@ def cmd_probe(args) -> int:
             print()
         _show(result, name)
     if args.plot:
-        figure = plot_probes(results, names, relative=len(results) > 1)
-        figure.savefig(Path(args.plot), dpi=120)
+        write_probes(Path(args.plot), results, names, relative=len(results) > 1)
         print(f"plot written to {args.plot}")
     return 0
 

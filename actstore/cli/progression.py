@@ -10,7 +10,7 @@ from actstore.options import CAPTURE, PROGRESSION
 
 
 def cmd_progression(args) -> int:
-    from actstore.report import curves
+    from actstore.report import write_plot
 
     with connect(args) as client:
         result = client.progression(args.model, args.dataset, metric=args.metric, layers=args.layers,
@@ -24,9 +24,7 @@ def cmd_progression(args) -> int:
     print_table(rows, ["step", *(f"layer {layer}" for layer in result.layers)])
     print(f"\n{result.metric} of {result.base} over {len(result.steps)} registered steps")
     if args.plot:
-        curves({f"layer {layer}": result.values[:, i] for i, layer in enumerate(result.layers)}, Path(args.plot),
-               title=f"{result.base}: {result.metric} per layer over training", xlabel="training step",
-               ylabel=result.metric, x=result.steps)
+        write_plot(Path(args.plot), result.plot)
         print(f"plot written to {args.plot}")
     return 0
 

@@ -38,6 +38,7 @@ from actstore.client.imports import ImportsMixin
 from actstore.client.measures import MeasureMatrixResult, MeasuresMixin
 from actstore.client.planning import CapturePlanInfo, CKAMatrixPlanInfo, PlanningMixin, capture_request
 from actstore.client.probes import LabelSetInfo, ProbeResult, ProbesMixin
+from actstore.client.progress import followed
 from actstore.client.progression import ProgressionMixin, ProgressionResult
 from actstore.client.readers import Batch, ReadersMixin, RunLocation, SqlResult
 from actstore.client.results import (
@@ -237,22 +238,9 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
             yield JobInfo.from_proto(event.job, event.message)
 
     def wait(self, job_id: str, progress: bool = False, description: str = "") -> JobInfo:
-        """Follow a job to its end (with a progress bar if asked); raise its error if it failed."""
-        bar = None
-        job = None
-        try:
-            for job in self.watch(job_id):
-                if progress and job.total:
-                    if bar is None:
-                        from tqdm import tqdm
-
-                        bar = tqdm(total=job.total, unit=f" {job.unit or 'step'}", desc=description or job.kind,
-                                   dynamic_ncols=True)
-                    bar.n = job.done
-                    bar.refresh()
-        finally:
-            if bar is not None:
-                bar.close()
+        """Follow a job to its end (with a `tqdm.auto` progress bar if asked: a widget in Jupyter,
+        text in a terminal; `progress.followed`); raise its error if it failed."""
+        job = followed(self.watch(job_id), description, shown=progress)
         if job is not None and job.status != "done":
             error = ERRORS_BY_CODE.get(job.error_code, ActStoreError)(job.error or f"job {job.job_id} {job.status}")
             raise error

@@ -17,7 +17,9 @@ import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import diagnostics_pb2
+from actstore.client import plots
 from actstore.client.arguments import options
+from actstore.client.display import Shown, Summary, layer_span, value_range
 from actstore.client.results import Provenance, QueryAnswer
 from actstore.options import SIMILARITY, UNCERTAINTY
 
@@ -35,8 +37,19 @@ class NullStats:
     p_value: np.ndarray
 
 
-@dataclass(frozen=True)
-class CKAStatsResult:
+def interval_facts(provenance: Provenance, interval: np.ndarray | None, name: str) -> list[tuple[str, str]]:
+    """The interval of an answer's values as a summary's facts: its level, replicates and method."""
+    if interval is None:
+        return []
+    options = provenance.options
+    method = f", {options['bootstrap_method']}" if options.get("bootstrap_method") else ""
+    return [(f"{name} interval", f"{options.get('ci', 0.95):.0%} percentile bootstrap, {options.get('bootstrap')} "
+                                 f"replicates{method}: lows {value_range(interval[..., 0])}, highs "
+                                 f"{value_range(interval[..., 1])}")]
+
+
+@dataclass(frozen=True, repr=False)
+class CKAStatsResult(Shown):
     """Linear CKA between layers_a (rows) and layers_b (columns) with what was asked: percentile
     intervals `*_ci` (La, Lb, 2) and bootstrap standard errors `*_se`, the null per variant, and
     the (layer, dimension) rows left out of each side. Unasked parts are None."""
@@ -58,6 +71,36 @@ class CKAStatsResult:
     provenance: Provenance
     notes: list[str]
 
+    matrix = True
+
+    def plot(self, ax=None, *, debiased: bool = False, **style):
+        """Draw CKA (biased, or `debiased`) on `ax` (a new figure's when None); returns the Axes.
+        With bootstrap intervals: one line per layer of A over B's layers, a bar from each
+        interval's low to its high, and with a null the 5%-95% band of its first layer of A;
+        without: the heatmap (rows A's layers, columns B's)."""
+        variant = "debiased" if debiased else "biased"
+        null = getattr(self, f"{variant}_null")
+        band = None
+        if null is not None and self.quantile_levels is not None:
+            levels = [round(float(q), 6) for q in self.quantile_levels]
+            if 0.05 in levels and 0.95 in levels:
+                band = (null.quantiles[0, :, levels.index(0.05)], null.quantiles[0, :, levels.index(0.95)])
+        return plots.intervals(ax, getattr(self, variant), getattr(self, f"{variant}_ci"), self.provenance,
+                               self.layers_a, self.layers_b, f"CKA ({variant})", null_band=band, **style)
+
+    def summary(self) -> Summary:
+        facts = [("n", str(self.n)), ("biased", value_range(self.biased))]
+        facts += interval_facts(self.provenance, self.biased_ci, "biased")
+        if self.biased_null is not None:
+            null = self.biased_null
+            facts.append(("null", f"{self.provenance.options.get('null')} permutations: calibrated "
+                                  f"{value_range(null.calibrated)}, p {value_range(null.p_value)}"))
+        excluded = len(self.excluded_a) + len(self.excluded_b)
+        if excluded:
+            facts.append(("excluded", f"{excluded} (layer, dimension) rows"))
+        return Summary(f"linear CKA, {len(self.layers_a)} x {len(self.layers_b)} layers", self.provenance, facts,
+                       self.notes)
+
     @staticmethod
     def from_answer(answer: QueryAnswer) -> CKAStatsResult:
         a, options = answer.arrays, answer.provenance.options
@@ -74,8 +117,8 @@ class CKAStatsResult:
                               a["excluded_a"], a["excluded_b"], answer.provenance, answer.notes)
 
 
-@dataclass(frozen=True)
-class COSStatsResult:
+@dataclass(frozen=True, repr=False)
+class COSStatsResult(Shown):
     """Sample-wise cosine (mean and quantiles) with the bootstrap interval of the mean, `mean_ci`
     (La, Lb, 2), and its standard error `mean_se` (None without bootstrap)."""
 
@@ -92,9 +135,23 @@ class COSStatsResult:
     provenance: Provenance
     notes: list[str]
 
+    matrix = True
 
-@dataclass(frozen=True)
-class OutlierReport:
+    def plot(self, ax=None, **style):
+        """Draw the mean cosine on `ax` (a new figure's when None); returns the Axes. With bootstrap
+        intervals: one line per layer of A over B's layers, a bar from each interval's low to its
+        high; without: the heatmap (rows A's layers, columns B's)."""
+        return plots.intervals(ax, self.mean, self.mean_ci, self.provenance, self.layers_a, self.layers_b,
+                               "mean COS", **style)
+
+    def summary(self) -> Summary:
+        return Summary(f"sample-wise cosine, {len(self.layers_a)} x {len(self.layers_b)} layers", self.provenance,
+                       [("n", str(self.n)), ("mean", value_range(self.mean)),
+                        *interval_facts(self.provenance, self.mean_ci, "mean")], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class OutlierReport(Shown):
     """Per layer: severity ||mean|| / ||std||, the top-k dimensions by |mean| / std (`top_dims`,
     with `top_ratio`, `top_mean`, `top_std`; -1 / NaN pads layers with fewer varying dimensions),
     excess kurtosis max and mean over dimensions, and the outlier dimensions as (layer, dimension)
@@ -116,6 +173,18 @@ class OutlierReport:
     def outliers_of(self, layer: int) -> list[int]:
         """The outlier dimensions of one layer."""
         return [int(d) for l_, d in self.outlier_dims if l_ == layer]
+
+    def plot(self, ax=None, *, show: str = "severity", **style):
+        """Draw on `ax` (a new figure's when None) and return the Axes. show="severity": the
+        severity ||mean|| / ||std|| and the largest excess kurtosis per layer (log scale);
+        "dimensions": per layer the top dimensions' |mean| / std by rank, the first three
+        labelled with their dimension."""
+        return plots.outliers(ax, self, plots.choose(show, ("severity", "dimensions")), **style)
+
+    def summary(self) -> Summary:
+        return Summary(f"outlier diagnosis over layers {layer_span(self.layers)}", self.provenance,
+                       [("n", str(self.n)), ("severity", value_range(self.severity)),
+                        ("outlier dimensions", f"{len(self.outlier_dims)} (layer, dimension) pairs")], self.notes)
 
 
 class DiagnosticsMixin:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from actstore.client.display import table
 from actstore.errors import FailedPrecondition
 
 T = TypeVar("T")
@@ -28,10 +29,14 @@ def pandas():
 
 
 class Listing(list[T]):
-    """A list of records (`RunInfo`, `ModelInfo`, ...) that also becomes a DataFrame."""
+    """A list of records (`RunInfo`, `ModelInfo`, ...) that also becomes a DataFrame, and shows
+    itself in Jupyter as a table."""
 
     def to_pandas(self):
         return pandas().DataFrame([dataclasses.asdict(item) for item in self])
+
+    def _repr_html_(self) -> str:
+        return table(list(self))
 
 
 def matrix_frame(values: np.ndarray, layers_a: Sequence[int], layers_b: Sequence[int], **columns: Any):

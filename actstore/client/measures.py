@@ -26,6 +26,8 @@ import numpy as np
 
 from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client import plots
+from actstore.client.display import Shown, Summary, bounds_text, metric_bounds, value_range
 from actstore.client.results import JobInfo, MatrixResult, Provenance, QueryAnswer
 
 LEGACY = ("alpha", "sigma_fraction", "k")  # keywords every measure method took: ignored by a measure without them
@@ -40,10 +42,12 @@ def measure_options(measure: str, given: Mapping[str, Any]) -> dict[str, Any]:
     return spec.resolve({**own, **legacy})
 
 
-@dataclass(frozen=True)
-class MeasureMatrixResult:
+@dataclass(frozen=True, repr=False)
+class MeasureMatrixResult(Shown):
     """A measure over every layer of several runs: block i is layer block_layer[i] of run
     runs[block_run[i]]; `values[i, j]` compares block i (as A) with block j (as B)."""
+
+    matrix = True
 
     values: np.ndarray
     block_run: np.ndarray
@@ -59,6 +63,19 @@ class MeasureMatrixResult:
     def block(self, run_a: int, run_b: int) -> np.ndarray:
         """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""
         return self.values[np.ix_(self.block_run == run_a, self.block_run == run_b)]
+
+    def plot(self, ax=None, **style):
+        """Draw the measure between every layer of every run as one heatmap on `ax` (a new figure's
+        when None): ticks model:layer, lines between the runs' blocks, the colour scale the
+        measure's registered bounds where it has them (else the values' range). Returns the Axes."""
+        low, high = metric_bounds(self.identifier)
+        return plots.block_matrix(ax, self.values, self.block_run, self.block_layer, self.provenance,
+                                  self.identifier, vmin=low, vmax=high, **style)
+
+    def summary(self) -> Summary:
+        return Summary(f"{self.identifier} matrix, {len(self.block_run)} layers of {len(self.runs)} runs",
+                       self.provenance, [("values", value_range(self.values)),
+                                         ("bounds", bounds_text(metric_bounds(self.identifier)))], self.notes)
 
 
 class MeasuresMixin:

@@ -25,15 +25,17 @@ import numpy as np
 
 from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client import plots
 from actstore.client.arguments import options
+from actstore.client.display import Shown, Summary, Tabled, short_name
 from actstore.client.frames import Listing, pandas
 from actstore.client.results import Provenance, QueryAnswer
-from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.errors import InvalidArgument
 from actstore.options import LABELS, PROBE
 
 
 @dataclass(frozen=True)
-class LabelSetInfo:
+class LabelSetInfo(Tabled):
     digest: str
     dataset_digest: str
     name: str
@@ -50,7 +52,7 @@ class LabelSetInfo:
 
 
 @dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(Shown):
     """A probe of one run: per probed layer (`layers`), the mean score over folds (`score`: accuracy
     for classes, R^2 for a continuous target), every score per fold (`arrays["accuracy"]`, `...["macro_f1"]`,
     `["log_loss"]`, `["r2"]`: layers x folds) with `_mean`, `_std`, `_low`, `_high` (the 95%
@@ -138,14 +140,9 @@ class ProbeResult:
         """Draw the score per layer with its interval band (the control's dashed, the majority
         baseline dotted, the best layer marked) on `ax` (a new figure's when None); `relative` puts
         layer / last layer on the x axis (models of other depths side by side). Returns the Axes."""
-        plt = _pyplot()
-        if ax is None:
-            _, ax = plt.subplots(figsize=(6.4, 4.0))
-        depth = max(self.layers) or 1
-        x = np.asarray(self.layers, dtype=np.float64) / (depth if relative else 1)
-        line, = ax.plot(x, self.score, marker="o", markersize=3, label=label or self.metric, **style)
-        low, high = self.interval
-        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        ax = plots.new_axes(ax, (6.4, 4.0))
+        x, xlabel = plots.layer_axis(self.layers, relative)
+        line = plots.curve(ax, x, self.score, band=self.interval, label=label or self.metric, **style)
         control = self.arrays.get(f"control_{self.metric}_mean")
         if control is not None:
             ax.plot(x, control, linestyle="--", color=line.get_color(), alpha=0.7,
@@ -154,13 +151,21 @@ class ProbeResult:
             ax.axhline(self.scalars["majority_accuracy"], color="0.5", linestyle=":", linewidth=1)
         best = self.layers.index(self.best_layer)
         ax.plot([x[best]], [self.score[best]], marker="*", markersize=12, color=line.get_color())
-        ax.set_xlabel("layer / last layer" if relative else "layer")
-        ax.set_ylabel(f"held-out {self.metric.replace('_', '-')}")
-        ax.set_title(f"probe of run {self.provenance.run_keys[0][:12]}: best layer {self.best_layer}"
-                     if label is None else "probe per layer")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        return ax
+        return plots.label(ax, f"probe of {short_name(self.provenance.run_name(0))}: best layer {self.best_layer}"
+                           if label is None else "probe per layer", xlabel, f"held-out {self.metric.replace('_', '-')}")
+
+    def summary(self) -> Summary:
+        s = self.scalars
+        low, high = (values[self.layers.index(self.best_layer)] for values in self.interval)
+        facts = [("n", str(int(s["n"]))), ("best layer", f"{self.best_layer}: {self.metric} {s['best_score']:.4f}"),
+                 ("interval", f"95% corrected resampled t over {int(s['folds'])} folds at the best layer: "
+                              f"[{low:.4f}, {high:.4f}]"),
+                 ("last layer", f"{self.layers[-1]}: {s['last_score']:.4f}")]
+        if "majority_accuracy" in s:
+            facts.append(("majority baseline", f"{s['majority_accuracy']:.4f}"))
+        facts += [(f"against {name}", f"Spearman {rho['spearman']:+.3f}") for name, rho in self.correlations.items()]
+        return Summary(f"{self.provenance.options.get('method', '')} probe over {len(self.layers)} layers".strip(),
+                       self.provenance, facts, self.notes)
 
     def __repr__(self) -> str:
         return (f"ProbeResult(run={self.provenance.run_keys[0][:12]}, {self.metric} over {len(self.layers)} layers, "
@@ -171,36 +176,29 @@ class ProbeResult:
 def plot_probes(results: Sequence[ProbeResult], labels: Sequence[str] | None = None, *, relative: bool = True):
     """One figure: every result's score per (relative) layer, and one panel per `against` metric
     of the first result (each run's curve, its Spearman rho in the legend). Returns the Figure."""
-    plt = _pyplot()
     against = results[0].against
-    figure, axes = plt.subplots(1, 1 + len(against), figsize=(5.2 * (1 + len(against)), 4.0), squeeze=False)
-    names = list(labels or [r.provenance.run_keys[0][:12] for r in results])
-    for result, name in zip(results, names):
-        result.plot(axes[0, 0], label=name, relative=relative)
-        depth = max(result.layers) or 1
-        x = np.asarray(result.layers, dtype=np.float64) / (depth if relative else 1)
-        for panel, metric in enumerate(against, start=1):
-            row = result.against.index(metric)
-            rho = result.correlations[metric]["spearman"]
-            axes[0, panel].plot(x, result.arrays["against_values"][row], marker="o", markersize=3,
-                                label=f"{name} (Spearman {rho:+.2f})")
-    for panel, metric in enumerate(against, start=1):
-        ax = axes[0, panel]
-        ax.set_title(metric)
-        ax.set_xlabel("layer / last layer" if relative else "layer")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    figure, axes = plots.pyplot().subplots(1, 1 + len(against), figsize=(5.2 * (1 + len(against)), 4.0),
+                                           squeeze=False)
+    draw_probes(axes[0], results, labels, relative=relative)
     figure.tight_layout()
     return figure
 
 
-def _pyplot():
-    """matplotlib's pyplot (its own backend choice: inline in Jupyter, Agg without a display)."""
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise FailedPrecondition("plot() needs matplotlib: pip install 'actstore[plots]' (or matplotlib)") from None
-    return plt
+def draw_probes(axes, results: Sequence[ProbeResult], labels: Sequence[str] | None = None, *, relative: bool = True):
+    """`plot_probes` into `axes`: 1 + len(against) Axes of a figure the caller made."""
+    against = results[0].against
+    axes = np.asarray(axes).reshape(1, -1)
+    names = list(labels or [short_name(r.provenance.run_name(0)) for r in results])
+    for result, name in zip(results, names):
+        result.plot(axes[0, 0], label=name, relative=relative)
+        x, xlabel = plots.layer_axis(result.layers, relative)
+        for panel, metric in enumerate(against, start=1):
+            row = result.against.index(metric)
+            rho = result.correlations[metric]["spearman"]
+            plots.curve(axes[0, panel], x, result.arrays["against_values"][row], label=f"{name} (Spearman {rho:+.2f})")
+    for panel, metric in enumerate(against, start=1):
+        plots.label(axes[0, panel], metric, xlabel, "")
+    return axes
 
 
 def _inline_labels(sample_ids: Sequence[str], labels: Sequence) -> pb.InlineLabels:

@@ -20,15 +20,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actstore.client import plots
 from actstore.client.arguments import options
+from actstore.client.display import Shown, Summary, layer_span, value_range
 from actstore.errors import InvalidArgument, NotFound
 from actstore.options import CAPTURE, PROGRESSION
 
 _STEP = re.compile(r"^(?P<base>.+)@step(?P<step>\d+)$")
 
 
-@dataclass(frozen=True)
-class ProgressionResult:
+@dataclass(frozen=True, repr=False)
+class ProgressionResult(Shown):
     metric: str
     base: str  # the training run's name (aliases base@stepK)
     steps: np.ndarray  # (S,), increasing
@@ -36,6 +38,16 @@ class ProgressionResult:
     values: np.ndarray  # (S, len(layers)): values[s, i] = metric of layer layers[i] at steps[s]
     models: list[str]  # the checkpoints' digests, by step
     runs: list[str]  # their run keys on the dataset, by step
+
+    def plot(self, ax=None, **style):
+        """Draw one curve per layer of the metric over the training steps on `ax` (a new figure's
+        when None); returns the Axes."""
+        return plots.progression(ax, self, **style)
+
+    def summary(self) -> Summary:
+        return Summary(f"{self.metric} of {self.base} over {len(self.steps)} steps, layers {layer_span(self.layers)}",
+                       None, [("steps", ", ".join(map(str, self.steps.tolist()))),
+                              ("values", value_range(self.values))])
 
 
 class ProgressionMixin:

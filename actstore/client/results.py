@@ -10,19 +10,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
+from actstore.client import plots
+from actstore.client.display import Shown, Summary, Tabled, bounds_text, layer_span, metric_bounds, value_range
 from actstore.client.frames import layer_frame, matrix_frame
-from actstore.records import Damage, GarbageItem, MetricAnswer, Provenance
+from actstore.records import Damage, GarbageItem, MetricAnswer, Provenance, RunName
 from actstore.wire import from_ndarray
 
 
 def provenance(p: pb.Provenance) -> Provenance:
     """The provenance of an answer, from its proto."""
+    names = [RunName(n.run_key, n.model, n.dataset, n.pooling, n.site) for n in p.run_names]
     return Provenance(p.metric, p.definition_version, json.loads(p.options_json or "{}"), list(p.run_keys),
-                      p.cached, p.seconds, p.result_key)
+                      p.cached, p.seconds, p.result_key, names)
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(Tabled):
     digest: str
     aliases: list[str]
     kind: str
@@ -39,7 +42,7 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class DatasetInfo:
+class DatasetInfo(Tabled):
     digest: str
     aliases: list[str]
     kind: str
@@ -74,7 +77,7 @@ class LayerHealth:
 
 
 @dataclass(frozen=True)
-class RunInfo:
+class RunInfo(Tabled):
     run_key: str
     model_digest: str
     dataset_digest: str
@@ -89,7 +92,7 @@ class RunInfo:
     num_shards: int
     recorded_shards: int
     stored_bytes: int = 0
-    health: list[LayerHealth] = field(default_factory=list)
+    health: list[LayerHealth] = field(default_factory=list, repr=False)  # one per layer: long
     model_aliases: list[str] = field(default_factory=list)
     dataset_aliases: list[str] = field(default_factory=list)
     site: str = "resid_post"  # the capture site (see `actstore capture --help`)
@@ -104,7 +107,7 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class JobInfo(Tabled):
     job_id: str
     kind: str
     status: str
@@ -154,9 +157,11 @@ class QueryAnswer(MetricAnswer):
                            provenance(r.provenance), list(r.notes))
 
 
-@dataclass(frozen=True)
-class CKAResult:
+@dataclass(frozen=True, repr=False)
+class CKAResult(Shown):
     """Linear CKA between layers_a of run A (rows) and layers_b of run B (columns)."""
+
+    matrix = True
 
     biased: np.ndarray
     debiased: np.ndarray
@@ -170,10 +175,30 @@ class CKAResult:
         """Long format: layer_a, layer_b, value (biased CKA, or debiased)."""
         return matrix_frame(self.debiased if debiased else self.biased, self.layers_a, self.layers_b)
 
+    def plot(self, ax=None, *, debiased: bool = False, show: str = "matrix", **style):
+        """Draw linear CKA (biased, or `debiased`) on `ax` (a new figure's when None); returns the Axes.
+        show="matrix": the heatmap, run A's layers as rows (bottom up) and run B's as columns, each
+        named by its model, colour scale [0, 1] (debiased: its minimum to 1), values printed on a
+        small matrix. show="to_last": a curve of each layer of A against the last layer of B given.
+        `style` goes to imshow (cmap, vmin, vmax) or to the curve's plot (color, label, ...)."""
+        values = self.debiased if debiased else self.biased
+        if plots.choose(show, ("matrix", "to_last")) == "to_last":
+            return plots.to_last(ax, values, self.provenance, self.layers_a, "CKA", **style)
+        name = f"linear CKA ({'debiased' if debiased else 'biased'}), n={self.n}"
+        return plots.layer_matrix(ax, values, self.provenance, self.layers_a, self.layers_b, name,
+                                  vmin=None if debiased else 0.0, **style)
 
-@dataclass(frozen=True)
-class COSResult:
+    def summary(self) -> Summary:
+        return Summary(f"linear CKA, {len(self.layers_a)} x {len(self.layers_b)} layers", self.provenance,
+                       [("n", str(self.n)), ("biased", value_range(self.biased)),
+                        ("debiased", value_range(self.debiased))], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class COSResult(Shown):
     """Sample-wise cosine similarity: the mean and quantiles over samples, per layer pair."""
+
+    matrix = True
 
     mean: np.ndarray
     quantiles: np.ndarray  # (len(layers_a), len(layers_b), len(quantile_levels))
@@ -188,10 +213,28 @@ class COSResult:
         """Long format: layer_a, layer_b, value (the mean cosine)."""
         return matrix_frame(self.mean, self.layers_a, self.layers_b)
 
+    def plot(self, ax=None, *, show: str = "matrix", **style):
+        """Draw the mean sample-wise cosine on `ax` (a new figure's when None); returns the Axes.
+        show="matrix": the heatmap, run A's layers as rows and run B's as columns, colour scale
+        from its minimum to 1. show="to_last": each layer of A against the last layer of B given,
+        with the band between the 25% and 75% quantiles over samples."""
+        if plots.choose(show, ("matrix", "to_last")) == "to_last":
+            band = plots.quartiles(self.quantile_levels, self.quantiles[:, -1])
+            return plots.to_last(ax, self.mean, self.provenance, self.layers_a, "COS", band=band, **style)
+        return plots.layer_matrix(ax, self.mean, self.provenance, self.layers_a, self.layers_b,
+                                  f"mean sample-wise cosine, n={self.n}", vmin=None, **style)
 
-@dataclass(frozen=True)
-class MatrixResult:
-    """A layers_a x layers_b matrix of one metric (minibatch CKA, mutual kNN)."""
+    def summary(self) -> Summary:
+        return Summary(f"sample-wise cosine, {len(self.layers_a)} x {len(self.layers_b)} layers", self.provenance,
+                       [("n", str(self.n)), ("mean", value_range(self.mean)),
+                        ("quantiles", ", ".join(f"{q:g}" for q in self.quantile_levels))], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class MatrixResult(Shown):
+    """A layers_a x layers_b matrix of one metric (minibatch CKA, mutual kNN, any measure)."""
+
+    matrix = True
 
     values: np.ndarray
     layers_a: list[int]
@@ -204,10 +247,24 @@ class MatrixResult:
         """Long format: layer_a, layer_b, value."""
         return matrix_frame(self.values, self.layers_a, self.layers_b)
 
+    def plot(self, ax=None, **style):
+        """Draw the metric's layers_a x layers_b heatmap on `ax` (a new figure's when None), run A's
+        layers as rows and run B's as columns, the colour scale the metric's registered bounds
+        where it has them (else the values' range); returns the Axes."""
+        low, high = metric_bounds(self.provenance.metric)
+        return plots.layer_matrix(ax, self.values, self.provenance, self.layers_a, self.layers_b,
+                                  self.provenance.metric, vmin=low, vmax=high, **style)
 
-@dataclass(frozen=True)
-class LayerValues:
-    """One value per layer (the entropy family)."""
+    def summary(self) -> Summary:
+        return Summary(f"{self.provenance.metric}, {len(self.layers_a)} x {len(self.layers_b)} layers",
+                       self.provenance, [("values", value_range(self.values)),
+                                         ("bounds", bounds_text(metric_bounds(self.provenance.metric)))],
+                       self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class LayerValues(Shown):
+    """One value per layer (the entropy family, NC1)."""
 
     values: np.ndarray
     layers: list[int]
@@ -219,10 +276,21 @@ class LayerValues:
         """layer, value."""
         return layer_frame(self.values, self.layers)
 
+    def plot(self, ax=None, *, label: str | None = None, relative: bool = False, **style):
+        """Draw the metric's value per layer as a curve on `ax` (a new figure's when None), labelled
+        `label` (default: the run's model); `relative` puts layer / last layer on the x axis (models
+        of other depths on one Axes). Returns the Axes."""
+        return plots.per_layer(ax, self.layers, self.values, self.provenance, self.provenance.metric,
+                               label_text=label, relative=relative, **style)
 
-@dataclass(frozen=True)
-class LayerDistribution:
-    """Per layer: the mean and quantiles of a per-sample quantity."""
+    def summary(self) -> Summary:
+        return Summary(f"{self.provenance.metric} over layers {layer_span(self.layers)}", self.provenance,
+                       [("values", value_range(self.values))], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class LayerDistribution(Shown):
+    """Per layer: the mean and quantiles of a per-sample quantity (the residual norm ratio)."""
 
     mean: np.ndarray
     quantiles: np.ndarray  # (layers, len(quantile_levels))
@@ -231,10 +299,25 @@ class LayerDistribution:
     provenance: Provenance
     notes: list[str]
 
+    def plot(self, ax=None, *, label: str | None = None, relative: bool = False, **style):
+        """Draw the per-sample mean per layer as a curve with the band between the 25% and 75%
+        quantiles over samples on `ax` (a new figure's when None), labelled `label` (default: the
+        run's model); `relative`: layer / last layer on the x axis. Returns the Axes."""
+        return plots.per_layer(ax, self.layers, self.mean, self.provenance, self.provenance.metric,
+                               band=plots.quartiles(self.quantile_levels, self.quantiles), label_text=label,
+                               relative=relative, **style)
 
-@dataclass(frozen=True)
-class CKAMatrixResult:
+    def summary(self) -> Summary:
+        return Summary(f"{self.provenance.metric} over layers {layer_span(self.layers)}", self.provenance,
+                       [("mean", value_range(self.mean)),
+                        ("quantiles", ", ".join(f"{q:g}" for q in self.quantile_levels))], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class CKAMatrixResult(Shown):
     """The cross-model CKA matrix: block i is layer block_layer[i] of run runs[block_run[i]]."""
+
+    matrix = True
 
     biased: np.ndarray
     debiased: np.ndarray
@@ -255,9 +338,22 @@ class CKAMatrixResult:
         return matrix_frame(self.debiased if debiased else self.biased, self.block_layer, self.block_layer,
                             run_a=runs[:, None], run_b=runs[None, :])
 
+    def plot(self, ax=None, *, debiased: bool = False, **style):
+        """Draw the CKA (biased, or `debiased`) of every layer of every run against every other as
+        one heatmap on `ax` (a new figure's when None): ticks model:layer, lines between the runs'
+        blocks, colour scale [0, 1] (debiased: its minimum to 1). Returns the Axes."""
+        values = self.debiased if debiased else self.biased
+        return plots.block_matrix(ax, values, self.block_run, self.block_layer, self.provenance,
+                                  f"linear CKA ({'debiased' if debiased else 'biased'})",
+                                  vmin=None if debiased else 0.0, vmax=1.0, **style)
 
-@dataclass(frozen=True)
-class LensResult:
+    def summary(self) -> Summary:
+        return Summary(f"linear CKA matrix, {len(self.block_run)} layers of {len(self.runs)} runs", self.provenance,
+                       [("biased", value_range(self.biased)), ("debiased", value_range(self.debiased))], self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class LensResult(Shown):
     """Logit lens over layers 0..L: accuracy, saturation layers, effective depth, exit sweep."""
 
     accuracy: np.ndarray
@@ -272,6 +368,22 @@ class LensResult:
     n: int
     provenance: Provenance
     notes: list[str]
+
+    def plot(self, ax=None, *, show: str = "accuracy", label: str | None = None, relative: bool = False, **style):
+        """Draw on `ax` (a new figure's when None) and return the Axes. show="accuracy": the lens
+        accuracy per layer, a dotted line at the epsilon-effective depth (relative to the last
+        layer); "saturation": a bar per layer of the predictions whose top-1 is fixed from that
+        layer on; "exits": the multi-exit sweep, exit accuracy against speed-up, each point its
+        threshold tau. `label` names the curve (default: the run's model); `relative`: layer /
+        last layer on the accuracy's x axis."""
+        return plots.lens(ax, self, plots.choose(show, ("accuracy", "saturation", "exits")), label, relative,
+                          **style)
+
+    def summary(self) -> Summary:
+        return Summary(f"logit lens over layers 0..{len(self.accuracy) - 1}", self.provenance,
+                       [("n", str(self.n)), ("accuracy at the last layer", f"{self.accuracy[-1]:.4f}"),
+                        ("effective depth", f"{self.effective_depth} (absolute), {self.effective_depth_relative} "
+                                            "(relative)")], self.notes)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from actstore.client import plots
 from actstore.experiment.claims import RULE, VERDICTS, MethodResult, Spread, seed_checks, summarise
-from actstore.report import bars, curves
+from actstore.report import write_plot
 
 
 def _over_seeds(results: dict[int, dict[str, MethodResult]], method: str, value) -> np.ndarray:
@@ -22,13 +23,26 @@ def _plots(recipe: str, results: dict[int, dict[str, MethodResult]], methods: li
         stacked = {m: _over_seeds(results, m, value) for m in methods}
         if all(np.isnan(s).all() for s in stacked.values()):
             continue
-        curves({m: s.mean(0) for m, s in stacked.items()}, out / f"{name}.png",
-               title=f"{recipe}: {'logit-lens accuracy' if name == 'accuracy' else 'mean COS to the last layer'}"
-                     f" per layer, mean over {len(results)} seed(s)", xlabel="layer", ylabel=ylabel, ylim=ylim,
-               bands={m: (s.min(0), s.max(0)) for m, s in stacked.items()} if len(results) > 1 else None)
-    bars({m: _over_seeds(results, m, lambda r: r.lens.saturation_counts).sum(0) for m in methods},
-         out / "saturation.png", title=f"{recipe}: saturation layer distribution (all seeds)", xlabel="layer",
-         ylabel="samples")
+        title = (f"{recipe}: {'logit-lens accuracy' if name == 'accuracy' else 'mean COS to the last layer'}"
+                 f" per layer, mean over {len(results)} seed(s)")
+
+        def over_seeds(ax, stacked=stacked, title=title, ylabel=ylabel, ylim=ylim):
+            for method, s in stacked.items():
+                plots.curve(ax, np.arange(s.shape[1]), s.mean(0), label=method,
+                            band=(s.min(0), s.max(0)) if len(results) > 1 else None)
+            if ylim:
+                ax.set_ylim(*ylim)
+            plots.label(ax, title, "layer", ylabel)
+
+        write_plot(out / f"{name}.png", over_seeds)
+
+    def saturation(ax):
+        for slot, method in enumerate(methods):
+            counts = _over_seeds(results, method, lambda r: r.lens.saturation_counts).sum(0)
+            plots.bars(ax, counts, slot=slot, slots=len(methods), label=method)
+        plots.label(ax, f"{recipe}: saturation layer distribution (all seeds)", "layer", "samples")
+
+    write_plot(out / "saturation.png", saturation)
 
 
 def write_report(recipe: str, smoke: bool, beta: float, epsilon: float, results: dict[int, dict[str, MethodResult]],

@@ -20,6 +20,7 @@ from actstore.server.planners import Planner, QueryParts, families, family
 from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.requests import MetricCall
 from actstore.server.results import MetricResult, ResultCache
+from actstore.server.run_names import RunNames
 from actstore.server.runs import RunChecks
 from actstore.server.tiling import CkaSizing
 from actstore.store.catalog import Catalog
@@ -48,6 +49,7 @@ class QueryEngine:
             if registered.planner not in self._planners:
                 self._planners[registered.planner] = registered.planner(self.parts)
         self.diagnostics = DiagnosticsPlanner(self.parts)
+        self.names = RunNames(catalog, settings.run_cache_entries)  # the runs' names in replies
 
     def planner(self, query: str) -> Callable[[Any], MetricResult]:
         """The planner method that answers a typed query of family `query` (`Measure.query`)."""
@@ -67,6 +69,7 @@ class QueryEngine:
         generation of the query state (`is_current`)."""
         self.parts.checks.forget()
         self.parts.results.forget()
+        self.names.forget()
         self._generation = next(self._generations)
 
     def is_current(self, generation: int, result: MetricResult) -> bool:

@@ -21,6 +21,7 @@ limits run before any servicer method, so a kept reply skips none of them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -29,37 +30,45 @@ from cachetools import LRUCache
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.server.results import MetricResult
+from actstore.server.run_names import RunNames
 from actstore.wire import to_ndarray
 
 SMALL_ANSWER_BYTES = 64 * 1024
 
 
-def result_proto(r: MetricResult) -> pb.QueryResult:
+def result_proto(r: MetricResult, names: RunNames | None = None) -> pb.QueryResult:
+    """The reply of an answer; `names` name its runs (`run_names.RunNames`)."""
     p = r.provenance
+    run_names = [pb.RunName(**dataclasses.asdict(name)) for name in names.of(p.run_keys)] if names else []
     return pb.QueryResult(
         arrays={k: to_ndarray(v) for k, v in r.arrays.items()},
         scalars=r.scalars,
         provenance=pb.Provenance(metric=p.metric, definition_version=p.definition_version,
                                  options_json=json.dumps(p.options), run_keys=p.run_keys, cached=p.cached,
-                                 seconds=p.seconds, result_key=p.result_key),
+                                 seconds=p.seconds, result_key=p.result_key, run_names=run_names),
         notes=r.notes,
     )
 
 
 class KeptReplies:
+    """`generation()` is what a kept reply is checked against by `is_current(generation, result)`;
+    the runs' names (`names`) belong to it, so a reply kept before an alias was set is rebuilt."""
+
     def __init__(self, entries: int, generation: Callable[[], int],
-                 is_current: Callable[[int, MetricResult], bool]) -> None:
+                 is_current: Callable[[int, MetricResult], bool], names: RunNames | None = None) -> None:
         self._kept: LRUCache[tuple[str, bytes], tuple[int, MetricResult, pb.QueryResult]] = LRUCache(
             maxsize=max(entries, 1))
         self._keep = entries > 0
-        self._generation = generation
-        self._is_current = is_current
+        self._names = names
+        self._generation = (lambda: (generation(), names.version())) if names else generation
+        self._is_current = (lambda kept, result: kept[1] == names.version() and is_current(kept[0], result)) \
+            if names else is_current
         self._lock = threading.Lock()
 
     def answer(self, method: str, request, compute: Callable[[], MetricResult]) -> pb.QueryResult:
         """The reply to `request`: a kept one if it is still current, else `compute()`'s."""
         if not self._keep or getattr(request, "refresh", False):
-            return result_proto(compute())
+            return result_proto(compute(), self._names)
         key = (method, request.SerializeToString(deterministic=True))
         with self._lock:
             kept = self._kept.get(key)
@@ -67,7 +76,7 @@ class KeptReplies:
             return kept[2]
         generation = self._generation()  # before computing: a forget meanwhile makes the entry stale
         result = compute()
-        message = result_proto(result)
+        message = result_proto(result, self._names)
         if result.provenance.cached and sum(a.nbytes for a in result.arrays.values()) <= SMALL_ANSWER_BYTES:
             with self._lock:
                 self._kept[key] = (generation, result, message)

@@ -206,7 +206,8 @@ class QueryServicer(rpc.QueryServicer):
     def _replies(self) -> KeptReplies:
         # made on the first answer: the settings bound it
         queries = self.service.queries
-        return KeptReplies(self.service.settings.result_messages_kept, queries.current_generation, queries.is_current)
+        return KeptReplies(self.service.settings.result_messages_kept, queries.current_generation, queries.is_current,
+                           queries.names)
 
     # Every query RPC becomes one MetricCall (server/requests.py), resolved here into its family's
     # typed query, which the family's planner answers: the generic Measure RPC for any registered

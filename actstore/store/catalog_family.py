@@ -33,6 +33,7 @@ class AliasedFamily(Family):
     alias_table: str
     what: str
     columns: tuple[str, ...]  # the record's fields stored in `table`, in order; a dict is stored as JSON
+    alias_writes = 0  # aliases set through this family: whoever remembers names compares it
 
     def add(self, record: Any) -> None:
         """Insert the record; a digest already known keeps its row as it is."""
@@ -49,6 +50,7 @@ class AliasedFamily(Family):
             "ON CONFLICT (alias) DO UPDATE SET digest = excluded.digest, updated_at = now()",
             [alias, digest],
         )
+        self.alias_writes += 1
 
     def _aliases(self, digest: str) -> tuple[str, ...]:
         return tuple(r[0] for r in self._catalog.rows(

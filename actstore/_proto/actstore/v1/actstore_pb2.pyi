@@ -897,6 +897,7 @@ class Provenance(google.protobuf.message.Message):
     CACHED_FIELD_NUMBER: builtins.int
     SECONDS_FIELD_NUMBER: builtins.int
     RESULT_KEY_FIELD_NUMBER: builtins.int
+    RUN_NAMES_FIELD_NUMBER: builtins.int
     metric: builtins.str
     definition_version: builtins.int
     options_json: builtins.str
@@ -906,6 +907,12 @@ class Provenance(google.protobuf.message.Message):
     result_key: builtins.str
     @property
     def run_keys(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def run_names(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___RunName]:
+        """run_keys by the names a person knows them by, in the same order: filled by the server when it
+        builds the reply (from the catalog, so an alias set later shows), not stored with the result
+        """
+
     def __init__(
         self,
         *,
@@ -916,10 +923,40 @@ class Provenance(google.protobuf.message.Message):
         cached: builtins.bool = ...,
         seconds: builtins.float = ...,
         result_key: builtins.str = ...,
+        run_names: collections.abc.Iterable[Global___RunName] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["cached", b"cached", "definition_version", b"definition_version", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "seconds", b"seconds"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cached", b"cached", "definition_version", b"definition_version", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "run_names", b"run_names", "seconds", b"seconds"]) -> None: ...
 
 Global___Provenance: typing_extensions.TypeAlias = Provenance
+
+@typing.final
+class RunName(google.protobuf.message.Message):
+    """A run by its model's and dataset's names (an alias; empty when they have none) and what was captured."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RUN_KEY_FIELD_NUMBER: builtins.int
+    MODEL_FIELD_NUMBER: builtins.int
+    DATASET_FIELD_NUMBER: builtins.int
+    POOLING_FIELD_NUMBER: builtins.int
+    SITE_FIELD_NUMBER: builtins.int
+    run_key: builtins.str
+    model: builtins.str
+    dataset: builtins.str
+    pooling: builtins.str
+    site: builtins.str
+    def __init__(
+        self,
+        *,
+        run_key: builtins.str = ...,
+        model: builtins.str = ...,
+        dataset: builtins.str = ...,
+        pooling: builtins.str = ...,
+        site: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset", b"dataset", "model", b"model", "pooling", b"pooling", "run_key", b"run_key", "site", b"site"]) -> None: ...
+
+Global___RunName: typing_extensions.TypeAlias = RunName
 
 @typing.final
 class QueryResult(google.protobuf.message.Message):
