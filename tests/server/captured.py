@@ -36,14 +36,25 @@ def reference_pooled(model_dir, texts, pooling, max_len=128):
 
 
 
-@pytest.fixture(name="registered")
-def registered_fixture(client, tiny_models):
+def register_toy(client, tiny_models) -> list[str]:
+    """bert, gpt2 and the 40-text dataset 'toy' registered; its texts."""
     texts = sentences(40)
     labels = [i % 3 for i in range(40)]
     client.register_model(tiny_models["bert"], name="bert")
     client.register_model(tiny_models["gpt2"], name="gpt2")
     client.register_dataset(texts=texts, labels=labels, name="toy")
     return texts
+
+
+@pytest.fixture(name="registered")
+def registered_fixture(client, tiny_models):
+    return register_toy(client, tiny_models)
+
+
+@pytest.fixture(name="module_registered", scope="module")
+def module_registered_fixture(module_client, tiny_models):
+    """`registered` on the module's server: for tests whose captures no other test of the module makes."""
+    return register_toy(module_client, tiny_models)
 
 
 

@@ -12,11 +12,15 @@ import torch
 from actstore.errors import InvalidArgument, NotFound
 from actstore.server.capture_job import shards_per_task
 from tests.factories import sentences
-from tests.server.captured import read_all, reference_pooled, registered_fixture  # noqa: F401 (a fixture)
+from tests.server.captured import module_registered_fixture, read_all, reference_pooled, registered_fixture  # noqa: F401
+
+# The tests on the module's server (`module_client`) each capture a request no other test makes, so
+# they share its warm replicas and still compute every run they check.
 
 
 @pytest.mark.parametrize(("model", "pooling"), [("bert", "cls"), ("bert", "mean"), ("gpt2", "last")])
-def test_capture_stores_every_layer(client, registered, tiny_models, model, pooling):
+def test_capture_stores_every_layer(module_client, module_registered, tiny_models, model, pooling):
+    client, registered = module_client, module_registered
     result = client.capture(model, "toy", pooling=pooling)
     run = client.describe(result.run_key)
     assert (run.status, run.n, run.num_layers, run.width, run.num_shards, run.recorded_shards) == \
@@ -30,15 +34,18 @@ def test_capture_stores_every_layer(client, registered, tiny_models, model, pool
 
 
 
-def test_same_request_is_a_cache_hit(client, registered):
-    first = client.capture("bert", "toy")
-    again = client.capture("bert", "toy")
+def test_same_request_is_a_cache_hit(module_client, module_registered):
+    client = module_client
+    before = len(client.runs())
+    first = client.capture("bert", "toy", max_len=12)
+    again = client.capture("bert", "toy", max_len=12)
     assert not first.cache_hit and again.cache_hit and again.run_key == first.run_key
-    assert len(client.runs()) == 1
+    assert len(client.runs()) == before + 1
 
 
 
 def test_concurrent_identical_requests_join_one_job(client, tiny_models):
+    # a fresh server: the job waits for its replica to start, so every request arrives while it runs
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(400, seed=3), name="bigger")
     results = {}
@@ -60,7 +67,8 @@ def test_concurrent_identical_requests_join_one_job(client, tiny_models):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_other_storage_dtypes(client, registered, tiny_models, dtype):
+def test_other_storage_dtypes(module_client, module_registered, tiny_models, dtype):
+    client, registered = module_client, module_registered
     run = client.capture("bert", "toy", dtype=dtype).run_key
     stored = read_all(client, run, 3)
     assert stored.dtype == np.float32
@@ -75,7 +83,8 @@ def test_other_storage_dtypes(client, registered, tiny_models, dtype):
 
 
 
-def test_token_level_capture(client, registered, tiny_models):
+def test_token_level_capture(module_client, module_registered, tiny_models):
+    client, registered = module_client, module_registered
     run = client.capture("bert", "toy", pooling="tokens").run_key
     info = client.describe(run)
     from transformers import AutoTokenizer
@@ -136,32 +145,35 @@ def test_max_len_beyond_the_model_is_refused_up_front(server, client, registered
     assert client.runs() == []
 
 
-def test_token_shards_sized_for_the_store_hold_the_same_rows(tmp_path, ray_cluster, tiny_models):
+def test_token_shards_sized_for_the_store_hold_the_same_rows(tmp_path, module_server, module_client, tiny_models):
     """A token-level run whose shards grew to the object size (`shard_mb`, here a few KB to fit a
-    tiny model's rows) has far fewer shards and stores the same rows as one of 8-token shards: the
-    same offsets and values (to the float rounding of other batches), a clean verify, and its
-    chunk rows one per layer of each of its shards."""
+    tiny model's rows) has far fewer shards and stores the same rows as one of 8-token shards (the
+    module's server: its default `shard_mb` is far above this run's size): the same offsets and
+    values (to the float rounding of other batches), a clean verify, and its chunk rows one per
+    layer of each of its shards."""
     from actstore.client import Client
     from actstore.server.app import start_server
     from tests.conftest import make_settings
 
     texts = sentences(200, seed=3)
-    found = {}
-    for shard_mb in (0.0, 0.012):
-        running = start_server(make_settings(tmp_path / f"store-{shard_mb}", shard_mb=shard_mb))
-        try:
-            with Client(f"127.0.0.1:{running.port}") as c:
-                c.register_model(tiny_models["bert"], name="bert")
-                c.register_dataset(texts=texts, name="texts")
-                run = c.capture("bert", "texts", pooling="tokens").run_key
-                info = c.describe(run)
-                assert c.verify([run]).runs[0].status == "ok"
-                layout = running.service.arrays.layout(run)
-                chunks = running.service.catalog.chunks.rows_total(run)
-                found[shard_mb] = (info, layout, chunks, read_all(c, run, info.num_layers))
-        finally:
-            running.stop()
-    (small, small_layout, small_rows, small_values), (grown, grown_layout, grown_rows, grown_values) = found.values()
+
+    def capture(running, c):
+        c.register_model(tiny_models["bert"], name="bert")
+        c.register_dataset(texts=texts, name="texts")
+        run = c.capture("bert", "texts", pooling="tokens").run_key
+        info = c.describe(run)
+        assert c.verify([run]).runs[0].status == "ok"
+        layout = running.service.arrays.layout(run)
+        chunks = running.service.catalog.chunks.rows_total(run)
+        return info, layout, chunks, read_all(c, run, info.num_layers)
+
+    small, small_layout, small_rows, small_values = capture(module_server, module_client)
+    running = start_server(make_settings(tmp_path / "grown", shard_mb=0.012))
+    try:
+        with Client(f"127.0.0.1:{running.port}") as c:
+            grown, grown_layout, grown_rows, grown_values = capture(running, c)
+    finally:
+        running.stop()
     assert small_layout.shard_rows == 8 and grown_layout.shard_rows > 8 * 8 and grown_layout.shard_rows % 8 == 0
     assert grown.num_shards == -(-grown.rows // grown_layout.shard_rows) < small.num_shards // 8
     assert grown.rows == small.rows and small_rows == grown_rows == small.rows
