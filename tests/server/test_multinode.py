@@ -1,8 +1,8 @@
 """Several Ray nodes on this machine (ray.cluster_utils.Cluster, in a process of its own: see
 multinode_scenario.py) over an s3:// store: one capture replica on each node, each started once,
 and metric tasks on more than one node (Ray's own placement data), the run equals a single-node
-capture byte for byte, and a worker node lost mid-capture and mid-matrix-job costs nothing but
-time."""
+capture byte for byte, CKA from 3 nodes has the bits of CKA from 1, and a worker node lost
+mid-capture and mid-matrix-job costs nothing but time."""
 
 from __future__ import annotations
 
@@ -63,6 +63,11 @@ def test_capture_and_metric_tasks_spread_over_nodes(s3_bucket, tiny_models, tmp_
     assert len(facts["metric_nodes"]) >= 2, facts  # and metric tasks too
     _check_run(facts, out, _single_node_capture(client, tiny_models))
     np.testing.assert_allclose(np.load(out / "matrix.npy")[:4, 4:], np.load(out / "pairwise.npy"), atol=1e-12)
+    # one answer per stored bytes: this one-node cluster (its CPUs, not 3) gives the same float64 bits
+    run = facts["run"]["key"]
+    second = client.capture("bert", "toy", pooling="cls").run_key
+    assert client.cka_matrix([run, second]).biased.tobytes() == np.load(out / "matrix.npy").tobytes()
+    assert client.cka(run, second).biased.tobytes() == np.load(out / "pairwise.npy").tobytes()
 
 
 @pytest.mark.slow
