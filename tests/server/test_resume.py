@@ -9,11 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from actstore.client import Client
+from actstore.server.app import start_server
+from tests.conftest import make_settings
 from tests.factories import sentences
 
 pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
@@ -62,13 +65,35 @@ def store_url(request, tmp_path):
     return request.getfixturevalue("s3_bucket"), tmp_path / "server"
 
 
+def _registered(store, server_dir, tiny_models, texts: list[str]) -> None:
+    """bert and `texts` (as 'big') registered on `store` by a server in this process (whose Ray
+    workers have the model's imports loaded), stopped again: a server started next opens the store."""
+    with _in_process(store, server_dir) as client:
+        client.register_model(tiny_models["bert"], name="bert")
+        client.register_dataset(texts=texts, name="big")
+
+
+@contextmanager
+def _in_process(store, server_dir, **overrides):
+    """A client of a server in this process on `store` (its catalog in `server_dir` when given)."""
+    if server_dir is not None:
+        overrides["server_dir"] = str(server_dir)
+    running = start_server(make_settings(store, **overrides))
+    try:
+        with Client(f"127.0.0.1:{running.port}") as client:
+            yield client
+    finally:
+        running.stop()
+
+
 def test_killed_server_resumes_capture_on_restart(store_url, ray_cluster, tiny_models):
+    """A server process SIGKILLed with a capture's first shards stored; the next server started on
+    the store (here in this process) resumes the same job and computes only the missing shards."""
     (store, server_dir), port = store_url, _free_port()
+    _registered(store, server_dir, tiny_models, sentences(400, seed=9))
     server = _serve(store, port, ray_cluster, server_dir)
     try:
         with Client(f"127.0.0.1:{port}") as client:
-            client.register_model(tiny_models["bert"], name="bert")
-            client.register_dataset(texts=sentences(400, seed=9), name="big")
             job = client.submit_capture("bert", "big")
             for state in client.watch(job.job_id):
                 if state.done >= 3:
@@ -76,23 +101,19 @@ def test_killed_server_resumes_capture_on_restart(store_url, ray_cluster, tiny_m
     finally:
         _stop(server, signal.SIGKILL)
 
-    server = _serve(store, port, ray_cluster, server_dir)
-    try:
-        with Client(f"127.0.0.1:{port}") as client:
-            partial = client.describe(job.target)
-            assert partial.status in ("running", "committed")
-            states = list(client.watch(job.job_id))  # the same job id, resumed by the new server
-            assert states[-1].status == "done"
-            resumed_from = [s.message for s in states if s.message.startswith("resuming")]
-            assert resumed_from, f"no resume message in {[s.message for s in states]}"
-            stored_before = int(resumed_from[0].split()[1])
-            assert 3 <= stored_before < 50, "the shards stored before the kill are not recomputed"
-            run = client.describe(job.target)
-            assert (run.status, run.recorded_shards, run.num_shards) == ("committed", 50, 50)
-            values, ids = client.read_activations(job.target, 2)
-            assert values.shape == (400, 16) and len(set(ids)) == 400 and np.isfinite(values).all()
-    finally:
-        _stop(server, signal.SIGTERM)
+    with _in_process(store, server_dir, resume_on_start=True) as client:
+        partial = client.describe(job.target)
+        assert partial.status in ("running", "committed")
+        states = list(client.watch(job.job_id))  # the same job id, resumed by the new server
+        assert states[-1].status == "done"
+        resumed_from = [s.message for s in states if s.message.startswith("resuming")]
+        assert resumed_from, f"no resume message in {[s.message for s in states]}"
+        stored_before = int(resumed_from[0].split()[1])
+        assert 3 <= stored_before < 50, "the shards stored before the kill are not recomputed"
+        run = client.describe(job.target)
+        assert (run.status, run.recorded_shards, run.num_shards) == ("committed", 50, 50)
+        values, ids = client.read_activations(job.target, 2)
+        assert values.shape == (400, 16) and len(set(ids)) == 400 and np.isfinite(values).all()
 
 
 @pytest.mark.slow
