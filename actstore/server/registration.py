@@ -131,7 +131,8 @@ class Registrar:
                                   f"{incident})") from None
 
     def register_model(self, *, path: str | None = None, builtin: str | None = None,
-                       name: str | None = None, lineage: dict | None = None) -> ModelRecord:
+                       name: str | None = None, lineage: dict | None = None, num_cpus: float = 1) -> ModelRecord:
+        """`num_cpus`: what the loading task asks of Ray (`register_stored_model` says when 0)."""
         if bool(path) == bool(builtin):
             raise InvalidArgument("give exactly one of a model folder path or a builtin name "
                                   f"({', '.join(BUILTIN_MODELS)})")
@@ -153,7 +154,7 @@ class Registrar:
 
         def load() -> ModelRecord:
             source = builtin or str(server_path(path, "model").resolve())
-            task = ray.remote(num_cpus=1)(register_model).options(
+            task = ray.remote(num_cpus=num_cpus)(register_model).options(
                 scheduling_strategy=here if path else "DEFAULT").remote(source, self.store)
             return get_or_raise(task, lambda cause: InvalidArgument(f"the model at {source} failed to load: {cause}"))
 
@@ -166,10 +167,12 @@ class Registrar:
     def register_stored_model(self, key: str, name: str, lineage: dict) -> ModelRecord:
         """Register the model folder `key` of the store's files area (a training checkpoint that a
         task on any node uploaded) under `name`. With an object store a task on any node loads
-        it from the store; a local store's folder is registered as a folder of the server's disk."""
+        it from the store; a local store's folder is registered as a folder of the server's disk.
+        The loading task reserves no CPU: it runs while the training that writes the checkpoints
+        holds every CPU of its node, which a task asking for one would wait out (and the job with it)."""
         if not self.store.is_url:
-            return self.register_model(path=self.store.files.ref(key), name=name, lineage=lineage)
-        task = ray.remote(num_cpus=1)(register_model).remote(key, self.store, True)
+            return self.register_model(path=self.store.files.ref(key), name=name, lineage=lineage, num_cpus=0)
+        task = ray.remote(num_cpus=0)(register_model).remote(key, self.store, True)
         registered = get_or_raise(task, lambda cause: Unavailable(
             f"the stored model {key} in {self.store.root} could not be registered: {cause}; submitting the "
             "training again registers it (its checkpoints stay in the store)"))

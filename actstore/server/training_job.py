@@ -6,6 +6,7 @@ keeps its checkpoints."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import ray
@@ -69,17 +70,25 @@ class TrainingJobs:
         registered: set[str] = set()
         name = trained_model_name(spec["recipe"], spec["method"], spec["seed"], spec["smoke"], spec["steps"],
                                   spec["alternating"], spec["weights"], spec.get("beta"))
-        while True:
-            ready, _ = ray.wait([task], timeout=WAIT_SECONDS)
-            if job.cancel_requested.is_set():
-                ray.cancel(task, force=True)
-                raise Cancelled(f"training {name} cancelled; its checkpoints are kept: submit it again to resume")
-            self._register_new(prefix, name, registered)
-            progress = stored.read_progress(self.store.files, prefix)
-            if progress:
-                job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
-            if ready:
-                break
+        # Checkpoints are registered in a thread of their own: a registration takes seconds (a Ray
+        # task loads the model), and the job's progress follows the training's progress.json meanwhile.
+        with ThreadPoolExecutor(1, thread_name_prefix=f"register-{job.snapshot.job_id}") as registering:
+            registration = None
+            while True:
+                ready, _ = ray.wait([task], timeout=WAIT_SECONDS)
+                if job.cancel_requested.is_set():
+                    ray.cancel(task, force=True)
+                    raise Cancelled(f"training {name} cancelled; its checkpoints are kept: submit it again to resume")
+                if registration is None or registration.done():
+                    if registration is not None:
+                        registration.result()  # its error is the job's
+                    registration = registering.submit(self._register_new, prefix, name, registered)
+                progress = stored.read_progress(self.store.files, prefix)
+                if progress:
+                    job.progress(progress["step"], progress["total"], "steps", f"loss {progress['loss']:.4f}")
+                if ready:
+                    break
+            registration.result()
         get_or_raise(task, lambda cause: Unavailable(f"training {name} failed: {cause}; the checkpoints so far "
                                                      "are kept: submit it again to resume"), bugs_internal=True)
         self._register_new(prefix, name, registered)
