@@ -57,8 +57,7 @@ def cmd_similarity(args) -> int:
         result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
                                 layers_b=args.layers_b, refresh=args.refresh, **options)
     name = result.provenance.metric
-    show_matrix(name, result.values, result.layers_a, result.layers_b, result.provenance, result.notes, args,
-                f"{name}, n={int(result.scalars['n'])}", spec.bounds)
+    show_matrix(name, result.values, result, args)
     return 0
 
 

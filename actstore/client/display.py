@@ -18,7 +18,7 @@ from typing import Any
 
 from actstore.records import Provenance, RunName
 
-THUMBNAIL_INCHES = (3.4, 2.8)
+THUMBNAIL_INCHES = (4.2, 3.4)
 THUMBNAIL_DPI = 72
 OPTION_TEXT = 60  # characters of an option's value shown before it is cut
 
@@ -87,6 +87,7 @@ class Summary:
     provenance: Provenance | None = None
     facts: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pairwise: bool = True  # two runs are A (rows) and B (columns); else runs 0, 1, ... (a matrix of blocks)
 
     def text(self, kind: str) -> str:
         parts = [self.title]
@@ -105,7 +106,7 @@ class Summary:
             asked = _asked(self.provenance)
             rows.append(("asked", f"<code>{html.escape(self.provenance.metric)}</code>"
                                   + (f" {html.escape(asked)}" if asked else "")))
-            for role, run in zip(_roles(self.provenance), _runs(self.provenance)):
+            for role, run in zip(_roles(self.provenance, self.pairwise), _runs(self.provenance)):
                 what = ", ".join(part for part in (run.pooling, run.site) if part)
                 rows.append((role, f"<b>{html.escape(run.model or '?')}</b> on <b>{html.escape(run.dataset or '?')}</b>"
                                    + (f" ({html.escape(what)})" if what else "")
@@ -124,11 +125,11 @@ def _runs(provenance: Provenance) -> list[RunName]:
     return [provenance.run_name(i) for i in range(len(provenance.run_keys))]
 
 
-def _roles(provenance: Provenance) -> list[str]:
+def _roles(provenance: Provenance, pairwise: bool) -> list[str]:
     count = len(provenance.run_keys)
     if count == 1:
         return ["run"]
-    if count == 2:
+    if count == 2 and pairwise:
         return ["run A (rows)", "run B (columns)"]
     return [f"run {i}" for i in range(count)]
 

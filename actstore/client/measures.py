@@ -75,7 +75,8 @@ class MeasureMatrixResult(Shown):
     def summary(self) -> Summary:
         return Summary(f"{self.identifier} matrix, {len(self.block_run)} layers of {len(self.runs)} runs",
                        self.provenance, [("values", value_range(self.values)),
-                                         ("bounds", bounds_text(metric_bounds(self.identifier)))], self.notes)
+                                         ("bounds", bounds_text(metric_bounds(self.identifier)))], self.notes,
+                       pairwise=False)
 
 
 class MeasuresMixin:

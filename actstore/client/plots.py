@@ -21,7 +21,7 @@ MISSING = "plot() needs matplotlib: pip install 'actstore[plots]'"
 CURVE_SIZE = (6.0, 3.6)
 PANEL_SIZE = (7.0, 3.2)
 TICKS_SHOWN = 16  # at most this many tick labels on an axis
-ANNOTATED_CELLS = 100  # a heatmap with at most this many cells prints each value
+ANNOTATED_CELLS = 100  # a heatmap with at most this many cells prints each value (where it has room)
 
 
 def pyplot():
@@ -58,17 +58,31 @@ def new_axes(ax, size: tuple[float, float] = CURVE_SIZE):
 
 
 def matrix_size(shape: tuple[int, int]) -> tuple[float, float]:
-    """A heatmap figure's inches for a rows x cols matrix: about a quarter inch a cell."""
+    """A heatmap figure's inches for a rows x cols matrix: about a quarter inch a cell, half an
+    inch where the values are printed."""
     rows, cols = shape
-    return 1.6 + 0.28 * max(cols, 6), 1.0 + 0.28 * max(rows, 6)
+    cell = 0.5 if rows * cols <= ANNOTATED_CELLS else 0.28
+    return 1.6 + cell * max(cols, 6), 1.0 + cell * max(rows, 6)
+
+
+def _inches(ax) -> tuple[float, float]:
+    """The Axes' width and height in inches."""
+    box = ax.get_position()
+    return box.width * ax.figure.get_figwidth(), box.height * ax.figure.get_figheight()
 
 
 def _ticks(ax, axis: str, labels: Sequence) -> None:
+    """Every k-th label, k such that the labels fit the Axes (a long x label turns upright)."""
     labels = [str(label) for label in labels]
-    step = max(1, len(labels) // TICKS_SHOWN)
-    positions = range(0, len(labels), step)
-    setter = ax.set_xticks if axis == "x" else ax.set_yticks
-    setter(list(positions), labels[::step], fontsize=7)
+    width, height = _inches(ax)
+    upright = axis == "x" and max(map(len, labels), default=0) > 3
+    room = height if axis == "y" or upright else width * 4 / max(4, max(map(len, labels), default=1))
+    fits = max(2, min(TICKS_SHOWN, int(room / 0.16)))  # a 7-point label needs about 0.16 inch
+    step = -(-len(labels) // fits)
+    if axis == "x":
+        ax.set_xticks(range(0, len(labels), step), labels[::step], fontsize=7, rotation=90 if upright else 0)
+    else:
+        ax.set_yticks(range(0, len(labels), step), labels[::step], fontsize=7)
 
 
 def heatmap(ax, matrix: np.ndarray, rows: Sequence, cols: Sequence, *, title: str, xlabel: str, ylabel: str,
@@ -81,7 +95,8 @@ def heatmap(ax, matrix: np.ndarray, rows: Sequence, cols: Sequence, *, title: st
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     _ticks(ax, "x", cols)
     _ticks(ax, "y", rows)
-    if matrix.size <= ANNOTATED_CELLS:
+    width, height = _inches(ax)
+    if matrix.size <= ANNOTATED_CELLS and min(width / matrix.shape[1], height / matrix.shape[0]) >= 0.4:
         for (i, j), value in np.ndenumerate(matrix):
             light = np.isfinite(value) and image.norm(value) >= 0.6
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6, color="black" if light else "white")

@@ -252,8 +252,9 @@ class MatrixResult(Shown):
         layers as rows and run B's as columns, the colour scale the metric's registered bounds
         where it has them (else the values' range); returns the Axes."""
         low, high = metric_bounds(self.provenance.metric)
+        n = f", n={int(self.scalars['n'])}" if "n" in self.scalars else ""
         return plots.layer_matrix(ax, self.values, self.provenance, self.layers_a, self.layers_b,
-                                  self.provenance.metric, vmin=low, vmax=high, **style)
+                                  f"{self.provenance.metric}{n}", vmin=low, vmax=high, **style)
 
     def summary(self) -> Summary:
         return Summary(f"{self.provenance.metric}, {len(self.layers_a)} x {len(self.layers_b)} layers",
@@ -349,7 +350,8 @@ class CKAMatrixResult(Shown):
 
     def summary(self) -> Summary:
         return Summary(f"linear CKA matrix, {len(self.block_run)} layers of {len(self.runs)} runs", self.provenance,
-                       [("biased", value_range(self.biased)), ("debiased", value_range(self.debiased))], self.notes)
+                       [("biased", value_range(self.biased)), ("debiased", value_range(self.debiased))], self.notes,
+                       pairwise=False)
 
 
 @dataclass(frozen=True, repr=False)
