@@ -4,6 +4,7 @@ restore, `gc` of every kind of garbage (dry run first), and job progress across 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from actstore.store import backups
 from actstore.store.arrays import COMMIT_MARKER
 from tests.conftest import make_settings
 from tests.factories import sentences
-from tests.server.test_resume import _free_port, _serve, _stop
+from tests.server.test_resume import _free_port, _in_process, _registered, _serve, _stop
 
 pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
@@ -37,13 +38,32 @@ def _populate(client: Client, models) -> list[str]:
     return [client.capture("bert", "toy", pooling=p).run_key for p in ("cls", "mean")]
 
 
-# ---- backups and restore ------------------------------------------------------------------------
-def test_backup_damage_restore_and_the_runs_are_back(tmp_path, ray_cluster, tiny_models):
-    store = tmp_path / "store"
-    server = start_server(make_settings(store, catalog_backup_seconds=0))  # only the backup asked for
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, ray_cluster, tiny_models) -> tuple[Path, list[str]]:
+    """A stopped store holding `_populate`'s runs (3 shards each), and no backup: a test copies it
+    instead of capturing the same runs again."""
+    store = tmp_path_factory.mktemp("template") / "store"
+    server = start_server(make_settings(store, catalog_backup_seconds=0))
     try:
         with Client(f"127.0.0.1:{server.port}") as client:
             runs = _populate(client, tiny_models)
+    finally:
+        server.stop()  # its catalog closed: a copy is whole
+    return store, runs
+
+
+def _copy(template: tuple[Path, list[str]], store: Path) -> list[str]:
+    shutil.copytree(template[0], store)
+    return template[1]
+
+
+# ---- backups and restore ------------------------------------------------------------------------
+def test_backup_damage_restore_and_the_runs_are_back(tmp_path, template):
+    store = tmp_path / "store"
+    runs = _copy(template, store)
+    server = start_server(make_settings(store, catalog_backup_seconds=0))  # only the backup asked for
+    try:
+        with Client(f"127.0.0.1:{server.port}") as client:
             made = client.backup_catalog()
             assert Path(made.path).parent == store / "backups" and made.bytes > 0 and made.kept == [made.path]
     finally:
@@ -90,14 +110,9 @@ def test_restore_refuses_while_a_server_holds_the_catalog(tmp_path, ray_cluster)
         server.stop()
 
 
-def test_rebuild_records_the_readable_shards_and_names_the_lost_ones(tmp_path, ray_cluster, tiny_models):
+def test_rebuild_records_the_readable_shards_and_names_the_lost_ones(tmp_path, template):
     store = tmp_path / "store"
-    server = start_server(make_settings(store))
-    try:
-        with Client(f"127.0.0.1:{server.port}") as client:
-            damaged, intact = _populate(client, tiny_models)  # 3 shards each
-    finally:
-        server.stop()
+    damaged, intact = _copy(template, store)
     shards = store / "runs" / damaged / "acts" / "c"
     (shards / "1" / "0" / "0").unlink()
     (shards / "2" / "0" / "0").write_bytes(os.urandom(4096))
@@ -162,8 +177,14 @@ def test_backup_and_gc_are_admin_only(tmp_path, ray_cluster, monkeypatch):
 
 # ---- gc -----------------------------------------------------------------------------------------
 @pytest.fixture
-def populated(server, client, tiny_models):
-    return server, client, _populate(client, tiny_models)
+def populated(tmp_path, template):
+    runs = _copy(template, tmp_path / "store")
+    server = start_server(make_settings(tmp_path / "store"))
+    try:
+        with Client(f"127.0.0.1:{server.port}") as client:
+            yield server, client, runs
+    finally:
+        server.stop()
 
 
 def _kinds(report) -> dict[str, list[str]]:
@@ -291,13 +312,14 @@ def test_gc_cli_is_a_dry_run_unless_apply(populated):
 
 # ---- job state across a restart -----------------------------------------------------------------
 def test_job_progress_survives_a_server_crash(tmp_path, ray_cluster, tiny_models, monkeypatch):
+    """A server process SIGKILLed mid-capture; the next server on the store (in this process, not
+    resuming) lists the job as interrupted with the progress the killed one last wrote."""
     store, port = tmp_path / "store", _free_port()
+    _registered(store, None, tiny_models, sentences(400, seed=9))
     monkeypatch.setenv("ACTSTORE_JOB_PROGRESS_SECONDS", "0")
     server = _serve(store, port, ray_cluster)
     try:
         with Client(f"127.0.0.1:{port}") as client:
-            client.register_model(tiny_models["bert"], name="bert")
-            client.register_dataset(texts=sentences(400, seed=9), name="big")
             job = client.submit_capture("bert", "big")
             for state in client.watch(job.job_id):
                 if state.done >= 3:
@@ -305,16 +327,11 @@ def test_job_progress_survives_a_server_crash(tmp_path, ray_cluster, tiny_models
     finally:
         _stop(server, signal.SIGKILL)
 
-    monkeypatch.setenv("ACTSTORE_RESUME_ON_START", "false")
-    server = _serve(store, port, ray_cluster)
-    try:
-        with Client(f"127.0.0.1:{port}") as client:
-            (listed,) = client.jobs()
-            assert listed.job_id == job.job_id and listed.status == "interrupted"
-            assert listed.total == 50 and 3 <= listed.done < 50, (listed.done, listed.total)
-            assert client.job(job.job_id).done == listed.done
-    finally:
-        _stop(server, signal.SIGTERM)
+    with _in_process(store, None, resume_on_start=False) as client:
+        (listed,) = client.jobs()
+        assert listed.job_id == job.job_id and listed.status == "interrupted"
+        assert listed.total == 50 and 3 <= listed.done < 50, (listed.done, listed.total)
+        assert client.job(job.job_id).done == listed.done
 
 
 def test_gc_and_backups_on_an_object_store(s3_bucket, tmp_path, ray_cluster, tiny_models):
