@@ -83,7 +83,7 @@ class SimilarityPlanner(Planner):
 
         def knn():
             values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
-            return {"values": values}, {"n": float(a.rows)}, []
+            return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
 
         return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, query.run_keys,
                                               query.refresh, knn)
