@@ -21,7 +21,6 @@ limits run before any servicer method, so a kept reply skips none of them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -39,7 +38,8 @@ SMALL_ANSWER_BYTES = 64 * 1024
 def result_proto(r: MetricResult, names: RunNames | None = None) -> pb.QueryResult:
     """The reply of an answer; `names` name its runs (`run_names.RunNames`)."""
     p = r.provenance
-    run_names = [pb.RunName(**dataclasses.asdict(name)) for name in names.of(p.run_keys)] if names else []
+    run_names = [pb.RunName(run_key=n.run_key, model=n.model, dataset=n.dataset, pooling=n.pooling, site=n.site)
+                 for n in names.of(p.run_keys)] if names else []
     return pb.QueryResult(
         arrays={k: to_ndarray(v) for k, v in r.arrays.items()},
         scalars=r.scalars,
