@@ -205,7 +205,9 @@ def test_ci_run_is_executable_and_runs_make_test():
     lines = [line.strip() for line in run.read_text().splitlines()]
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
-    assert "make test" in lines
+    # the suite (its output kept for the closing summary line) and the install checks started beside it, waited for
+    assert any(line.startswith("make test 2>&1 | tee ") for line in lines), lines
+    assert any("tests/test_floors.py" in line for line in lines) and any(line.startswith("wait ") for line in lines)
     assert os.access(run, os.X_OK), ".ci/run must be executable (chmod +x; git keeps the mode)"
 
 

@@ -262,6 +262,9 @@ def test_bad_input_is_refused_with_what_to_do(client, setup):
         client.probe(setup["pooled"], labels="rare")
     with pytest.raises(InvalidArgument, match="alpha -1.0 must be > 0"):
         client.probe(setup["pooled"], alpha=-1.0)
+    with pytest.raises(InvalidArgument, match="needs --folds 3 or more .* or give --alpha"):
+        client.probe(setup["pooled"], folds=2)
+    assert client.probe(setup["pooled"], folds=2, alpha=1.0).arrays["accuracy"].shape == (4, 2)
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
 
     with pytest.raises(InvalidArgument, match="alpha 0.0 must be > 0"):  # the server checks too

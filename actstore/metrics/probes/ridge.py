@@ -249,6 +249,9 @@ class FoldMoments:
         if (self.n == 0).any():
             raise ValueError(f"fold {int(np.argmin(self.n))} holds no rows")
         grid = np.asarray([alpha] if alpha is not None else sorted(alphas), dtype=np.float64)
+        if len(grid) > 1 and self.folds < 3:
+            raise ValueError("the inner cross-validation over a grid needs 3 or more folds (its inner folds are the "
+                             "other outer folds)")
         parts = [self._fold(f, keep) for f in range(self.folds)]
         total = parts[0]
         for part in parts[1:]:

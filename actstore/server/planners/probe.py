@@ -99,6 +99,10 @@ class ProbeQuery:
             raise InvalidArgument(f"{', '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} not an option of the "
                                   f"{method} probe (it takes {', '.join(takes)}): drop "
                                   f"{'it' if len(wrong) == 1 else 'them'}, or ask for the other --method")
+        if method == "ridge" and options["alpha"] is None and options["folds"] < 3:
+            raise InvalidArgument(f"the inner cross-validation that picks alpha from --alphas uses the other outer "
+                                  f"folds, so it needs --folds 3 or more (got {options['folds']}): ask for more "
+                                  "folds, or give --alpha")
         run = checks.committed_run(call.run_a)
         layers = checks.check_layers(run, list(call.layers_a), "layer")
         checks.check_finite(run, layers)
