@@ -20,9 +20,11 @@ from tests.server.captured import cancel_after, read_all, registered_fixture  # 
 pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
 
-def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_path, tiny_models):
+def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_path, ray_cluster, tiny_models):
     """A server lays out token-level runs in one `TokenLayouts` actor (its tokenizers stay loaded):
-    one killed for good is started again on the next layout, and it stops with its server."""
+    one killed for good is started again on the next layout, and it stops with its server. A
+    server of the same store started next lays out a plan's run (the same actor's work, without
+    starting model replicas)."""
     running = start_server(make_settings(tmp_path / "layouts"))
     name = running.service.capture_pool.layouts_name
     try:
@@ -38,8 +40,8 @@ def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_pa
             ray.kill(layouts, no_restart=True)
             while name in ray.util.list_named_actors():
                 time.sleep(0.1)
-            again = other.capture("bert", "few", pooling="tokens", max_len=5).run_key
-            assert other.describe(again).rows < other.describe(shorter).rows
+            again = other.describe(other.capture("bert", "few", pooling="tokens", max_len=5).run_key).rows
+            assert again < other.describe(shorter).rows
             assert ray.get_actor(name) != layouts
     finally:
         running.stop()
@@ -47,7 +49,7 @@ def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_pa
     running = start_server(make_settings(tmp_path / "layouts"))
     try:
         with Client(f"127.0.0.1:{running.port}") as other:
-            assert other.describe(other.capture("bert", "few", pooling="tokens", max_len=4).run_key).rows
+            assert 0 < other.plan_capture("bert", "few", pooling="tokens", max_len=4).rows < again
     finally:
         running.stop()
     deadline = time.monotonic() + 30
