@@ -1,8 +1,10 @@
 """A catalog rebuilt after its server was killed opens. A server killed with SIGKILL leaves its
 write-ahead log beside the catalog; the operator deletes the catalog (or moves it aside, as the
 DATA_LOSS advice says) and runs `actstore catalog rebuild`; the next `serve` must open the new file,
-not replay the dead server's log onto it and exit ("WAL does not match database file"). Real server
-processes, real DuckDB files, a local store and one on the loopback S3 server."""
+not replay the dead server's log onto it and exit ("WAL does not match database file"). The killed
+server and the refused `serve` are processes of their own; the servers that open a rebuilt catalog
+run in this process (`serve` opens it with the same `start_server`). Real DuckDB files, a local store
+and one on the loopback S3 server."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from actstore.client import Client
 from tests.factories import sentences
 from tests.server.test_housekeeping import _cli
-from tests.server.test_resume import _free_port, _serve, _stop
+from tests.server.test_resume import _free_port, _in_process, _registered, _serve, _stop
 
 pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
@@ -36,15 +38,10 @@ def _rebuild(store, server_dir, *more: str) -> subprocess.CompletedProcess:
     return _cli("catalog", "rebuild", "--store", str(store), *extra, *more)
 
 
-def _check_serves(store, server_dir, ray_address, runs: list[str]) -> None:
-    port = _free_port()
-    server = _serve(store, port, ray_address, server_dir)  # raises, with its output, if it exits
-    try:
-        with Client(f"127.0.0.1:{port}") as client:
-            assert sorted(r.run_key for r in client.runs(status="committed")) == sorted(runs)
-            assert client.cka(runs[0]).biased.shape == (4, 4)  # the arrays are reachable through it
-    finally:
-        _stop(server, signal.SIGTERM)
+def _check_serves(store, server_dir, runs: list[str]) -> None:
+    with _in_process(store, server_dir) as client:  # raises if it cannot open the catalog
+        assert sorted(r.run_key for r in client.runs(status="committed")) == sorted(runs)
+        assert client.cka(runs[0]).biased.shape == (4, 4)  # the arrays are reachable through it
 
 
 def _refused(store, server_dir, ray_address) -> str:
@@ -62,12 +59,11 @@ def test_kill_then_delete_then_rebuild_then_serve(where, ray_cluster, tiny_model
     store, server_dir, catalog = where
     wal = catalog.with_name(catalog.name + ".wal")
     port = _free_port()
+    _registered(store, server_dir, tiny_models, sentences(24, seed=3))
     server = _serve(store, port, ray_cluster, server_dir)
     try:
         with Client(f"127.0.0.1:{port}") as client:
-            client.register_model(tiny_models["bert"], name="bert")
-            client.register_dataset(texts=sentences(24, seed=3), name="toy")
-            runs = [client.capture("bert", "toy", pooling=p).run_key for p in ("cls", "mean")]
+            runs = [client.capture("bert", "big", pooling=p).run_key for p in ("cls", "mean")]
     finally:
         _stop(server, signal.SIGKILL)
     assert wal.exists(), "the killed server left no write-ahead log: nothing here is tested"
@@ -82,7 +78,7 @@ def test_kill_then_delete_then_rebuild_then_serve(where, ray_cluster, tiny_model
     assert not wal.exists() and aside.read_bytes() == left, "the dead server's log is kept, aside"
     assert "moved aside: the write-ahead log the lost catalog left beside it (catalog.duckdb.wal" in rebuilt.stdout
     assert str(aside) in rebuilt.stdout, rebuilt.stdout
-    _check_serves(store, server_dir, ray_cluster, runs)  # before the fix: DATA_LOSS, "WAL does not match"
+    _check_serves(store, server_dir, runs)  # before the fix: DATA_LOSS, "WAL does not match"
 
     # the DATA_LOSS advice, followed as written, works: a foreign log beside a good catalog (what a
     # rebuild used to leave) stops `serve`; move the catalog aside and rebuild as the message says
@@ -97,7 +93,7 @@ def test_kill_then_delete_then_rebuild_then_serve(where, ray_cluster, tiny_model
     again = _rebuild(store, server_dir, "--catalog", advice.group(1))
     assert again.returncode == 0, again.stderr
     assert not wal.exists() and "moved aside: the write-ahead log" in again.stdout, again.stdout
-    _check_serves(store, server_dir, ray_cluster, runs)
+    _check_serves(store, server_dir, runs)
 
 
 def test_a_rebuild_without_a_leftover_log_says_nothing_of_one(tmp_path, ray_cluster):
