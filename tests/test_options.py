@@ -88,7 +88,7 @@ def test_resolve_applies_the_default_and_validates():
         (LENS, "taus", [0.5, 1.5], r"taus value 1.5 must be in \[0, 1\]"),
         (LENS, "taus", "0.5", r"taus must be a list"),
         (STITCH, "test_fraction", 0.0, r"test_fraction 0.0 must be in \(0, 1\)"),
-        (CAPTURE, "dtype", "int8", r"dtype 'int8' is not one of float16, float32, bfloat16"),
+        (CAPTURE, "dtype", "int4", r"dtype 'int4' is not one of float16, float32, bfloat16, int8"),
         (CAPTURE, "max_len", 1, r"max_len 1 must be >= 2"),
         (TRAIN, "steps", 0, r"steps 0 must be >= 1"),
         (DATASETS, "augment_method", "shuffle", r"augment_method 'shuffle' is not one of"),
@@ -462,8 +462,8 @@ def test_the_servicer_refuses_what_the_tables_refuse():
     ]:
         with pytest.raises(InvalidArgument, match=message):
             getattr(query, method)(request, None)
-    with pytest.raises(InvalidArgument, match="dtype 'int8'"):
-        CaptureServicer(_Recorder()).SubmitCapture(pb.CaptureRequest(model="m", dataset="d", dtype="int8"), None)
+    with pytest.raises(InvalidArgument, match="dtype 'int4'"):
+        CaptureServicer(_Recorder()).SubmitCapture(pb.CaptureRequest(model="m", dataset="d", dtype="int4"), None)
     # the server's limits cap an option at once; a preset with --align is refused before the run is read
     limits = Settings(max_dime_permutations=50, max_stitch_tune_steps=100)
     with pytest.raises(ResourceExhausted, match="permutations 51 is over this server's limit of 50"):

@@ -6,7 +6,9 @@ and wraps the activation array as an xarray lazy backend array: nothing is read 
 asked for, and a selection reads only the chunks it touches. Zarr decodes the stored chunks (Blosc
 + crc32c: a damaged chunk raises, never returns numbers; so does a missing shard, which zarr itself
 would read as zeros); bfloat16, kept as the upper 16 bits in
-uint16, is widened to float32 here. xarray's own `open_zarr` is not used: Zarr v3 arrays need
+uint16, is widened to float32 here, and an int8 run's codes are decoded with their shards' steps
+and offsets (its `scales` array: value = code * scales[shard, 0] + scales[shard, 1], float32, the
+multiply first, as the store decodes them). xarray's own `open_zarr` is not used: Zarr v3 arrays need
 `dimension_names` metadata for it, which the store does not write.
 
 Layout read (store/arrays.py): `acts` (n, L+1, d) or `tokens` (T, L+1, d); `sample_ids` as UTF-8
@@ -34,12 +36,14 @@ _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOF
 
 
 class _StoredActivations(BackendArray):
-    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str) -> None:
+    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str, scales: zarr.Array | None = None) -> None:
         self.array = array
         self.bfloat16 = bfloat16
+        self.scales = scales  # an int8 run's (shards, 2, L+1, d) steps and offsets
         self.run_key = run_key
         self.shape = tuple(array.shape)
-        self.dtype = np.dtype(np.float32) if bfloat16 else np.dtype(array.dtype)
+        decoded = bfloat16 or scales is not None
+        self.dtype = np.dtype(np.float32) if decoded else np.dtype(array.dtype)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._read)
@@ -53,7 +57,21 @@ class _StoredActivations(BackendArray):
         if missing:
             raise self._damaged(f"shard(s) {', '.join(map(str, missing[:10]))} of {self.array.path} are missing "
                                 "from the store")
+        if self.scales is not None:
+            return self._decoded(values, key)
         return (values.astype(np.uint32) << 16).view(np.float32) if self.bfloat16 else values
+
+    def _decoded(self, codes: np.ndarray, key: tuple) -> np.ndarray:
+        """An int8 run's codes at ``key`` as float32 values, each row with its shard's state."""
+        shards = np.arange(self.shape[0])[key[0]] // self.array.shards[0]
+        touched = np.unique(shards)
+        try:
+            state = self.scales.oindex[(touched, slice(None), key[1], key[2])]
+        except _DECODE_ERRORS as exc:
+            raise self._damaged(f"a chunk of {self.scales.path} is damaged ({str(exc).splitlines()[0][:200]})") \
+                from None
+        where = np.searchsorted(touched, shards)
+        return codes.astype(np.float32) * state[where, 0] + state[where, 1]
 
     def _missing_shards(self, rows) -> list[int]:
         """The shards the selected rows lie in that the store does not hold. Zarr reads a missing
@@ -62,6 +80,9 @@ class _StoredActivations(BackendArray):
         shard_rows = self.array.shards[0]
         shards = np.unique(np.arange(self.shape[0])[rows] // shard_rows).tolist()
         keys = [f"{self.array.path}/c/{shard}/" + "/".join("0" * (len(self.shape) - 1)) for shard in shards]
+        if self.scales is not None:  # a missing chunk of steps would read as zeros too
+            keys += [f"{self.scales.path}/c/{shard}/0/0/0" for shard in shards]
+            shards = shards * 2
         store = self.array.store
 
         async def present():
@@ -98,8 +119,9 @@ def open_run(location) -> xr.DataArray:
     bounds = group["sample_id_offsets"][:]
     ids = np.array([blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])], dtype=object)
     labels = group["labels"][:] if "labels" in group else None
+    scales = group["scales"] if location.dtype == "int8" else None
     data = indexing.LazilyIndexedArray(_StoredActivations(group[location.array], location.dtype == "bfloat16",
-                                                                location.run_key))
+                                                          location.run_key, scales))
     coords: dict = {"layer": np.arange(location.num_layers + 1)}
     if location.pooling == "tokens":
         dims = ("token", "layer", "feature")

@@ -15,7 +15,7 @@ from actstore.errors import InvalidArgument, ResourceExhausted
 from actstore.options import BATCHES, from_wire
 from actstore.server.runs import RunChecks, byte_size
 from actstore.store import batches
-from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.array_store import READ_ITEMSIZE, ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.catalog_sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
 
@@ -84,7 +84,7 @@ class Readers:
         record = options.record
         layout = self.arrays.layout(record.run_key)
         k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)
-        itemsize = 2 if record.dtype == "float16" else 4  # bfloat16 is read back as float32
+        itemsize = READ_ITEMSIZE[record.dtype]  # bfloat16 and int8 are read back as float32
         row_bytes = len(options.layers) * record.width * itemsize
         # shuffled: K shards' rows; in order: a shard and the rows carried into the next batch
         held = k * layout.shard_rows if options.shuffle else layout.shard_rows + options.batch_size

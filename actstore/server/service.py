@@ -37,6 +37,7 @@ from actstore.server.registration import DatasetSource, LabelsSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
 from actstore.store import backups
+from actstore.store.array_store import READ_ITEMSIZE
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
@@ -272,7 +273,7 @@ class ActStoreService:
         stop = stop or record.rows
         if not 0 <= start < stop <= record.rows:
             raise InvalidArgument(f"rows {start}..{stop} are outside 0..{record.rows} of run {record.run_key[:12]}")
-        itemsize = 4 if record.dtype != "float16" else 2
+        itemsize = READ_ITEMSIZE[record.dtype]
         step = max(1, self.settings.read_chunk_bytes // (record.width * itemsize))
         ids = self.arrays.sample_ids(record.run_key) if record.pooling != "tokens" else []
         for lo in range(start, stop, step):

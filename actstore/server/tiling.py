@@ -12,13 +12,14 @@ from actstore.errors import ResourceExhausted
 from actstore.metrics import similarity as sim
 from actstore.server.executor import Executor
 from actstore.server.runs import byte_size
+from actstore.store.array_store import READ_ITEMSIZE
 from actstore.store.catalog import RunRecord
 
 
 def row_itemsize(*runs: RunRecord) -> int:
     """Bytes per value of the rows a Gram-space accumulator keeps: float16 stays float16,
-    float32 and bfloat16 (read back as float32) take 4."""
-    return max(2 if run.dtype == "float16" else 4 for run in runs)
+    float32, bfloat16 and int8 (read back as float32) take 4."""
+    return max(READ_ITEMSIZE[run.dtype] for run in runs)
 
 
 class CkaSizing:

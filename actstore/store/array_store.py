@@ -19,7 +19,9 @@ def decode_stored(values: np.ndarray, dtype: str) -> np.ndarray:
     return bf16_bits_to_float32(values) if dtype == "bfloat16" else values
 
 
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}  # bytes of one stored value
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1}  # bytes of one stored value
+# bytes of one value as `read_layers` returns it (bfloat16 and int8 decode to float32)
+READ_ITEMSIZE = {"float16": 2, "bfloat16": 4, "float32": 4, "int8": 4}
 # a token-level run is cut into at least this many shards, so its capture and reads spread over tasks
 MIN_SHARDS_A_RUN = 16
 # shards grow only where they reach this share of the object size: a small run keeps its many small shards
@@ -101,14 +103,17 @@ class ArrayStore(ABC):
     @abstractmethod
     def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
                     token_ids: np.ndarray | None = None, rows: dict[str, list] | None = None,
-                    stats: dict[str, list] | None = None, checksums: list[int] | None = None) -> None:
+                    stats: dict[str, list] | None = None, checksums: list[int] | None = None,
+                    decoding: np.ndarray | None = None) -> None:
         """Write one whole shard (rows, L+1, d) in the storage dtype, its float64 layer sums, for
         token-level runs of text models the token id of every row, and what is kept with it for
         `catalog rebuild` and the commit: its catalog chunk rows (one per layer, the columns of
         `catalog_schema.CHUNK_SCHEMA`) and its per-layer running statistics
         (`LayerStats.to_dict`). A shard is written with all of it or not at all. ``checksums``:
         the crc32c of each layer's stored bytes (C order), where the writer has summed them; a
-        backend may store them instead of summing the bytes again."""
+        backend may store them instead of summing the bytes again. An int8 run's shard is its
+        codes with ``decoding``, their (2, L+1, d) float32 steps and offsets (`store.quantised`),
+        written with it; its sums and statistics are of the decoded values."""
 
     @abstractmethod
     def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
@@ -117,7 +122,18 @@ class ArrayStore(ABC):
     @abstractmethod
     def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
-        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32."""
+        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32, and
+        int8 codes decoded to float32 values (`store.quantised`)."""
+
+    @abstractmethod
+    def read_stored(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
+        """`read_layers` as stored, undecoded: the bytes each layer's crc32c covers (bfloat16's
+        uint16 bits, int8 codes)."""
+
+    @abstractmethod
+    def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
+        """An int8 run's shard's (2, L+1, d) steps and offsets (None for other dtypes); DataLoss
+        naming it if missing or damaged."""
 
     @abstractmethod
     def write_means(self, run_key: str) -> np.ndarray:

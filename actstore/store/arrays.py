@@ -6,6 +6,8 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/offsets     (n+1,)        prompt i owns tokens[offsets[i]:offsets[i+1]]
     runs/<run_key>/sample_ids  (n,)  and  labels (n,) where known
     runs/<run_key>/means       (L+1, d) float64, written at commit
+    runs/<run_key>/scales      (shards, 2, L+1, d) float32: an int8 run's steps and offsets
+                               (`store.quantised`), one chunk per shard, written with it
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
 Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
@@ -47,17 +49,20 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
+from actstore.store.one_byte_arrays import SCALES_DECODE, OneByteShards
+from actstore.store.quantised import SCALES, is_one_byte
 from actstore.store.read_cache import ReadThroughCache
 from actstore.store.retries import RetryPolicy
 from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
 from actstore.store.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
-# bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array.
-_ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16"}
+# bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array;
+# int8 runs keep codes, decoded with their shards' steps and offsets (`store.quantised`)
+_ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16", "int8": "int8"}
 
 
-class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
+class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
     """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
     `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
@@ -156,6 +161,11 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
             self._side_array(group, "offsets", np.asarray(offsets, dtype=np.int64))
             group.create_array("token_ids", shape=(layout.rows,), chunks=(layout.shard_rows,), dtype="int64",
                                compressors=self._codecs(8), fill_value=-1)
+        if is_one_byte(layout.dtype):  # each shard's steps and offsets, one checksummed chunk a shard
+            group.create_array(SCALES, shape=(layout.num_shards, 2, layout.num_states, layout.width),
+                               chunks=(1, 2, layout.num_states, layout.width), dtype="float32",
+                               compressors=[Crc32cCodec()], fill_value=0,
+                               attributes={"decode": SCALES_DECODE})
         # The layout is written last: its presence marks a completely created group.
         group.attrs.update({"spec": spec, "layout": layout.to_dict()})
 
@@ -216,7 +226,8 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                         self._layouts[run_key] = RunLayout(**attrs["layout"])
         return self._layouts[run_key]
 
-    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None, checksums=None) -> None:
+    def write_shard(self, run_key, shard, values, sums, token_ids=None, rows=None, stats=None, checksums=None,
+                    decoding=None) -> None:
         layout = self._layouts.get(run_key) or self.layout(run_key)
         start, stop = layout.shard_range(shard)
         if values.shape != (stop - start, layout.num_states, layout.width):
@@ -224,6 +235,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
             raise ValueError(f"shard {shard} expects {expected}, got {values.shape}")
         if sums.shape != (layout.num_states, layout.width):
             raise ValueError(f"shard {shard} sums must be {(layout.num_states, layout.width)}, got {sums.shape}")
+        if is_one_byte(layout.dtype) != (decoding is not None):
+            raise ValueError(f"shard {shard} of a {layout.dtype} run is written "
+                             f"{'with' if is_one_byte(layout.dtype) else 'without'} its steps and offsets")
         # whole objects, coded here and PUT together (`store.codecs`): the shard with its chunk rows,
         # statistics and layer sums (`store.shard_details`; an older run's: objects of their own), its
         # token ids. A known run's existence is not asked first (a round trip per shard): the service
@@ -240,7 +254,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         # a local file takes the shard's parts one after another; an object store's PUT, one buffer
         encode = codec.encode if self._url else codec.encode_parts
         written = {codec.key((shard, 0, 0)): encode(values, trailer, summed)}
-        for name, part in (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids)):
+        sides = (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids),
+                 (SCALES, None if decoding is None else np.asarray(decoding, np.float32)[None]))
+        for name, part in sides:
             if part is not None:
                 side = self._codec(run_key, name)
                 written[side.key((shard,) + (0,) * (len(side.shape) - 1))] = side.encode(part)
@@ -250,16 +266,22 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                        for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
+        return self._read_again(lambda: self._read_layers(run_key, layers, start, stop), run_key)
+
+    def read_stored(self, run_key, layers, start, stop) -> np.ndarray:
+        return self._read_again(lambda: self._read_layers(run_key, layers, start, stop, decoded=False), run_key)
+
+    def _read_again(self, read, run_key: str):
         try:
-            return self._read_layers(run_key, layers, start, stop)
+            return read()
         except DataLoss:
             if self._cache is None:
                 raise
             # the bytes may have been damaged in this node's copies: read the object store's once more
             self._cache.forget_under(f"runs/{run_key}/")
-            return self._read_layers(run_key, layers, start, stop)
+            return read()
 
-    def _read_layers(self, run_key, layers, start, stop) -> np.ndarray:
+    def _read_layers(self, run_key, layers, start, stop, decoded: bool = True) -> np.ndarray:
         # no existence check before the read: an absent shard reads as absent, and the run's own
         # existence (it may have been deleted through another handle) is checked only then
         layout = self._layouts.get(run_key) or self.layout(run_key)
@@ -269,7 +291,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         # every layer: whole shards, one GET each; fewer layers fetch the shards' indexes, then
         # only their own inner chunks, as zarr reads them. Every shard's requests go out at once.
         whole = len(set(layers)) == layout.num_states
-        found = self._fetch([(key, None if whole else SuffixByteRequest(codec.index_size)) for key in keys])
+        requests = [(key, None if whole else SuffixByteRequest(codec.index_size)) for key in keys]
+        found = self._fetch(requests + self._scale_requests(run_key, layout, shards, decoded))
+        found, states = found[:len(keys)], found[len(keys):]
         ranges = [self._chunk_ranges(run_key, layout, codec, shard, data, layers) for shard, data in zip(shards, found)]
         if whole:
             parts = [[None if r is None else data[r[0]:r[1]] for r in rs] for data, rs in zip(found, ranges)]
@@ -295,7 +319,9 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
                 except DECODE_ERRORS as exc:
                     raise damaged(run_key, layout.array_name, why_failed(exc), shard=shard, layer=layer,
                                   rows=(lo, hi)) from None
-        return decode_stored(out, layout.dtype)
+        if states:
+            return self._decoded(run_key, layout, out, layers, start, shards, states)
+        return out if not decoded else decode_stored(out, layout.dtype)
 
     def _chunk_ranges(self, run_key, layout, codec, shard, data, layers) -> list[tuple[int, int] | None]:
         """Where each layer's inner chunk lies in the shard whose object (or index) is `data`."""
@@ -393,7 +419,7 @@ class ZarrArrayStore(ShardEnds, StoreCalls, ArrayStore):
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
                 f"runs/{run_key}/token_ids/c/{shard}", LEGACY_ROWS.format(run_key=run_key, shard=shard),
-                LEGACY_STATS.format(run_key=run_key, shard=shard)]
+                LEGACY_STATS.format(run_key=run_key, shard=shard), f"runs/{run_key}/{SCALES}/c/{shard}/0/0/0"]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])

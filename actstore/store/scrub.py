@@ -3,8 +3,9 @@
 `check_run` reads the run-wide parts (group metadata, array shapes and dtypes against what the
 catalog says the run is, sample ids, labels, offsets, means); `check_shard` reads every inner
 chunk of one shard (each layer alone, so its crc32c is checked and a failure names the layer),
-its layer sums, kept chunk rows and statistics, and token ids, and compares each layer's bytes
-with the crc32c the capture recorded in the catalog. Both only use the `ArrayStore` interface
+an int8 run's steps and offsets of the shard, its layer sums, kept chunk rows and statistics,
+and token ids, and compares each layer's stored bytes with the crc32c the capture recorded in
+the catalog. Both only use the `ArrayStore` interface
 and return findings, `Damage` records (`actstore.records`: the client reads the same record); the
 verify job (`server/verify_job.py`) runs `check_shard` in Ray tasks and compares the catalog's
 chunk rows with the shards present.
@@ -19,6 +20,7 @@ from actstore.errors import DataLoss, NotFound
 from actstore.records import Damage
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.damage import GROUP, metadata_key
+from actstore.store.quantised import SCALES, is_one_byte
 
 WHOLE = -1  # a finding about a whole array (or not about one layer)
 # run-wide arrays written once when the run is created: damage there cannot be repaired by
@@ -45,7 +47,9 @@ def expected_shapes(layout: RunLayout, labelled: bool) -> dict[str, tuple[tuple[
     `layer_sums` array: only older runs have one; `check_shard` reads every shard's sums, wherever
     they are kept, and their shape)."""
     stored = "uint16" if layout.dtype == "bfloat16" else layout.dtype
-    shapes = {
+    shapes = {} if not is_one_byte(layout.dtype) else {
+        SCALES: ((layout.num_shards, 2, layout.num_states, layout.width), "float32")}
+    shapes |= {
         layout.array_name: ((layout.rows, layout.num_states, layout.width), stored),
         "sample_id_offsets": ((layout.n + 1,), "int64"),
         "means": ((layout.num_states, layout.width), "float64"),
@@ -142,13 +146,6 @@ def _offsets_fit(offsets: np.ndarray | None, layout: RunLayout) -> bool:
     return len(offsets) == layout.n + 1 and int(offsets[-1]) == layout.rows and bool(np.all(np.diff(offsets) >= 0))
 
 
-def stored_bytes(values: np.ndarray, dtype: str) -> bytes:
-    """The bytes the capture checksummed, from numbers as `read_layers` returns them."""
-    if dtype == "bfloat16":  # widened to float32 on read: its upper 16 bits are the stored ones
-        values = (values.view(np.uint32) >> 16).astype(np.uint16)
-    return np.ascontiguousarray(values).tobytes()
-
-
 def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[int, int],
                 ids_expected: bool = False) -> list[Damage]:
     """Every inner chunk of one shard, its layer sums, kept rows and statistics, and token ids;
@@ -163,7 +160,7 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
     findings = []
     for layer in range(layout.num_states):
         try:
-            values = arrays.read_layers(run_key, [layer], start, stop)[0]
+            values = arrays.read_stored(run_key, [layer], start, stop)[0]  # the bytes the capture summed
         except DataLoss as exc:
             found = _finding(exc, name, shard, layer)
             if found.shard == WHOLE:  # the array's metadata: no chunk of it reads
@@ -171,9 +168,13 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
             findings.append(found)
             continue
         recorded = checksums.get(layer)
-        if recorded is not None and crc32c.crc32c(stored_bytes(values, layout.dtype)) != recorded:
+        if recorded is not None and crc32c.crc32c(np.ascontiguousarray(values)) != recorded:
             findings.append(Damage(name, shard, layer, "reads, but its bytes are not the ones the capture "
                                                        "recorded in the catalog (crc32c differs)"))
+    try:
+        arrays.decoding(run_key, shard)  # an int8 run's steps and offsets (checksummed as a chunk)
+    except DataLoss as exc:
+        findings.append(_finding(exc, SCALES, shard))
     try:
         sums = arrays.layer_sums(run_key, shard)
         if sums.shape != (layout.num_states, layout.width):

@@ -19,23 +19,29 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from actstore.errors import FailedPrecondition
 from actstore.modeling.adapter import Batch, ModelAdapter
 from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
 from actstore.store.handle import StoreHandle
+from actstore.store.quantised import is_one_byte
 from actstore.workers.cluster import unwrap
+from actstore.workers.quantise import dequantise, quantise
 from actstore.workers.reductions import reduce_shard, reduced_values
 from actstore.workers.shard_writes import PreparedShard, reduced_on_host, write_prepared, write_remotely
 
-_TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+# the dtype a shard's numbers are cast to before they are stored: an int8 run's exact float32
+# values are coded per shard afterwards (`workers.quantise`)
+_TORCH_STORAGE = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                  "int8": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,11 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     checksum per layer): the checksums, statistics and compression after it then read each layer
     in one piece instead of copying it out of interleaved rows. On a GPU the reductions run there
     (`workers.reductions`) and only the storage dtype's bytes and a few numbers a layer come to
-    the host (`_to_host`); a CPU replica reduces them with numpy (`reduced_on_host`)."""
+    the host (`_to_host`); a CPU replica reduces them with numpy (`reduced_on_host`). An int8
+    run's shards are coded here too (`prepare_one_byte`)."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
+    if is_one_byte(dtype):
+        return prepare_one_byte(by_layer, bounds)
     if by_layer.device.type != "cpu":
         return _to_host(by_layer, bounds)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
@@ -90,19 +99,46 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
 
 
-def _to_host(by_layer: torch.Tensor, bounds: list[tuple[int, int]]) -> list[PreparedShard]:
+def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]]) -> list[PreparedShard]:
+    """`prepare_shards` of an int8 run: each shard of the exact float32 values ``exact``
+    (L+1, rows, d) coded on its device (`workers.quantise`), and reduced from its decoded values,
+    the numbers a reader gets; only the codes, the steps and offsets and the reductions come to
+    the host. FailedPrecondition for NaN or Inf, which no code holds."""
+    bad = (~torch.isfinite(exact)).any(dim=2).any(dim=1)
+    if bool(bad.any()):
+        layers = torch.nonzero(bad).flatten().tolist()
+        raise FailedPrecondition(f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} of this "
+                                 "model's activations hold NaN or Inf, which int8 codes cannot store: capture "
+                                 "with --dtype float32 (or float16, where they fit)")
+    coded = [quantise(exact[:, lo:hi]) for lo, hi in bounds]
+    codes = torch.cat([c for c, _ in coded], dim=1)
+    numbers = torch.cat([dequantise(c, state) for c, state in coded], dim=1)
+    states = torch.stack([state for _, state in coded])
+    if exact.device.type != "cpu":
+        prepared = _to_host(codes, bounds, numbers)
+        states = states.cpu().numpy()
+        return [replace(p, decoding=state) for p, state in zip(prepared, states)]
+    codes, numbers, states = codes.numpy(), numbers.numpy(), states.numpy()
+    return [reduced_on_host(codes[:, lo:hi], numbers[:, lo:hi].sum(axis=1, dtype=np.float64), decoding=state,
+                            numbers=numbers[:, lo:hi]) for (lo, hi), state in zip(bounds, states)]
+
+
+def _to_host(by_layer: torch.Tensor, bounds: list[tuple[int, int]], numbers: torch.Tensor | None = None
+             ) -> list[PreparedShard]:
     """A GPU task's shards on the host: each shard reduced on the device (`reduce_shard`) while the
     stored bytes copy to pinned host memory on a side stream, then the reductions, all in one
     copy; the host waits once for the task, not once a shard. Pinned buffers come from torch's
     caching host allocator: a task's buffer is reused by a later one once every array viewing it
-    (the shards handed to the writers) is gone."""
+    (the shards handed to the writers) is gone. ``numbers``: what the reductions read where the
+    stored values are codes (an int8 run's decoded values)."""
     device = by_layer.device
     copies = _copy_stream(device)
     host = torch.empty(by_layer.shape, dtype=by_layer.dtype, pin_memory=True)
     copies.wait_stream(torch.cuda.current_stream(device))  # the cast is done before its bytes move
     with torch.cuda.stream(copies):
         host.copy_(by_layer, non_blocking=True)
-    reduced = [reduce_shard(by_layer[:, lo:hi]) for lo, hi in bounds]  # beside the copy, on the compute stream
+    numbers = by_layer if numbers is None else numbers
+    reduced = [reduce_shard(numbers[:, lo:hi]) for lo, hi in bounds]  # beside the copy, on the compute stream
     tables = torch.stack([table for table, _ in reduced])
     sums = torch.stack([shard_sums for _, shard_sums in reduced])
     tables_host = torch.empty(tables.shape, dtype=tables.dtype, pin_memory=True)
@@ -111,7 +147,7 @@ def _to_host(by_layer: torch.Tensor, bounds: list[tuple[int, int]]) -> list[Prep
     with torch.cuda.stream(copies):
         tables_host.copy_(tables, non_blocking=True)
         sums_host.copy_(sums, non_blocking=True)
-    for tensor in (by_layer, tables, sums):  # not freed for reuse before the side stream has read them
+    for tensor in (by_layer, numbers, tables, sums):  # not freed for reuse before the side stream has read them
         tensor.record_stream(copies)
     copies.synchronize()
     on_host = storage_array(host)

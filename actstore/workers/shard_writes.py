@@ -9,7 +9,8 @@ and writes: per byte, the same work as copying the bytes to a file with a checks
 
 No torch here, so a process that only writes (a one-CPU write task, `gpu_writes="ray-tasks"`) starts without
 importing it: on a fresh worker that import was most of the first write's cost. The numbers are
-the stored ones (float16, float32, or bfloat16 decoded from its uint16 bits), read by numpy.
+the stored ones (float16, float32, bfloat16 decoded from its uint16 bits, or int8 codes decoded
+with their shard's steps and offsets), read by numpy.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import ray
 
 from actstore.metrics.layer_stats import LayerStats
+from actstore.store import quantised
 from actstore.store.array_store import ArrayStore, decode_stored
 from actstore.store.handle import StoreHandle
 
@@ -34,6 +36,7 @@ class PreparedShard:
     extremes: tuple[list, list]  # per layer the finite min and max of the stored numbers (NaN: none finite)
     counts: tuple[list, list]  # per layer the NaN and Inf counts
     stats: dict[str, list]  # the shard's `LayerStats.to_dict()`, of its finite numbers
+    decoding: np.ndarray | None = None  # int8 codes' (2, L+1, d) steps and offsets (`store.quantised`)
 
     @property
     def stored(self) -> np.ndarray:
@@ -41,23 +44,26 @@ class PreparedShard:
         return self.layers.transpose(1, 0, 2)
 
 
-def stored_numbers(stored: np.ndarray) -> np.ndarray:
-    """The stored values as numbers: bfloat16's uint16 bits widened to float32, float16 and float32
-    as they are (the statistics copy them into float64 anyway: as fast from float16 as from a
-    float32 widening of it)."""
+def stored_numbers(stored: np.ndarray, decoding: np.ndarray | None = None) -> np.ndarray:
+    """The stored values as numbers: bfloat16's uint16 bits widened to float32, int8 codes
+    (L+1, rows, d) decoded with their ``decoding``, float16 and float32 as they are (the
+    statistics copy them into float64 anyway: as fast from float16 as from a float32 widening)."""
+    if decoding is not None:
+        return quantised.decode(stored, decoding)
     return decode_stored(stored, "bfloat16" if stored.dtype == np.uint16 else "float32")
 
 
-def reduced_on_host(layers: np.ndarray, sums: np.ndarray, extremes: tuple[list, list] | None = None
-                    ) -> PreparedShard:
+def reduced_on_host(layers: np.ndarray, sums: np.ndarray, extremes: tuple[list, list] | None = None,
+                    decoding: np.ndarray | None = None, numbers: np.ndarray | None = None) -> PreparedShard:
     """The shard of stored values ``layers`` (L+1, rows, d), with its ``sums``, reduced here by
     numpy: each layer's finite extremes, NaN and Inf counts and statistics (`LayerStats`, in
     float64). ``extremes`` are the layers' min and max with NaN propagating, where the caller has
     them (computed here when not): a layer whose two are finite has no NaN or Inf and they are its
     finite extremes; only the other layers are counted, from their numbers. (bfloat16 is decoded
     only where its numbers are needed: for the extremes when not given, for a layer with NaN or
-    Inf, and for the statistics.)"""
-    numbers = stored_numbers(layers)
+    Inf, and for the statistics.) int8 codes come with their ``decoding``, and every number is of
+    the decoded values (``numbers``, where the caller decoded them already)."""
+    numbers = stored_numbers(layers, decoding) if numbers is None else numbers
     if extremes is None:
         extremes = numbers.min(axis=(1, 2)).tolist(), numbers.max(axis=(1, 2)).tolist()
     lows, highs, nans, infs = [], [], [], []
@@ -74,7 +80,7 @@ def reduced_on_host(layers: np.ndarray, sums: np.ndarray, extremes: tuple[list, 
         nans.append(nan_count)
         infs.append(inf_count)
     stats = LayerStats.empty(layers.shape[0]).update(numbers.transpose(1, 0, 2)).to_dict()
-    return PreparedShard(layers, sums, (lows, highs), (nans, infs), stats)
+    return PreparedShard(layers, sums, (lows, highs), (nans, infs), stats, decoding)
 
 
 def chunk_rows(run_key: str, shard: int, prepared: PreparedShard) -> dict[str, list]:
@@ -101,7 +107,7 @@ def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: Prepa
     object (`ArrayStore.write_shard`); returns the rows the catalog records."""
     rows = chunk_rows(run_key, shard, prepared)
     arrays.write_shard(run_key, shard, prepared.stored, prepared.sums, token_ids, rows, prepared.stats,
-                       checksums=rows["checksum"])
+                       checksums=rows["checksum"], decoding=prepared.decoding)
     return rows
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from actstore.errors import DataLoss, NotFound
+from actstore.store import quantised
 from actstore.store.array_store import ArrayStore, RunLayout
 
 # 11 rows in shards of 4: shards [0, 4), [4, 8) and the partial last shard [8, 11).
@@ -63,6 +64,23 @@ def make_values(layout: RunLayout, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     return stored, numbers
 
 
+def one_byte_values(layout: RunLayout, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """(codes, numbers, states) of an int8 run: each shard of `make_values`'s float32 numbers coded
+    alone (`store.quantised`), the numbers its codes decode to, and each shard's steps and offsets."""
+    floats, _ = make_values(replace(layout, dtype="float32"), seed)
+    floats[:, 1] = floats[:, 1] * 50 + 200  # a layer far from zero: the offsets matter
+    codes = np.empty(floats.shape, np.int8)
+    numbers = np.empty(floats.shape, np.float32)
+    states = []
+    for shard in range(layout.num_shards):
+        start, stop = layout.shard_range(shard)
+        shard_codes, state = quantised.quantise(floats[start:stop].transpose(1, 0, 2))
+        codes[start:stop] = shard_codes.transpose(1, 0, 2)
+        numbers[start:stop] = quantised.decode(shard_codes, state).transpose(1, 0, 2)
+        states.append(state)
+    return codes, numbers, states
+
+
 def shard_sums(numbers: np.ndarray, layout: RunLayout, shard: int) -> np.ndarray:
     start, stop = layout.shard_range(shard)
     return numbers[start:stop].sum(axis=0, dtype=np.float64)
@@ -107,10 +125,14 @@ class ArrayStoreContract:
         store.create_run(run_key, layout, ids, labels, offsets)
 
     def write_all(self, store: ArrayStore, run_key: str, layout: RunLayout, seed: int = 0):
-        stored, numbers = make_values(layout, seed)
+        if layout.dtype == "int8":
+            stored, numbers, states = one_byte_values(layout, seed)
+        else:
+            (stored, numbers), states = make_values(layout, seed), [None] * layout.num_shards
         for shard in range(layout.num_shards):
             start, stop = layout.shard_range(shard)
-            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard))
+            store.write_shard(run_key, shard, stored[start:stop], shard_sums(numbers, layout, shard),
+                              decoding=states[shard])
         return stored, numbers
 
     def filled_run(self, store: ArrayStore, dtype: str = "float32", name: str = "run"):
@@ -124,7 +146,7 @@ class ArrayStoreContract:
         return np.stack([numbers[start:stop, layer, :] for layer in layers])
 
     # ---- create / layout ------------------------------------------------------------------
-    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16", "int8"])
     @pytest.mark.parametrize("pooling", ["cls", "last", "mean"])
     def test_create_run_then_layout_round_trips(self, store, dtype, pooling):
         layout = pooled_layout(dtype, pooling=pooling)
@@ -160,7 +182,7 @@ class ArrayStoreContract:
         np.testing.assert_array_equal(store.read_layers(b_key, [0], 0, 5), self.expected(numbers_b, [0], 0, 5))
 
     # ---- write_shard / read_layers --------------------------------------------------------
-    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16", "int8"])
     def test_read_one_layer_any_row_range(self, store, dtype):
         run_key, _, numbers = self.filled_run(store, dtype)
         for layer in range(NUM_STATES):
@@ -170,7 +192,7 @@ class ArrayStoreContract:
                 np.testing.assert_array_equal(got, self.expected(numbers, [layer], start, stop),
                                               err_msg=f"layer {layer} rows {start}..{stop}")
 
-    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+    @pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16", "int8"])
     def test_read_several_layers_any_row_range(self, store, dtype):
         run_key, _, numbers = self.filled_run(store, dtype)
         for layers in LAYER_SETS:
@@ -497,3 +519,44 @@ class ArrayStoreContract:
         np.testing.assert_array_equal(store.read_layers(run_key, every, *layout.shard_range(1)),
                                       self.expected(numbers, every, *layout.shard_range(1)))
         np.testing.assert_array_equal(store.token_ids(run_key, 2, 10), ids[2:10])
+
+    # ---- one byte a value (store.quantised) ------------------------------------------------------
+    def test_int8_reads_decoded_values_and_keeps_its_codes_and_scales(self, store):
+        run_key, layout = key("int8"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        codes, numbers = self.write_all(store, run_key, layout)
+        every = list(range(NUM_STATES))
+        got = store.read_layers(run_key, every, 0, N)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, self.expected(numbers, every, 0, N))
+        stored = store.read_stored(run_key, [1, 3], 2, 10)
+        assert stored.dtype == np.int8
+        np.testing.assert_array_equal(stored, self.expected(codes, [1, 3], 2, 10))
+        _, _, states = one_byte_values(layout)
+        for shard in range(layout.num_shards):
+            np.testing.assert_array_equal(store.decoding(run_key, shard), states[shard])
+        assert store.array_shapes(run_key)["scales"] == ((layout.num_shards, 2, NUM_STATES, WIDTH), "float32")
+        # the means are those of the decoded numbers, as every reader sees them
+        np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
+
+    def test_int8_shards_need_their_scales_and_other_dtypes_take_none(self, store):
+        run_key, layout = key("int8-scales"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        codes, numbers, states = one_byte_values(layout)
+        with pytest.raises(ValueError, match="steps and offsets"):
+            store.write_shard(run_key, 0, codes[:SHARD_ROWS], shard_sums(numbers, layout, 0))
+        f32_key, f32 = self.filled_run(store, "float32", name="f32")[:2]
+        assert store.decoding(f32_key, 0) is None
+        with pytest.raises(ValueError, match="steps and offsets"):
+            store.write_shard(f32_key, 0, np.zeros((SHARD_ROWS, NUM_STATES, WIDTH), np.float32),
+                              np.zeros((NUM_STATES, WIDTH)), decoding=states[0])
+
+    def test_int8_dropped_shards_take_their_scales_with_them(self, store):
+        run_key, layout = key("int8-drop"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        self.write_all(store, run_key, layout)
+        store.drop_shards(run_key, [1])
+        with pytest.raises(DataLoss, match="shard 1 of array '(acts|scales)'"):
+            store.read_layers(run_key, [0], 0, N)
+        with pytest.raises(DataLoss, match="shard 1 of array 'scales' is missing"):
+            store.decoding(run_key, 1)

@@ -444,6 +444,32 @@ class TestZarrArrayStore(ArrayStoreContract):
         assert not (root / "layer_stats" / "2.json").exists() and not (root / "chunk_rows" / "2.json").exists()
         assert reader.shard_details(run_key, 2) == (None, None)
 
+    def test_plain_zarr_and_the_documented_one_line_decode_read_an_int8_run(self, store, tmp_path):
+        run_key, layout = key("int8-zarr"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        codes, numbers = self.write_all(store, run_key, layout)
+        g = zarr.open_group(store=zarr.storage.LocalStore(tmp_path / "store", read_only=True), path=f"runs/{run_key}",
+                            mode="r")
+        assert g["acts"].dtype == np.int8 and "decode" in g["scales"].attrs
+        n, s = g["acts"].shape[0], g["acts"].shards[0]
+        # store.quantised's docstring, as written there
+        x = g["acts"][:] * np.repeat(g["scales"][:, 0], s, 0)[:n] + np.repeat(g["scales"][:, 1], s, 0)[:n]
+        np.testing.assert_array_equal(x, numbers)
+        np.testing.assert_array_equal(g["acts"][:], codes)
+
+    def test_a_flipped_byte_in_an_int8_runs_scales_is_data_loss_naming_the_shard(self, store, tmp_path):
+        run_key, layout = key("int8-flip"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        _, numbers = self.write_all(store, run_key, layout)
+        chunk = tmp_path / "store" / "runs" / run_key / "scales" / "c" / "1" / "0" / "0" / "0"
+        self.flip_byte(chunk, 40)
+        fresh = self.make_store(tmp_path)
+        with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: shard 1 of array 'scales' failed its crc32c"):
+            fresh.read_layers(run_key, [2], 0, N)
+        np.testing.assert_array_equal(fresh.read_layers(run_key, [2], 0, SHARD_ROWS),
+                                      self.expected(numbers, [2], 0, SHARD_ROWS))  # the other shards still read
+        assert [(f.array, f.shard) for f in check_shard(fresh, run_key, 1, {})] == [("scales", 1)]
+
     def test_a_truncated_group_metadata_file_is_data_loss(self, store, tmp_path):
         run_key, _, _ = self.filled_run(store)
         metadata = tmp_path / "store" / "runs" / run_key / "zarr.json"

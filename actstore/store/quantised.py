@@ -1,0 +1,80 @@
+"""One-byte storage (`--dtype int8`): what the stored codes mean, and their numpy coding.
+
+Each shard of an int8 run stores, per layer and channel, an affine code of the exact value:
+
+    value = code * step + offset          code: int8 in [-128, 127]; step, offset: float32
+
+with `step` and `offset` fixed per (shard, layer, channel) from that shard's own rows, by the
+writer, where the forward ran: `step = (hi - lo) / 255`, `offset = lo + 128 * step` (lo, hi the
+least and largest exact value of the channel in the shard), so the 256 codes span the shard's
+range of the channel and every value is off by at most step / 2; a channel constant in the shard
+has step 0 and offset its value, exactly. Scaling per channel puts a massive outlier dimension on
+its own grid, and per shard a streaming writer needs no pass over the run before it writes
+(measured on real activations, docs/one-byte-storage.md: a step per channel and shard rounds
+MiniLM-L6 and SmolLM2-135M less than one step per channel for the whole run, affine codes less
+than symmetric ones, and both far less than float8 e4m3).
+
+The run's arrays (`store.arrays`): the activation array (`acts` or `tokens`) holds the codes,
+int8, chunked and checksummed as every dtype; beside it `scales`, float32 of shape
+(num_shards, 2, L+1, d), one chunk per shard with its crc32c: `scales[s, 0]` the steps and
+`scales[s, 1]` the offsets of shard s (rows [s * S, (s + 1) * S), S the activation array's shard
+rows). Plain zarr reads both; the values are
+
+    x = g["acts"][:] * np.repeat(g["scales"][:, 0], S, 0)[:n] + np.repeat(g["scales"][:, 1], S, 0)[:n]
+
+(`decode` below, for any rows). The multiply and the add are two float32 operations, in that
+order, never fused: every reader (numpy, torch on any device) gets the same bits, the ones the
+capture measured its error figures on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ONE_BYTE_DTYPES = ("int8",)
+SCALES = "scales"  # the run's array of steps and offsets
+CODE_LEVELS = 255  # the steps across one shard's range of a channel
+CODE_MIN, CODE_MAX = -128, 127
+CODE_SHIFT = 128  # lo's code is -CODE_SHIFT
+
+
+def is_one_byte(dtype: str) -> bool:
+    return dtype in ONE_BYTE_DTYPES
+
+
+def decoding_state(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The (2, ...) float32 steps and offsets of channels whose exact values span [lo, hi]."""
+    lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
+    step = ((hi - lo) / np.float32(CODE_LEVELS)).astype(np.float32)
+    offset = np.where(step > 0, lo + np.float32(CODE_SHIFT) * step, lo).astype(np.float32)
+    return np.stack([step, offset])
+
+
+def encode(layers: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """int8 codes of the exact float32 ``layers`` (L+1, rows, d) with ``state`` (2, L+1, d)."""
+    step, offset = state[0][:, None], state[1][:, None]
+    safe = np.where(step > 0, step, np.float32(1))
+    scaled = (layers.astype(np.float32) - offset) / safe
+    codes = np.clip(np.rint(scaled), CODE_MIN, CODE_MAX)
+    return np.where(step > 0, codes, 0).astype(np.int8)
+
+
+def quantise(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 (L+1, rows, d), state (2, L+1, d) float32) of one shard's exact values
+    (L+1, rows, d), numpy's version of the capture's torch coding (`workers.quantise`): the same
+    bits for the same float32 values."""
+    values = np.asarray(layers, np.float32)
+    state = decoding_state(values.min(axis=1), values.max(axis=1))
+    return encode(values, state), state
+
+
+def decode(codes: np.ndarray, state: np.ndarray, layer_axis: int = 0) -> np.ndarray:
+    """float32 values of one shard's codes: ``codes`` (L', rows, d) with ``state`` (2, L', d) of the
+    same layers (``layer_axis`` 1: codes (rows, L', d))."""
+    step, offset = state[0], state[1]
+    if layer_axis == 0:
+        step, offset = step[:, None], offset[:, None]
+    out = codes.astype(np.float32)
+    out *= step
+    out += offset
+    return out

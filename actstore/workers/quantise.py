@@ -1,0 +1,33 @@
+"""One-byte coding where the forward ran: the int8 codes of `store.quantised`, in torch, on the
+tensor's own device (a GPU replica codes on the GPU, so only one byte a value and the small
+per-channel state cross to the host; a CPU replica codes on the CPU with the same calls).
+
+The same operations in the same order as numpy's `store.quantised.quantise` (float32 min/max,
+step, offset, `(x - offset) / step`, round half to even, clamp), so both give the same bits; the
+decode is a float32 multiply then add, two kernels, never a fused multiply-add.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from actstore.store.quantised import CODE_LEVELS, CODE_MAX, CODE_MIN, CODE_SHIFT
+
+
+def quantise(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 (L+1, rows, d), state float32 (2, L+1, d)) of one shard's exact values ``part``
+    (L+1, rows, d; float32 or wider, any device). Non-finite values must be refused before."""
+    values = part.to(torch.float32)
+    lo, hi = values.amin(dim=1), values.amax(dim=1)
+    step = (hi - lo) / CODE_LEVELS
+    offset = torch.where(step > 0, lo + CODE_SHIFT * step, lo)
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    scaled = (values - offset[:, None]) / safe[:, None]
+    codes = torch.where(step[:, None] > 0, torch.round(scaled).clamp_(CODE_MIN, CODE_MAX), 0.0)
+    return codes.to(torch.int8), torch.stack([step, offset])
+
+
+def dequantise(codes: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """float32 values (L+1, rows, d) of ``codes`` (L+1, rows, d) with ``state`` (2, L+1, d)."""
+    out = codes.to(torch.float32) * state[0][:, None]
+    return out + state[1][:, None]
