@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,26 +25,39 @@ pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> tuple[dict, Path]:
+@contextmanager
+def _scenario(s3_bucket, tiny_models, tmp_path, *extra) -> Iterator[Callable[[], tuple[dict, Path]]]:
+    """The scenario's process, started; a call waits for what it found (its facts and output folder).
+    The caller works on its single-node side meanwhile: both mostly wait on process start-ups."""
     out, data_dir = tmp_path / "out", tmp_path / "data-dir"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.server.multinode_scenario", "--store", s3_bucket, "--server-dir", str(data_dir),
-         "--model", str(tiny_models["bert"]), "--out", str(out), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stderr[-4000:]
-    local = sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
-    # the catalog, and the catalog's backups beside it (made on a schedule and when the server stops)
-    assert local and all(name.startswith(("catalog.duckdb", "backups/catalog-")) for name in local), local
-    return json.loads((out / "facts.json").read_text()), out
+    with (tmp_path / "stderr").open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.server.multinode_scenario", "--store", s3_bucket, "--server-dir",
+             str(data_dir), "--model", str(tiny_models["bert"]), "--out", str(out), *extra],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+    def finished() -> tuple[dict, Path]:
+        process.wait(timeout=540)
+        assert process.returncode == 0, (tmp_path / "stderr").read_text()[-4000:]
+        local = sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
+        # the catalog, and the catalog's backups beside it (made on a schedule and when the server stops)
+        assert local and all(name.startswith(("catalog.duckdb", "backups/catalog-")) for name in local), local
+        return json.loads((out / "facts.json").read_text()), out
+
+    try:
+        yield finished
+    finally:
+        process.kill()
+        process.wait()
 
 
-def _single_node_capture(client, tiny_models) -> list[np.ndarray]:
+def _single_node_capture(client, tiny_models) -> tuple[str, list[np.ndarray]]:
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(96), labels=[i % 3 for i in range(96)], name="toy")
     run = client.capture("bert", "toy", pooling="mean").run_key
-    return [client.read_activations(run, layer)[0] for layer in range(4)]
+    return run, [client.read_activations(run, layer)[0] for layer in range(4)]
 
 
 def _check_run(facts: dict, out: Path, reference: list[np.ndarray]) -> None:
@@ -56,25 +71,29 @@ def _check_run(facts: dict, out: Path, reference: list[np.ndarray]) -> None:
 
 
 def test_capture_and_metric_tasks_spread_over_nodes(s3_bucket, tiny_models, tmp_path, client):
-    facts, out = _scenario(s3_bucket, tiny_models, tmp_path)
+    with _scenario(s3_bucket, tiny_models, tmp_path) as scenario:
+        run, reference = _single_node_capture(client, tiny_models)
+        second = client.capture("bert", "toy", pooling="cls").run_key
+        matrix, pairwise = client.cka_matrix([run, second]).biased, client.cka(run, second).biased
+        facts, out = scenario()
     assert facts["nodes"] == 3
     # one replica per node, each started once: none moved by killing it and starting another
     assert (len(facts["capture_nodes"]), facts["replica_processes"]) == (3, 3), facts
     assert len(facts["metric_nodes"]) >= 2, facts  # and metric tasks too
-    _check_run(facts, out, _single_node_capture(client, tiny_models))
+    _check_run(facts, out, reference)
     np.testing.assert_allclose(np.load(out / "matrix.npy")[:4, 4:], np.load(out / "pairwise.npy"), atol=1e-12)
     # one answer per stored bytes: this one-node cluster (its CPUs, not 3) gives the same float64 bits
-    run = facts["run"]["key"]
-    second = client.capture("bert", "toy", pooling="cls").run_key
-    assert client.cka_matrix([run, second]).biased.tobytes() == np.load(out / "matrix.npy").tobytes()
-    assert client.cka(run, second).biased.tobytes() == np.load(out / "pairwise.npy").tobytes()
+    assert facts["run"]["key"] == run  # the same request: the same run
+    assert matrix.tobytes() == np.load(out / "matrix.npy").tobytes()
+    assert pairwise.tobytes() == np.load(out / "pairwise.npy").tobytes()
 
 
 @pytest.mark.slow
 def test_a_node_lost_mid_capture_and_mid_matrix_job_costs_only_time(s3_bucket, tiny_models, tmp_path, client):
-    facts, out = _scenario(s3_bucket, tiny_models, tmp_path, "--remove-nodes")
+    with _scenario(s3_bucket, tiny_models, tmp_path, "--remove-nodes") as scenario:
+        _, reference = _single_node_capture(client, tiny_models)
+        facts, out = scenario()
     assert facts["capture_done_before_removal"], "the node was not removed while the capture ran"
-    reference = _single_node_capture(client, tiny_models)
     _check_run(facts, out, reference)
     assert facts["matrix_status"] == "done", facts["matrix_error"]
     layers = [layer.astype(np.float64) for layer in reference]
