@@ -78,6 +78,13 @@ def cmd_describe(args) -> int:
     if stats:
         print("\nper-layer statistics of the stored values (over rows and features; row norm = L2 norm of a row):")
         print_table(stats, ["layer", "mean", "std", "row norm", "norm std", "min", "max"])
+    if run.rounding:
+        print(f"\nwhat {run.dtype} storage did to each layer, measured at capture from the exact values (the bound "
+              "on CKA with a layer: its angle, arccos CKA(exact, stored); both sides' add):")
+        print_table([{"layer": r.layer, "stored": r.stored, "rel. error": f"{r.rel_frobenius:.3g}",
+                      "max |error|": f"{r.max_abs:.3g}", "CKA bound": f"{r.angle_biased:.3g}",
+                      "debiased bound": f"{r.angle_debiased:.3g}"} for r in run.rounding],
+                    ["layer", "stored", "rel. error", "max |error|", "CKA bound", "debiased bound"])
     return 0
 
 

@@ -77,6 +77,27 @@ class LayerHealth:
 
 
 @dataclass(frozen=True)
+class LayerRounding:
+    """What a lossy storage dtype did to one layer, measured at capture from the exact values:
+    `angle_biased` / `angle_debiased` bound every (biased / debiased) CKA answer with the layer."""
+
+    layer: int
+    stored: str
+    rows: int
+    rel_frobenius: float
+    max_abs: float
+    cka_biased: float
+    cka_debiased: float
+    angle_biased: float
+    angle_debiased: float
+
+    @staticmethod
+    def from_proto(r: pb.LayerRounding) -> LayerRounding:
+        return LayerRounding(r.layer, r.stored, r.rows, r.rel_frobenius, r.max_abs, r.cka_biased, r.cka_debiased,
+                             r.angle_biased, r.angle_debiased)
+
+
+@dataclass(frozen=True)
 class RunInfo(Tabled):
     run_key: str
     model_digest: str
@@ -97,13 +118,16 @@ class RunInfo(Tabled):
     dataset_aliases: list[str] = field(default_factory=list)
     site: str = "resid_post"  # the capture site (see `actstore capture --help`)
     site_modules: str = ""  # the module pattern the site resolved to (empty for resid_post)
+    # a lossy (int8) run's error figures, one per layer (`describe`; empty for exact dtypes)
+    rounding: list[LayerRounding] = field(default_factory=list, repr=False)
 
     @staticmethod
     def from_proto(r: pb.Run) -> RunInfo:
         return RunInfo(r.run_key, r.model_digest, r.dataset_digest, r.pooling, r.dtype, r.max_len, r.n, r.rows,
                        r.num_layers, r.width, r.status, r.num_shards, r.recorded_shards, r.stored_bytes,
                        [LayerHealth.from_proto(h) for h in r.health],
-                       list(r.model_aliases), list(r.dataset_aliases), r.site or "resid_post", r.site_modules)
+                       list(r.model_aliases), list(r.dataset_aliases), r.site or "resid_post", r.site_modules,
+                       [LayerRounding.from_proto(x) for x in r.rounding])
 
 
 @dataclass(frozen=True)

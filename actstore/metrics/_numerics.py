@@ -222,6 +222,16 @@ class SymmetricSum:
         chunk = ops.float64_copy(ops.upload(rows))
         self._on_device.addmm_(chunk.T, chunk)
 
+    def add_tensor(self, chunk) -> None:
+        """`S += chunk^T chunk` for a float64 torch tensor on its own device (S moves there)."""
+        if self._on_device is None:
+            import torch
+
+            self._on_device = torch.as_tensor(self.matrix(), device=chunk.device)
+        elif self._on_device.device != chunk.device:
+            self._on_device = self._on_device.to(chunk.device)
+        self._on_device.addmm_(chunk.T, chunk)
+
     def add_rank2(self, x: np.ndarray, y: np.ndarray) -> None:
         """`S += x y^T + y x^T` in place (x, y float64 vectors of `size`)."""
         host = self._home()

@@ -28,6 +28,7 @@ from actstore.options import CAPTURE
 from actstore.server.capture_pool import CapturePool
 from actstore.server.dispatch import get_or_raise, run_windowed
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
+from actstore.server.rounding import JobFigures
 from actstore.server.runs import stored_ratio
 from actstore.store import datasets as ds
 from actstore.store.array_store import ArrayStore, RunLayout
@@ -239,6 +240,9 @@ class CaptureJobs:
 
     def _capture(self, job: JobState, opened: list[OpenRun]) -> None:
         first, layout = opened[0], opened[0].layout
+        figures = JobFigures(self.catalog, self.arrays, layout, [o.record for o in opened])
+        opened = [replace(o, recorded=recorded) for o, recorded in zip(opened, figures.restart([o.recorded
+                                                                                                for o in opened]))]
         plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, max_len=first.record.max_len,
                            batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
@@ -252,7 +256,7 @@ class CaptureJobs:
                 self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
                 ReplicaRouter(actors, plan), (tasks_per_replica + 1) * len(actors), "a capture worker failed",
                 "capture", shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors),
-                bugs_internal=True)
+                bugs_internal=True, measured=figures.add)
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
@@ -260,7 +264,7 @@ class CaptureJobs:
             raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
         written = time.perf_counter()
         for o in opened:
-            commit(self.catalog, self.arrays, o.record)
+            commit(self.catalog, self.arrays, o.record, figures.of(o.record.run_key))
         log.info("capture of run %s: %d shards x %d run(s); %d replica(s) ready in %.2f s, shards written in %.2f s, "
                  "committed in %.2f s", first.record.run_key[:12], layout.num_shards, len(opened), len(actors),
                  ready - started, written - ready, time.perf_counter() - written)
@@ -306,7 +310,7 @@ def shards_per_task(layout: RunLayout, batch_size: int) -> int:
 
 def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layout: RunLayout,
                 recorded: list[set[int]], submit, width: int, failure: str, what: str, per_task: int = 1,
-                retries: int = 0, bugs_internal: bool = False) -> bool:
+                retries: int = 0, bugs_internal: bool = False, measured=None) -> bool:
     """Write the shards not yet recorded for every run of ``records`` (runs of one layout, such as
     the sites of one capture; ``recorded[i]`` holds run i's recorded shards) and record each task's
     shards as it finishes, at most ``width`` tasks in flight. ``submit(shards, keys)`` is the ref
@@ -315,7 +319,8 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
     the job was cancelled; a failure marks the runs failed (their stored shards stay: submitting
     the same request again resumes them). A task whose worker was lost is submitted again, up to
     ``retries`` times (``run_windowed``); its shards are recorded once, when one attempt returns.
-    ``bugs_internal``: see `get_or_raise` (a capture's tasks: yes; an import's read a user's file)."""
+    ``bugs_internal``: see `get_or_raise` (a capture's tasks: yes; an import's read a user's file).
+    A task returns `ShardsWritten`; ``measured`` takes a lossy run's rounding of its shards."""
     missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
     needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
     tasks: list[tuple[int, ...]] = []
@@ -332,9 +337,12 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
     def collect(shards: tuple[int, ...], ref) -> None:
         nonlocal done
         which = f"shard {shards[0]}" if len(shards) == 1 else f"shards {shards[0]}-{shards[-1]}"
-        tables = get_or_raise(ref, lambda cause: Unavailable(
+        written = get_or_raise(ref, lambda cause: Unavailable(
             f"{failure} ({which} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
             f"submit the {what} again to resume"), bugs_internal=bugs_internal)
+        tables = written.tables
+        if written.figures and measured is not None:
+            measured(written.figures)
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
             catalog.chunks.insert(pa.table({column: [cell for rows in tables for cell in rows[column]]
                                            for column in tables[0]}))
@@ -355,9 +363,12 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         raise
 
 
-def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord) -> None:
-    """The layer means and statistics, then the catalog's commit, then the store's marker: the store
-    never claims more."""
+def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord, figures: dict[str, list] | None = None
+           ) -> None:
+    """The layer means and statistics (and a lossy run's error figures), then the catalog's commit,
+    then the store's marker: the store never claims more."""
+    if figures is not None:
+        arrays.write_error_figures(record.run_key, figures)
     arrays.write_means(record.run_key)
     arrays.write_layer_stats(record.run_key)
     catalog.runs.commit(record)

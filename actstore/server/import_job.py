@@ -27,6 +27,7 @@ from actstore.server.capture_job import commit, fill_shards, model_pooling
 from actstore.server.dispatch import get_or_raise
 from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.registration import Registrar, server_path
+from actstore.server.rounding import JobFigures
 from actstore.store import datasets as ds
 from actstore.store.array_store import RunLayout
 from actstore.store.catalog import Catalog, RunRecord
@@ -132,8 +133,10 @@ class ImportJobs:
         plan = ImportPlan(run_key=record.run_key, path=path, format=record.spec["source"]["import"],
                           dataset_path=dataset_path, pooling=layout.pooling, layout=layout)
         task = ray.remote(num_cpus=1)(import_shard).options(scheduling_strategy=self._here())
-        if not fill_shards(self.catalog, job, [record], layout, [recorded],
+        figures = JobFigures(self.catalog, self.arrays, layout, [record])
+        if not fill_shards(self.catalog, job, [record], layout, figures.restart([recorded]),
                            lambda shards, _keys: task.remote(self.store, plan, shards[0]),
-                           self.settings.capture_concurrent_shards + 1, "an import task failed", "import"):
+                           self.settings.capture_concurrent_shards + 1, "an import task failed", "import",
+                           measured=figures.add):
             raise Cancelled(f"import of run {record.run_key[:12]} cancelled; submit it again to resume")
-        commit(self.catalog, self.arrays, record)
+        commit(self.catalog, self.arrays, record, figures.of(record.run_key))

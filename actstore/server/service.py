@@ -58,6 +58,7 @@ class RunDescription:
     model_aliases: tuple[str, ...]
     dataset_aliases: tuple[str, ...]
     stats: dict | None = None  # per-layer running statistics (committed runs captured with them)
+    rounding: dict | None = None  # a committed lossy run's error figures, one value per layer each
 
 
 class ActStoreService:
@@ -171,7 +172,8 @@ class ActStoreService:
         stored = self.arrays.nbytes_stored(record.run_key) if committed else 0
         return RunDescription(record, health, stored, self.catalog.models.get(record.model_digest).aliases,
                               self.catalog.datasets.get(record.dataset_digest).aliases,
-                              self.arrays.layer_stats(record.run_key) if committed else None)
+                              self.arrays.layer_stats(record.run_key) if committed else None,
+                              self.arrays.error_figures(record.run_key) if committed else None)
 
     def delete_run(self, run: str) -> str:
         record = self.catalog.runs.get(run)

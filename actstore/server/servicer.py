@@ -11,6 +11,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
+from actstore.metrics.rounding import FIGURES
 from actstore.options import (
     CAPTURE,
     DATASETS,
@@ -75,6 +76,15 @@ def labels_source(request: pb.RegisterLabelsRequest) -> LabelsSource:
     return LabelsSource(sample_ids=list(inline.sample_ids), values=list(inline.values or inline.numbers), **columns)
 
 
+def rounding_proto(figures: dict | None, dtype: str) -> list[pb.LayerRounding]:
+    """A lossy run's error figures (`metrics.rounding.FIGURES`, one value per layer each), one message a layer."""
+    if not figures:
+        return []
+    return [pb.LayerRounding(layer=layer, stored=dtype, rows=int(figures["rows"][layer]),
+                             **{name: float(figures[name][layer]) for name in FIGURES if name != "rows"})
+            for layer in range(len(figures["rows"]))]
+
+
 def run_proto(r: RunRecord, recorded_shards: int = 0) -> pb.Run:
     return pb.Run(run_key=r.run_key, model_digest=r.model_digest, dataset_digest=r.dataset_digest,
                   pooling=r.pooling, dtype=r.dtype, max_len=r.max_len, n=r.n, rows=r.rows,
@@ -126,6 +136,7 @@ class CatalogServicer(rpc.CatalogServicer):
                                              min=float(health.min[layer]), max=float(health.max[layer]),
                                              has_stats=bool(stats),
                                              **{k: float(v[layer]) for k, v in stats.items()}))
+        run.rounding.extend(rounding_proto(described.rounding, record.dtype))
         return run
 
     def RegisterModel(self, request, context):

@@ -131,6 +131,14 @@ class ArrayStore(ABC):
         uint16 bits, int8 codes)."""
 
     @abstractmethod
+    def write_error_figures(self, run_key: str, figures: dict[str, list]) -> None:
+        """Store a lossy run's error figures, one value per layer each (`metrics.rounding`), at commit."""
+
+    @abstractmethod
+    def error_figures(self, run_key: str) -> dict[str, list] | None:
+        """What `write_error_figures` stored; None for a run stored exactly."""
+
+    @abstractmethod
     def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
         """An int8 run's shard's (2, L+1, d) steps and offsets (None for other dtypes); DataLoss
         naming it if missing or damaged."""

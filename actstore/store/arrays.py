@@ -8,6 +8,7 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/means       (L+1, d) float64, written at commit
     runs/<run_key>/scales      (shards, 2, L+1, d) float32: an int8 run's steps and offsets
                                (`store.quantised`), one chunk per shard, written with it
+    runs/<run_key>/errors      (L+1, figures) float64: an int8 run's error figures, at commit
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
 Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
@@ -49,7 +50,7 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
-from actstore.store.one_byte_arrays import SCALES_DECODE, OneByteShards
+from actstore.store.one_byte_arrays import ERRORS, SCALES_DECODE, OneByteShards
 from actstore.store.quantised import SCALES, is_one_byte
 from actstore.store.read_cache import ReadThroughCache
 from actstore.store.retries import RetryPolicy
@@ -409,9 +410,11 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
             return sync(self._zarr.getsize_prefix(f"runs/{run_key}"))
 
     def nbytes_stored(self, run_key: str) -> int:
+        """The activations' bytes, with an int8 run's scales and error figures (what decoding needs)."""
         layout = self.layout(run_key)
+        names = [layout.array_name] + ([SCALES, ERRORS] if is_one_byte(layout.dtype) else [])
         with self._reported():
-            return sync(self._zarr.getsize_prefix(f"runs/{run_key}/{layout.array_name}"))
+            return sum(sync(self._zarr.getsize_prefix(f"runs/{run_key}/{name}")) for name in names)
 
     # ---- integrity ---------------------------------------------------------------------------------
     def _shard_keys(self, run_key: str, shard: int) -> list[str]:

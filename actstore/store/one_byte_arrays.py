@@ -1,5 +1,6 @@
-"""Mixin of `ZarrArrayStore`: the `scales` array of an int8 run (`store.quantised`), read beside
-its shards and applied to their codes.
+"""Mixin of `ZarrArrayStore`: the arrays only a lossy (int8) run has. Its `scales` (`store.quantised`),
+read beside its shards and applied to their codes, and its `errors`: what the rounding did to each
+layer, measured at capture from the exact values (`metrics.rounding`), written at commit.
 
 A read of an int8 run's shards fetches each shard's chunk of `scales` (its steps and offsets,
 (2, L+1, d) float32 with a crc32c: 10-70 KB for the builtin models) in the same call as the
@@ -12,11 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from zarr.codecs import Crc32cCodec
 
 from actstore.store.array_store import RunLayout
 from actstore.store.codecs import ChunkCodec
-from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.damage import DECODE_ERRORS, damaged, reading_metadata, why_failed
 from actstore.store.quantised import SCALES, decode, is_one_byte
+
+ERRORS = "errors"  # (L+1, len(columns)) float64, the columns named in its attributes
 
 SCALES_DECODE = ("value = code * scales[shard, 0, layer, channel] + scales[shard, 1, layer, channel], float32, "
                  "the multiply first; shard = row // the activation array's shard rows")
@@ -28,6 +32,10 @@ class OneByteShards:
     _codec: Callable[[str, str], ChunkCodec]
     _fetch: Callable[[list], list]
     layout: Callable[[str], RunLayout]
+    _group: Callable[..., object]
+    _has: Callable[[str, str], bool]
+    _whole: Callable[..., np.ndarray]
+    _reported: Callable[[], object]
 
     def _scale_requests(self, run_key: str, layout: RunLayout, shards: range, decoded: bool) -> list:
         """The GETs of the shards' `scales` chunks that a decoded read of an int8 run needs (none
@@ -73,3 +81,26 @@ class OneByteShards:
         shards = range(shard, shard + 1)
         return self._states(run_key, layout, shards, self._fetch(self._scale_requests(run_key, layout, shards,
                                                                                       True)))[0]
+
+    def write_error_figures(self, run_key: str, figures: dict[str, list]) -> None:
+        """Store a lossy run's per-layer error figures ({name: one value per layer}) as its
+        checksummed `errors` array, the names in its attributes."""
+        columns = list(figures)
+        values = np.array([figures[name] for name in columns], dtype=np.float64).T
+        with self._reported():
+            group = self._group(run_key, "r+")
+            group.create_array(ERRORS, data=values, compressors=[Crc32cCodec()], overwrite=True,
+                               attributes={"columns": columns})
+
+    def error_figures(self, run_key: str) -> dict[str, list] | None:
+        """The figures `write_error_figures` stored (None: a run stored exactly, or not committed);
+        DataLoss naming the array if it is damaged."""
+        if not self._has(run_key, ERRORS):
+            return None
+        group = self._group(run_key)
+        values = self._whole(run_key, group, ERRORS)
+        with self._reported(), reading_metadata(run_key, ERRORS):
+            columns = list(group[ERRORS].attrs["columns"])
+        if values.shape[1] != len(columns):
+            raise damaged(run_key, ERRORS, f"has {values.shape[1]} columns for the {len(columns)} it names")
+        return {name: values[:, i].tolist() for i, name in enumerate(columns)}

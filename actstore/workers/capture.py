@@ -27,6 +27,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actstore.errors import FailedPrecondition
+from actstore.metrics.rounding import ErrorFigures
 from actstore.modeling.adapter import Batch, ModelAdapter
 from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
@@ -70,7 +71,8 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
     return cast.numpy()
 
 
-def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str) -> list[PreparedShard]:
+def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str,
+                   figures: ErrorFigures | None = None) -> list[PreparedShard]:
     """The part of storing shards that runs where their forward pass ran: the cast and every
     reduction of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each of ``bounds``.
     The rest of a shard's write (checksums and the PUT) is `shard_writes.write_prepared`.
@@ -80,10 +82,11 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     in one piece instead of copying it out of interleaved rows. On a GPU the reductions run there
     (`workers.reductions`) and only the storage dtype's bytes and a few numbers a layer come to
     the host (`_to_host`); a CPU replica reduces them with numpy (`reduced_on_host`). An int8
-    run's shards are coded here too (`prepare_one_byte`)."""
+    run's shards are coded here too (`prepare_one_byte`), and what the coding did measured into
+    ``figures``."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
     if is_one_byte(dtype):
-        return prepare_one_byte(by_layer, bounds)
+        return prepare_one_byte(by_layer, bounds, figures)
     if by_layer.device.type != "cpu":
         return _to_host(by_layer, bounds)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
@@ -99,11 +102,14 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
 
 
-def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]]) -> list[PreparedShard]:
+def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]], figures: ErrorFigures | None = None
+                     ) -> list[PreparedShard]:
     """`prepare_shards` of an int8 run: each shard of the exact float32 values ``exact``
     (L+1, rows, d) coded on its device (`workers.quantise`), and reduced from its decoded values,
     the numbers a reader gets; only the codes, the steps and offsets and the reductions come to
-    the host. FailedPrecondition for NaN or Inf, which no code holds."""
+    the host. ``figures`` measures each shard's exact values against its decoded ones, on the same
+    device, in the same pass (`metrics.rounding`). FailedPrecondition for NaN or Inf, which no
+    code holds."""
     bad = (~torch.isfinite(exact)).any(dim=2).any(dim=1)
     if bool(bad.any()):
         layers = torch.nonzero(bad).flatten().tolist()
@@ -114,7 +120,12 @@ def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]]) -> list
     codes = torch.cat([c for c, _ in coded], dim=1)
     numbers = torch.cat([dequantise(c, state) for c, state in coded], dim=1)
     states = torch.stack([state for _, state in coded])
-    if exact.device.type != "cpu":
+    on_host = exact.device.type == "cpu"
+    if figures is not None:  # on the host through BLAS (numpy's arrays share the tensors' memory)
+        for lo, hi in bounds:
+            part, stored = exact[:, lo:hi], numbers[:, lo:hi]
+            figures.update(*((part.numpy(), stored.numpy()) if on_host else (part, stored)))
+    if not on_host:
         prepared = _to_host(codes, bounds, numbers)
         states = states.cpu().numpy()
         return [replace(p, decoding=state) for p, state in zip(prepared, states)]
@@ -344,10 +355,10 @@ class ShardCapturer:
         return {site: torch.cat(p, dim=1)[:, index].transpose(0, 1) for site, p in parts.items()}, token_ids
 
     def capture(self, plan: CapturePlan, shards: tuple[int, ...], run_keys: tuple[str, ...] | None = None
-                ) -> list[dict[str, list]]:
+                ) -> ShardsWritten:
         """Compute the consecutive `shards` of every site's run (of those in `run_keys`, when given)
         in one pass of full batches, and write each shard whole; returns the chunk rows, one table
-        per shard and run."""
+        per shard and run, and a lossy run's rounding of these shards."""
         wanted = [(site, key) for site, key in plan.runs if run_keys is None or key in run_keys]
         layout = plan.layout
         start, stop = layout.shard_range(shards[0])[0], layout.shard_range(shards[-1])[1]
@@ -363,7 +374,9 @@ class ShardCapturer:
                 values, token_ids = self._tokens(batches, sites, layout.dtype, begin, stop - start)
             else:
                 values = self._pooled(batches, sites, layout.pooling)
-            prepared = {site: prepare_shards(values[site], bounds, layout.dtype) for site in sites}
+            figures = {site: ErrorFigures(layout.num_states, layout.width) for site in sites
+                       if is_one_byte(layout.dtype)}
+            prepared = {site: prepare_shards(values[site], bounds, layout.dtype, figures.get(site)) for site in sites}
         computed = time.perf_counter()
         del values, batches
         writes = [(key, shard, prepared[site][i], None if token_ids is None else token_ids[lo:hi])
@@ -371,7 +384,7 @@ class ShardCapturer:
         tables = self._write(writes)
         self._count(tokenising=tokenised - started, waiting=computing - tokenised, computing=computed - computing,
                     writing=time.perf_counter() - computed)
-        return tables
+        return ShardsWritten(tables, {key: figures[site] for site, key in wanted} if figures else None)
 
     def _write(self, writes: list[tuple]) -> list[dict[str, list]]:
         if self.writes == "inline":
@@ -388,8 +401,20 @@ class ShardCapturer:
 
 
 def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values: torch.Tensor,
-                token_ids: np.ndarray | None = None) -> dict[str, list]:
+                token_ids: np.ndarray | None = None, figures: ErrorFigures | None = None) -> dict[str, list]:
     """Write float32 ``values`` (rows, L+1, d) as one whole shard in the storage ``dtype``, with its
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
-    catalog records (a capture's and an import's shards take this one path)."""
-    return write_prepared(arrays, run_key, shard, prepare_shards(values, [(0, len(values))], dtype)[0], token_ids)
+    catalog records (a capture's and an import's shards take this one path). A lossy dtype's
+    rounding is measured into ``figures``."""
+    prepared = prepare_shards(values, [(0, len(values))], dtype, figures)[0]
+    return write_prepared(arrays, run_key, shard, prepared, token_ids)
+
+
+@dataclass
+class ShardsWritten:
+    """What a capture or import task returns: the catalog rows of every shard it wrote (one table
+    per shard and run), and for a lossy run the rounding of its shards, per run key (the job merges
+    them into the run's error figures)."""
+
+    tables: list[dict[str, list]]
+    figures: dict[str, ErrorFigures] | None = None

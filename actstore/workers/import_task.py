@@ -16,10 +16,12 @@ import numpy as np
 import torch
 
 from actstore.errors import InvalidArgument
+from actstore.metrics.rounding import ErrorFigures
 from actstore.store.array_store import RunLayout
 from actstore.store.datasets import load_dataset
 from actstore.store.handle import StoreHandle
-from actstore.workers.capture import store_shard
+from actstore.store.quantised import is_one_byte
+from actstore.workers.capture import ShardsWritten, store_shard
 from actstore.workers.importers import FLOAT_DTYPES, ImportSource, open_source, pool_blocks
 
 
@@ -72,8 +74,9 @@ def inspect_source(store: StoreHandle, path: str, fmt: str | None, dataset_path:
                          token_counts=source.token_counts(), digest=source.digest(), description=where)
 
 
-def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> list[dict[str, list]]:
-    """Read, check and write shard ``shard``; returns its catalog rows (one table: one run)."""
+def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> ShardsWritten:
+    """Read, check and write shard ``shard``; returns its catalog rows (one table: one run), and for
+    a lossy storage dtype what its rounding did to the source's values."""
     # checked at submit: only a vllm folder needs the sample ids again (its files are named by them)
     ids = load_dataset(store.local(plan.dataset_path)).sample_ids if plan.format == "vllm" else []
     source = open_source(Path(plan.path), plan.format, ids, check=False)
@@ -91,7 +94,9 @@ def import_shard(store: StoreHandle, plan: ImportPlan, shard: int) -> list[dict[
     if tuple(values.shape) != expected:  # the files changed since the import was inspected
         raise InvalidArgument(f"{plan.path}: shard {shard} reads as {tuple(values.shape)}, not {expected}: "
                               "the files changed during the import; import them again")
-    return [store_shard(arrays, plan.run_key, shard, layout.dtype, values, token_ids)]
+    figures = ErrorFigures(layout.num_states, layout.width) if is_one_byte(layout.dtype) else None
+    rows = store_shard(arrays, plan.run_key, shard, layout.dtype, values, token_ids, figures)
+    return ShardsWritten([rows], None if figures is None else {plan.run_key: figures})
 
 
 def _token_rows(source: ImportSource, offsets: np.ndarray, start: int, stop: int

@@ -94,3 +94,73 @@ def test_plain_zarr_reads_the_codes_and_the_documented_decode_gives_the_values(m
 def test_verify_checks_the_codes_and_scales(module_client, runs):
     report = module_client.verify([runs["int8", "cls"], runs["int8", "tokens"]])
     assert [(verdict.status, verdict.damage) for verdict in report.runs] == [("ok", [])] * 2
+
+
+@pytest.mark.parametrize("pooling", ["cls", "tokens"])
+def test_describe_shows_the_error_figures_measured_from_the_exact_values(module_client, runs, pooling):
+    """Against an independent float64 formula on the float32 capture (the same forward's values)."""
+    import math
+
+    from tests.formulas import cka_numpy, debiased_numpy
+
+    client = module_client
+    exact = _read(client, runs["float32", pooling]).astype(np.float64)
+    stored = _read(client, runs["int8", pooling]).astype(np.float64)
+    described = client.describe(runs["int8", pooling])
+    assert [r.layer for r in described.rounding] == list(range(described.num_layers + 1))
+    assert client.describe(runs["float32", pooling]).rounding == []
+    for r in described.rounding:
+        x, xhat = exact[:, r.layer], stored[:, r.layer]
+        assert r.stored == "int8" and r.rows == len(x)
+        if np.array_equal(x, xhat):  # bert's layer 0 at cls: the same embedding in every sample, stored exactly
+            assert (r.max_abs, r.angle_biased, r.angle_debiased, r.cka_biased) == (0, 0, 0, 1)
+            continue
+        assert r.rel_frobenius == pytest.approx(np.linalg.norm(xhat - x) / np.linalg.norm(x), rel=1e-6)
+        assert r.max_abs == pytest.approx(np.abs(xhat - x).max(), rel=1e-6)
+        assert r.cka_biased == pytest.approx(cka_numpy(x, xhat), abs=1e-12)
+        # centred first: the formula is invariant to it, and its uncentred Grams lose 1e-7 here (the tiny
+        # model's channels sit ~100 standard deviations from zero)
+        assert r.cka_debiased == pytest.approx(debiased_numpy(x - x.mean(0), xhat - xhat.mean(0)), abs=1e-12)
+        assert math.acos(min(1.0, cka_numpy(x, xhat))) <= r.angle_biased <= math.acos(cka_numpy(x, xhat)) + 1e-6
+        assert 0 < r.angle_biased < 0.05 and 0 < r.angle_debiased < 0.05
+
+
+def _figures(run_info):
+    return np.array([[r.rel_frobenius, r.max_abs, r.cka_biased, r.cka_debiased] for r in run_info.rounding])
+
+
+def test_an_interrupted_int8_capture_is_captured_again_in_full_and_measures_every_shard(module_client, runs):
+    """Its figures need every shard's exact values: the resubmitted capture drops the stored shards and
+    computes them all, and ends with the figures an uninterrupted capture has (mean pooling: a run of
+    its own, so that the interruption is this test's)."""
+    from tests.server.captured import cancel_after
+
+    client = module_client
+    job = client.submit_capture("bert", "toy", dtype="int8", pooling="mean")
+    cancel_after(client, job.job_id, shards=2)
+    assert client.describe(job.target).status != "committed"
+    resumed = client.capture("bert", "toy", dtype="int8", pooling="mean")
+    described = client.describe(resumed.run_key)
+    assert described.status == "committed" and described.recorded_shards == described.num_shards
+    exact = _read(client, client.capture("bert", "toy", dtype="float32", pooling="mean").run_key)
+    stored = _read(client, resumed.run_key)
+    for r in described.rounding[1:]:
+        x, xhat = exact[:, r.layer].astype(np.float64), stored[:, r.layer].astype(np.float64)
+        assert r.rows == len(x) and r.max_abs == pytest.approx(np.abs(xhat - x).max(), rel=1e-6)
+        assert r.rel_frobenius == pytest.approx(np.linalg.norm(xhat - x) / np.linalg.norm(x), rel=1e-6)
+
+
+def test_an_import_stored_as_int8_measures_the_sources_values(module_client, runs, tmp_path):
+    """Import the float32 capture's values with --dtype int8: the same codes as the int8 capture, and
+    the same error figures (measured from the source, the same exact values)."""
+    client = module_client
+    layers = [client.read_activations(runs["float32", "cls"], k)[0] for k in range(client.describe(
+        runs["float32", "cls"]).num_layers + 1)]
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    for k, values in enumerate(layers):
+        np.save(folder / f"layer_{k}.npy", values)
+    imported = client.import_activations(folder, model="bert", dataset="toy", pooling="cls", dtype="int8").run_key
+    np.testing.assert_array_equal(_read(client, imported), _read(client, runs["int8", "cls"]))
+    np.testing.assert_allclose(_figures(client.describe(imported)), _figures(client.describe(runs["int8", "cls"])),
+                               rtol=1e-9, atol=1e-15)

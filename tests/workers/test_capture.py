@@ -50,7 +50,7 @@ def test_shards_written_by_a_gpu_replicas_writers_equal_the_replicas_own(server,
     finally:
         ray.kill(replica)
 
-    rows = [row for task in tables for row in task]
+    rows = [row for task in tables for row in task.tables]
     assert [r["shard"][0] for r in rows] == list(shards)
     kept = arrays.chunk_rows(run.run_key)
     for table in rows:

@@ -101,6 +101,30 @@ class FeatureMoments:
         self.norm_products += weight_products[:, :-1]
         self.norm_sum += weight_products[:, -1]
 
+    def add_tensors(self, blocks: list) -> None:
+        """`add_blocks` of torch tensors on their own device (a capture's exact and stored values on
+        its GPU): the shifted rows and G stay there (float64), only the O(B D) moments come home."""
+        import torch
+
+        widths = [block.shape[1] for block in blocks]
+        starts = np.concatenate(([0], np.cumsum(widths)))
+        if self.n == 0:
+            self.shift = np.concatenate([block.double().mean(dim=0).cpu().numpy() for block in blocks])
+        shift = torch.as_tensor(self.shift, device=blocks[0].device)
+        shifted = torch.cat([block.double() - shift[starts[b]:starts[b + 1]] for b, block in enumerate(blocks)], dim=1)
+        weights = torch.ones((len(blocks) + 1, len(shifted)), dtype=torch.float64, device=shifted.device)
+        for b in range(len(blocks)):
+            part = shifted[:, starts[b]:starts[b + 1]]
+            weights[b] = (part * part).sum(dim=1)
+        self.n += len(shifted)
+        self.cross_products.add_tensor(shifted)
+        weighted = (weights @ shifted).cpu().numpy()
+        weight_products = (weights[:-1] @ weights.T).cpu().numpy()
+        self.norm_weighted_sum += weighted[:-1]
+        self.row_sum += weighted[-1]
+        self.norm_products += weight_products[:, :-1]
+        self.norm_sum += weight_products[:, -1]
+
     def _chunk_buffers(self, rows: int, total: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
         """The float64 (rows, total) buffer of a chunk's shifted rows and its (blocks + 1, rows)
         weights, whose last row is ones; made again only when the chunk's size changes."""

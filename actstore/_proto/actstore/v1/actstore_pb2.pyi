@@ -174,6 +174,56 @@ class LayerHealth(google.protobuf.message.Message):
 Global___LayerHealth: typing_extensions.TypeAlias = LayerHealth
 
 @typing.final
+class LayerRounding(google.protobuf.message.Message):
+    """What a lossy storage dtype (int8) did to one layer, measured at capture from the exact values
+    (METRICS.md, "Error bounds of lossy storage"). angle_* bound every CKA answer with the layer:
+    |CKA(Xhat, Y) - CKA(X, Y)| <= angle, the two sides' angles added when both are lossy.
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    LAYER_FIELD_NUMBER: builtins.int
+    STORED_FIELD_NUMBER: builtins.int
+    ROWS_FIELD_NUMBER: builtins.int
+    REL_FROBENIUS_FIELD_NUMBER: builtins.int
+    MAX_ABS_FIELD_NUMBER: builtins.int
+    CKA_BIASED_FIELD_NUMBER: builtins.int
+    CKA_DEBIASED_FIELD_NUMBER: builtins.int
+    ANGLE_BIASED_FIELD_NUMBER: builtins.int
+    ANGLE_DEBIASED_FIELD_NUMBER: builtins.int
+    layer: builtins.int
+    stored: builtins.str
+    """the layer's storage: int8"""
+    rows: builtins.int
+    rel_frobenius: builtins.float
+    """||Xhat - X||_F / ||X||_F"""
+    max_abs: builtins.float
+    """max |Xhat - X|"""
+    cka_biased: builtins.float
+    """CKA(X, Xhat)"""
+    cka_debiased: builtins.float
+    angle_biased: builtins.float
+    """arccos CKA(X, Xhat): the bound on biased CKA answers"""
+    angle_debiased: builtins.float
+    """NaN where debiased CKA is undefined"""
+    def __init__(
+        self,
+        *,
+        layer: builtins.int = ...,
+        stored: builtins.str = ...,
+        rows: builtins.int = ...,
+        rel_frobenius: builtins.float = ...,
+        max_abs: builtins.float = ...,
+        cka_biased: builtins.float = ...,
+        cka_debiased: builtins.float = ...,
+        angle_biased: builtins.float = ...,
+        angle_debiased: builtins.float = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["angle_biased", b"angle_biased", "angle_debiased", b"angle_debiased", "cka_biased", b"cka_biased", "cka_debiased", b"cka_debiased", "layer", b"layer", "max_abs", b"max_abs", "rel_frobenius", b"rel_frobenius", "rows", b"rows", "stored", b"stored"]) -> None: ...
+
+Global___LayerRounding: typing_extensions.TypeAlias = LayerRounding
+
+@typing.final
 class Run(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
@@ -196,6 +246,7 @@ class Run(google.protobuf.message.Message):
     DATASET_ALIASES_FIELD_NUMBER: builtins.int
     SITE_FIELD_NUMBER: builtins.int
     SITE_MODULES_FIELD_NUMBER: builtins.int
+    ROUNDING_FIELD_NUMBER: builtins.int
     run_key: builtins.str
     model_digest: builtins.str
     dataset_digest: builtins.str
@@ -225,6 +276,10 @@ class Run(google.protobuf.message.Message):
     def model_aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
     def dataset_aliases(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def rounding(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___LayerRounding]:
+        """filled by DescribeRun for a committed lossy run, one per layer"""
+
     def __init__(
         self,
         *,
@@ -247,8 +302,9 @@ class Run(google.protobuf.message.Message):
         dataset_aliases: collections.abc.Iterable[builtins.str] | None = ...,
         site: builtins.str = ...,
         site_modules: builtins.str = ...,
+        rounding: collections.abc.Iterable[Global___LayerRounding] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rounding", b"rounding", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
 
 Global___Run: typing_extensions.TypeAlias = Run
 
@@ -677,7 +733,7 @@ class CaptureRequest(google.protobuf.message.Message):
     pooling: builtins.str
     """cls | last | mean | tokens (default: cls for encoders/vision, last for LMs)"""
     dtype: builtins.str
-    """float16 (default) | float32 | bfloat16"""
+    """float16 (default) | float32 | bfloat16 | int8 (one byte a value, with error figures)"""
     max_len: builtins.int
     """token limit (>= 2); unset: the server default"""
     @property

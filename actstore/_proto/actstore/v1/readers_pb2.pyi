@@ -172,8 +172,9 @@ class RunLocation(google.protobuf.message.Message):
     array: builtins.str
     """acts (pooled: n x (L+1) x d) | tokens (token-level: T x (L+1) x d)"""
     dtype: builtins.str
-    """float16 | float32 | bfloat16 (stored as the upper 16 bits, uint16)"""
+    """float16 | float32 | bfloat16 (stored as the upper 16 bits, uint16) | int8 (codes, decoded"""
     pooling: builtins.str
+    """with the run's `scales` array: docs/one-byte-storage.md)"""
     n: builtins.int
     rows: builtins.int
     num_layers: builtins.int
