@@ -61,17 +61,17 @@ def flip_file(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def damaged(module_client, module_server, tiny_models):
-    """Runs with one damaged chunk each, flipped before any query could cache an answer."""
+    """Runs with one damaged chunk each, flipped before any query could cache an answer: four runs
+    of two models (each model's replicas started once; a token run of another max_len is a run of
+    its own)."""
     c = module_client
     c.register_model(tiny_models["bert"], name="bert")
-    c.register_model(tiny_models["bert24"], name="bert24")
     c.register_model(tiny_models["gpt2"], name="gpt2")
-    c.register_model(tiny_models["llama"], name="llama")
     c.register_dataset(texts=sentences(N, seed=5), labels=[i % 3 for i in range(N)], name="toy")
     runs = {"pooled": c.capture("bert", "toy", pooling="mean").run_key,
-            "means": c.capture("bert24", "toy", pooling="mean").run_key,
+            "means": c.capture("bert", "toy", pooling="cls").run_key,
             "tokens": c.capture("gpt2", "toy", pooling="tokens").run_key,
-            "token_ids": c.capture("llama", "toy", pooling="tokens").run_key}
+            "token_ids": c.capture("gpt2", "toy", pooling="tokens", max_len=32).run_key}
     flip_chunk(module_server, runs["pooled"], shard=1, layer=2)
     flip_chunk(module_server, runs["tokens"], shard=1, layer=2, array="tokens")
     flip_file(run_dir(module_server, runs["token_ids"]) / "token_ids" / "c" / "1")
@@ -143,7 +143,7 @@ def test_a_missing_token_ids_chunk_is_data_loss_not_skipped_rows(module_client, 
     """token_ids read as -1 (no label) where a chunk is missing: the lens would silently skip its rows."""
     c = module_client
     c.register_dataset(texts=sentences(12, seed=13), name="ids")
-    run = c.capture("llama", "ids", pooling="tokens").run_key
+    run = c.capture("gpt2", "ids", pooling="tokens").run_key
     (run_dir(module_server, run) / "token_ids" / "c" / "1").unlink()
     with pytest.raises(DataLoss) as info:
         c.lens(run)
