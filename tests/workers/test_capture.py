@@ -4,6 +4,8 @@ two ways of writing its shards store the same thing."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import ray
@@ -24,12 +26,14 @@ from tests.factories import sentences
 
 @pytest.mark.parametrize(("pooling", "writes"), [("tokens", "threads"), ("mean", "threads"),
                                                  ("tokens", "ray-tasks"), ("mean", "ray-tasks")])
-def test_shards_written_by_a_gpu_replicas_writers_equal_the_replicas_own(server, client, tiny_models, pooling,
-                                                                          writes):
+def test_shards_written_by_a_gpu_replicas_writers_equal_the_replicas_own(module_server, module_client, tiny_models,
+                                                                          pooling, writes):
     """A GPU replica hands its shards' writes to its writer threads, or to one-CPU Ray tasks
     (`writes`); nothing about that needs a GPU, so here a CPU replica does it, beside one that
     writes in its tasks' own threads: the values, layer sums, token ids, chunk rows and statistics
-    of every shard are the same."""
+    of every shard are the same. One server for the four: each pooling's run is captured once, and
+    each writes mode copies it into a run of its own."""
+    server, client = module_server, module_client
     client.register_model(tiny_models["bert"], name="bert")
     client.register_dataset(texts=sentences(30), name="toy")
     run = client.capture("bert", "toy", pooling=pooling)  # the server's CPU replica: written in the replica
@@ -38,7 +42,7 @@ def test_shards_written_by_a_gpu_replicas_writers_equal_the_replicas_own(server,
     model = service.catalog.models.get(record.model_digest)
     dataset = service.catalog.datasets.get(record.dataset_digest)
     layout = arrays.layout(run.run_key)
-    copy = "f" * 64
+    copy = hashlib.sha256(f"{pooling}-{writes}".encode()).hexdigest()
     arrays.create_run(copy, layout, arrays.sample_ids(run.run_key), arrays.labels(run.run_key),
                       arrays.offsets(run.run_key), arrays.spec(run.run_key))
     plan = CapturePlan(run_key=copy, dataset_path=dataset.path, max_len=record.max_len, batch_size=8, layout=layout)
