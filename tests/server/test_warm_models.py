@@ -39,7 +39,13 @@ def test_warm_models_start_with_the_server_and_outlive_the_idle_time(tmp_path, r
         with Client(f"127.0.0.1:{server.port}") as c:
             c.capture("gpt2", "toy", pooling="mean")  # another model's replicas, released when idle
             c.capture("bert", "toy", pooling="mean")
-        time.sleep(8)  # the reaper wakes every second here (idle 1 s) and has released the idle ones
+        used = time.monotonic()
+        # the reaper wakes every second here (idle 1 s): the other model's replicas go, and the warm
+        # one's are still there once they have idled three times the idle time
+        deadline = used + 60
+        while other in _pooled(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(max(0.0, used + 3 - time.monotonic()))
         assert _pooled(server) == {warm}, (other[:12], _pooled(server))
     finally:
         server.stop()
