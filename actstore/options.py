@@ -267,6 +267,8 @@ SIMILARITY = Table(
            help="shape metric: partial whitening, 1 = none (Procrustes), 0 = full (CCA-like)"),
     Option("sigma_fraction", float, 1.0, minimum=0, exclusive=True,
            help="RBF CKA: kernel bandwidth as a fraction of the median pairwise distance"),
+    Option("require_bound", bool, False, help="refuse (FAILED_PRECONDITION) an answer over a lossily stored (int8) "
+           "run that carries no error bound, instead of answering with the run's error figures"),
 )
 
 UNCERTAINTY = Table(

@@ -45,7 +45,9 @@ class Provenance:
     """Where a metric answer comes from: the metric and its definition version, the options and
     input runs it was asked for, whether it came from the result cache, and its result key.
     `run_names`: the runs by name, as the server's catalog names them when it replies (the server's
-    own records leave it empty: it is not part of the stored result)."""
+    own records leave it empty: it is not part of the stored result). `error_bound`: None where
+    every input run is stored exactly; over a lossy (int8) run, the largest bound on how far an
+    entry of the answer is from the exact values' answer (linear CKA), or NaN: not bounded."""
 
     metric: str
     definition_version: int
@@ -55,6 +57,7 @@ class Provenance:
     seconds: float
     result_key: str
     run_names: list[RunName] = field(default_factory=list)
+    error_bound: float | None = None
 
     def run_name(self, index: int) -> RunName:
         """The name of run_keys[index] (only its key where the reply carried no names)."""

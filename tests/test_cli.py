@@ -66,7 +66,7 @@ def test_capture_help_lists_the_choices():
     out = ok(actstore("capture", "--help"))
     assert "--model" in out and "--dataset" in out
     assert re.search(r"\{cls,last,mean,tokens\}", out), out
-    assert re.search(r"\{float16,float32,bfloat16\}", out), out
+    assert re.search(r"\{float16,float32,bfloat16,int8\}", out), out
 
 
 def test_bad_choice_is_a_usage_error():

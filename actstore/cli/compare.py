@@ -19,12 +19,17 @@ def show_matrix(name: str, matrix, result, args, **plot_options) -> None:
     from actstore.report import markdown_matrix, write_matrix_plot
 
     layers_a, layers_b, provenance, notes = result.layers_a, result.layers_b, result.provenance, result.notes
+    bound = getattr(result, "bound_debiased" if plot_options.get("debiased") else "bound_biased", None)
     if args.json:
         print(json.dumps({"metric": name, "matrix": matrix.tolist(), "layers_a": layers_a, "layers_b": layers_b,
                           "cached": provenance.cached, "seconds": provenance.seconds,
-                          "run_keys": provenance.run_keys, "notes": notes}))
+                          "run_keys": provenance.run_keys, "notes": notes, "error_bound": provenance.error_bound,
+                          "bound": None if bound is None else bound.tolist()}))
         return
     print(markdown_matrix(matrix, layers_a, layers_b, digits=3))
+    if bound is not None:
+        print(f"\nerror bound of each entry (|{name} - the exact values' answer| <= it):")
+        print(markdown_matrix(bound, layers_a, layers_b, digits=3))
     print(f"\n{name}; runs {', '.join(provenance.run_name(i).label for i in range(len(provenance.run_keys)))}; "
           f"{'cached' if provenance.cached else 'computed'} ({provenance.seconds:.2f} s compute)")
     for note in notes:
@@ -63,7 +68,7 @@ def cmd_cos(args) -> int:
     with connect(args) as client:
         result = client.cos(args.run_a, args.run_b, layers_a=args.layers_a,
                             layers_b=args.layers_b, center=args.center, align=args.align,
-                            word_pool=args.word_pool, refresh=args.refresh)
+                            word_pool=args.word_pool, refresh=args.refresh, require_bound=args.require_bound)
     show_matrix(f"sample-wise cosine (mean, center={args.center})", result.mean, result, args)
     return 0
 
@@ -72,7 +77,8 @@ def cmd_minibatch(args) -> int:
     with connect(args) as client:
         result = client.minibatch_cka(args.run_a, args.run_b, batch_size=args.batch_size,
                                       layers_a=args.layers_a, layers_b=args.layers_b,
-                                      remainder=args.remainder, refresh=args.refresh)
+                                      remainder=args.remainder, refresh=args.refresh,
+                                      require_bound=args.require_bound)
     batch = result.provenance.options["batch_size"]  # what the server used
     show_matrix(f"minibatch CKA (batch {batch})", result.values, result, args)
     return 0
@@ -81,7 +87,7 @@ def cmd_minibatch(args) -> int:
 def cmd_knn(args) -> int:
     with connect(args) as client:
         result = client.mutual_knn(args.run_a, args.run_b, k=args.k, layers_a=args.layers_a,
-                                   layers_b=args.layers_b, refresh=args.refresh)
+                                   layers_b=args.layers_b, refresh=args.refresh, require_bound=args.require_bound)
     k = result.provenance.options["k"]  # what the server used
     show_matrix(f"mutual kNN (k={k})", result.values, result, args)
     return 0
@@ -159,15 +165,18 @@ def add_commands(command) -> None:
     diagnostics.add_stats_flags(p, "cos")
     add_option(p, SIMILARITY, "align")
     add_option(p, SIMILARITY, "word_pool")
+    add_option(p, SIMILARITY, "require_bound")
 
     p = command("minibatch-cka", cmd_minibatch, "minibatch CKA (Nguyen et al. 2021) between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "batch_size", required=True,
                help=f"rows per batch (>= {SIMILARITY.batch_size.minimum})")
     add_option(p, SIMILARITY, "remainder")
+    add_option(p, SIMILARITY, "require_bound")
     p = command("knn", cmd_knn, "mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers")
     _pair_args(p)
     add_option(p, SIMILARITY, "k", "-k")
+    add_option(p, SIMILARITY, "require_bound")
 
     p = command("cka-matrix", cmd_cka_matrix, "the full CKA matrix over every layer of several runs, as one job",
                 "All runs must hold the same samples. The data is read once; the job shows progress and\n"

@@ -55,7 +55,8 @@ def cmd_similarity(args) -> int:
     options = given_options(args, args.measure)  # a usage error before any connection
     with connect(args) as client:
         result = client.measure(args.measure, args.run_a, args.run_b, layers_a=args.layers_a,
-                                layers_b=args.layers_b, refresh=args.refresh, **options)
+                                layers_b=args.layers_b, refresh=args.refresh, require_bound=args.require_bound,
+                                **options)
     name = result.provenance.metric
     show_matrix(name, result.values, result, args)
     return 0
@@ -86,6 +87,7 @@ def add_commands(command) -> None:
     add_option(p, SIMILARITY, "measure", "measure", metavar="MEASURE", help="the measure's identifier (see above)")
     _pair_args(p)
     add_measure_options(p)
+    add_option(p, SIMILARITY, "require_bound")
     p = command("measures", cmd_measures, "list every registered metric: identifier, score or distance, bounds, "
                 "options, the command that asks for it", "Every metric the server computes, from the metric registry "
                 "(built-in modules of actstore.measures\nand the `actstore.measures` entry points): the measures "

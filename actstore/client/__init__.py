@@ -322,18 +322,21 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
     @options(SIMILARITY)
     def minibatch_cka(self, run_a: str, run_b: str | None = None, *, batch_size: int,
                       layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
-                      remainder: str = SIMILARITY.remainder.default, refresh: bool = False) -> MatrixResult:
-        """Minibatch CKA (Nguyen et al. 2021) over consecutive batches of `batch_size` rows."""
+                      remainder: str = SIMILARITY.remainder.default, refresh: bool = False,
+                      require_bound: bool = SIMILARITY.require_bound.default) -> MatrixResult:
+        """Minibatch CKA (Nguyen et al. 2021) over consecutive batches of `batch_size` rows. Not bounded
+        over a lossy run (`require_bound`: refused then)."""
         return self._matrix(self._similarity(pb.SimilarityRequest.MINIBATCH_CKA, run_a, run_b, layers_a, layers_b,
-                                             refresh=refresh, batch_size=batch_size, remainder=remainder))
+                                             refresh=refresh, batch_size=batch_size, remainder=remainder,
+                                             require_bound=require_bound))
 
     @options(SIMILARITY)
     def mutual_knn(self, run_a: str, run_b: str | None = None, *, k: int = SIMILARITY.k.default,
                    layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
-                   refresh: bool = False) -> MatrixResult:
-        """Mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers."""
+                   refresh: bool = False, require_bound: bool = SIMILARITY.require_bound.default) -> MatrixResult:
+        """Mutual k-nearest-neighbour alignment (Huh et al. 2024) between layers (not bounded over a lossy run)."""
         return self._matrix(self._similarity(pb.SimilarityRequest.MUTUAL_KNN, run_a, run_b, layers_a, layers_b,
-                                             refresh=refresh, k=k))
+                                             refresh=refresh, k=k, require_bound=require_bound))
 
     def residual_norm(self, run: str, *, layers: Sequence[int] | None = None, refresh: bool = False
                       ) -> LayerDistribution:
@@ -358,7 +361,8 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         answer = self.result(job.target)
         provenance = replace(answer.provenance, cached=job.cache_hit)
         return CKAMatrixResult(answer.arrays["biased"], answer.arrays["debiased"], answer.arrays["block_run"],
-                               answer.arrays["block_layer"], provenance.run_keys, provenance, answer.notes)
+                               answer.arrays["block_layer"], provenance.run_keys, provenance, answer.notes,
+                               answer.arrays.get("bound_biased"), answer.arrays.get("bound_debiased"))
 
     @options(STITCH)
     def stitch(self, run_a: str, layer_a: int, run_b: str, layer_b: int, *,
@@ -381,21 +385,25 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
         Layer lists default to all layers; one layer each gives a 1 x 1 matrix. align="words":
         token-level runs of different tokenizers, rows = the (sample, word) pairs both reach, each
         word the mean (word_pool="mean") or last of its tokens; align="spans": rows = the finest
-        character spans both tokenizations share (docs/metrics.md, Cross-tokenizer alignment)."""
+        character spans both tokenizations share (docs/metrics.md, Cross-tokenizer alignment).
+        Over a lossy (int8) run, `bound_biased` / `bound_debiased` bound each entry's distance from
+        the CKA of the exact values (`provenance.error_bound` the largest; docs/one-byte-storage.md)."""
         answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh,
                                   align=align, word_pool=word_pool)
         options = answer.provenance.options
         return CKAResult(answer.arrays["biased"], answer.arrays["debiased"], options["layers_a"],
-                         options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes)
+                         options["layers_b"], int(answer.scalars["n"]), answer.provenance, answer.notes,
+                         answer.arrays.get("bound_biased"), answer.arrays.get("bound_debiased"))
 
     @options(SIMILARITY)
     def cos(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
             layers_b: Sequence[int] | None = None, center: str = SIMILARITY.center.default,
             align: str = SIMILARITY.align.default, word_pool: str = SIMILARITY.word_pool.default,
-            refresh: bool = False) -> COSResult:
-        """Sample-wise cosine similarity between layers (same width), mean and quantiles; align as in `cka`."""
+            refresh: bool = False, require_bound: bool = SIMILARITY.require_bound.default) -> COSResult:
+        """Sample-wise cosine similarity between layers (same width), mean and quantiles; align as in `cka`.
+        Not bounded over a lossy run (`require_bound`: refused then)."""
         answer = self._similarity(pb.SimilarityRequest.COS, run_a, run_b, layers_a, layers_b, center, refresh,
-                                  align=align, word_pool=word_pool)
+                                  align=align, word_pool=word_pool, require_bound=require_bound)
         options = answer.provenance.options
         return COSResult(answer.arrays["mean"], answer.arrays["quantiles"], answer.arrays["quantile_levels"],
                          options["layers_a"], options["layers_b"], int(answer.scalars["n"]), answer.provenance,

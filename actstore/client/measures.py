@@ -29,6 +29,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client import plots
 from actstore.client.display import Shown, Summary, bounds_text, metric_bounds, value_range
 from actstore.client.results import JobInfo, MatrixResult, Provenance, QueryAnswer
+from actstore.options import SIMILARITY
 
 LEGACY = ("alpha", "sigma_fraction", "k")  # keywords every measure method took: ignored by a measure without them
 
@@ -98,13 +99,15 @@ class MeasuresMixin:
 
     def measure(self, measure: str, run_a: str, run_b: str | None = None, *,
                 layers_a: Sequence[int] | None = None, layers_b: Sequence[int] | None = None,
-                refresh: bool = False, **options: Any) -> MatrixResult:
+                refresh: bool = False, require_bound: bool = SIMILARITY.require_bound.default,
+                **options: Any) -> MatrixResult:
         """`measure` (a registered identifier, e.g. procrustes-distance=angular, cca-squared_score,
         nbs-score, linear_regression-r2) between layers of run A (rows) and run B (columns; default
         A). `options`: the measure's own (`actstore measures` lists them), e.g. alpha (the shape
-        metric's whitening), sigma_fraction (RBF CKA's bandwidth), k (the kNN measures' neighbours)."""
+        metric's whitening), sigma_fraction (RBF CKA's bandwidth), k (the kNN measures' neighbours).
+        Not bounded over a lossy run: its answer says so (`require_bound`: refused instead)."""
         request = pb.MeasureRequest(measure=measure, run_a=run_a, run_b=run_b or "", layers_a=list(layers_a or []),
-                                    layers_b=list(layers_b or []), refresh=refresh,
+                                    layers_b=list(layers_b or []), refresh=refresh, require_bound=require_bound,
                                     options_json=json.dumps(measure_options(measure, options)))
         return self._matrix(QueryAnswer.from_proto(self._query.Measure(request)))
 

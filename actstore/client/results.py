@@ -21,7 +21,8 @@ def provenance(p: pb.Provenance) -> Provenance:
     """The provenance of an answer, from its proto."""
     names = [RunName(n.run_key, n.model, n.dataset, n.pooling, n.site) for n in p.run_names]
     return Provenance(p.metric, p.definition_version, json.loads(p.options_json or "{}"), list(p.run_keys),
-                      p.cached, p.seconds, p.result_key, names)
+                      p.cached, p.seconds, p.result_key, names,
+                      p.error_bound if p.HasField("error_bound") else None)
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,9 @@ class CKAResult(Shown):
     n: int
     provenance: Provenance
     notes: list[str]
+    # over a lossy (int8) run: each entry's bound on |CKA - the CKA of the exact values| (None: exact runs)
+    bound_biased: np.ndarray | None = None
+    bound_debiased: np.ndarray | None = None
 
     def to_pandas(self, *, debiased: bool = False):
         """Long format: layer_a, layer_b, value (biased CKA, or debiased)."""
@@ -351,6 +355,8 @@ class CKAMatrixResult(Shown):
     runs: list[str]
     provenance: Provenance
     notes: list[str]
+    bound_biased: np.ndarray | None = None  # as CKAResult's, block by block
+    bound_debiased: np.ndarray | None = None
 
     def block(self, run_a: int, run_b: int, *, debiased: bool = False) -> np.ndarray:
         """The (L_a+1) x (L_b+1) sub-matrix between two of the runs (by position)."""

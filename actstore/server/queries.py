@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actstore.config import Settings
+from actstore.server.error_bounds import ErrorBounds
 from actstore.server.executor import Executor
 from actstore.server.planners import Planner, QueryParts, families, family
 from actstore.server.planners.diagnostics import DiagnosticsPlanner
@@ -32,11 +33,12 @@ class QueryEngine:
                  release_idle_gpus: Callable[[], None] = lambda: None) -> None:
         arrays = store.open()
         executor = Executor(store, settings, release_idle_gpus)
+        self.bounds = ErrorBounds(catalog, arrays, settings.run_cache_entries)  # over lossy runs
         self.parts = QueryParts(
             catalog=catalog,
             arrays=arrays,
             checks=RunChecks(catalog, arrays, settings),
-            results=ResultCache(catalog, settings.result_cache_bytes),
+            results=ResultCache(catalog, settings.result_cache_bytes, self.bounds),
             executor=executor,
             sizing=CkaSizing(settings, executor),
             answer=self.answer,
@@ -69,6 +71,7 @@ class QueryEngine:
         generation of the query state (`is_current`)."""
         self.parts.checks.forget()
         self.parts.results.forget()
+        self.bounds.forget()
         self.names.forget()
         self._generation = next(self._generations)
 

@@ -45,7 +45,8 @@ def result_proto(r: MetricResult, names: RunNames | None = None) -> pb.QueryResu
         scalars=r.scalars,
         provenance=pb.Provenance(metric=p.metric, definition_version=p.definition_version,
                                  options_json=json.dumps(p.options), run_keys=p.run_keys, cached=p.cached,
-                                 seconds=p.seconds, result_key=p.result_key, run_names=run_names),
+                                 seconds=p.seconds, result_key=p.result_key, run_names=run_names,
+                                 error_bound=p.error_bound),
         notes=r.notes,
     )
 

@@ -21,6 +21,7 @@ from cachetools import LRUCache
 
 from actstore.errors import NotFound
 from actstore.records import MetricAnswer, Provenance
+from actstore.server.error_bounds import ErrorBounds
 from actstore.store.catalog import Catalog
 from actstore.store.keys import result_key
 
@@ -45,10 +46,13 @@ class MetricResult(MetricAnswer):
 
 
 class ResultCache:
-    """Recent results in memory (LRU within `memory_bytes`), all of them in the catalog."""
+    """Recent results in memory (LRU within `memory_bytes`), all of them in the catalog. With
+    `bounds` (`error_bounds.ErrorBounds`), every answer leaves it with its error bound over lossy
+    runs (the catalog keeps the metric's own answer)."""
 
-    def __init__(self, catalog: Catalog, memory_bytes: int) -> None:
+    def __init__(self, catalog: Catalog, memory_bytes: int, bounds: ErrorBounds | None = None) -> None:
         self.catalog = catalog
+        self._bounded = bounds.attached if bounds is not None else (lambda answer: answer)
         self._lock = threading.Lock()
         # bounded by the bytes of the arrays it holds (one 2,000 x 2,000 matrix is 32 MB): a result
         # larger than the whole budget is served from the catalog instead of being kept
@@ -75,8 +79,8 @@ class ResultCache:
             stored = self.catalog.results.get(key)
             if stored is not None:
                 payload, seconds = stored
-                result = MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True,
-                                                                     seconds, key))
+                result = self._bounded(MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys,
+                                                                                   True, seconds, key)))
                 self._remember(key, result)
                 return result
         started = time.perf_counter()
@@ -85,14 +89,14 @@ class ResultCache:
         result = MetricResult(arrays, scalars, Provenance(metric, version, options, run_keys, False, seconds, key),
                               notes)
         self.store(result, replace=refresh)
-        return result
+        return self._bounded(result)
 
     def store(self, result: MetricResult, replace: bool) -> None:
         """Put a freshly computed result into the catalog and the memory cache."""
         p = result.provenance
         self.catalog.results.put(p.result_key, p.metric, p.definition_version, p.options, p.run_keys,
                                 result.to_bytes(), p.seconds, replace=replace)
-        self._remember(p.result_key, _as_cached(result))
+        self._remember(p.result_key, self._bounded(_as_cached(result)))
 
     def result(self, key: str) -> MetricResult:
         stored = self.catalog.results.get_record(key)
@@ -100,7 +104,8 @@ class ResultCache:
             raise NotFound(f"no stored result {key[:16]}: it is still computing (watch its job) or "
                            "was never asked for")
         metric, version, options, run_keys, payload, seconds = stored
-        return MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True, seconds, key))
+        return self._bounded(MetricResult.from_bytes(payload, Provenance(metric, version, options, run_keys, True,
+                                                                         seconds, key)))
 
     def _remember(self, key: str, result: MetricResult) -> None:
         if _result_bytes(result) > self._results.maxsize:

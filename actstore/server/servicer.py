@@ -224,13 +224,17 @@ class QueryServicer(rpc.QueryServicer):
     # typed query, which the family's planner answers: the generic Measure RPC for any registered
     # metric; the older RPCs from their fields, the options a metric does not use not read (as they
     # always were).
-    def _resolved(self, call: MetricCall) -> MetricResult:
+    def _resolved(self, call: MetricCall, require_bound: bool = False) -> MetricResult:
         queries = self.service.queries
         query = family(call.spec.query).query.resolve(queries.parts.checks, call)
+        if require_bound:  # refused before anything is computed
+            runs = [queries.parts.checks.committed_run(run).run_key for run in (call.run_a, call.run_b) if run]
+            queries.bounds.require(call.spec.identifier, runs, {"align": getattr(query, "align", "none")})
         return queries.planner(call.spec.query)(query)
 
     def Similarity(self, request, context):
-        return self._replies.answer("Similarity", request, lambda: self._resolved(self._similarity_call(request)))
+        return self._replies.answer("Similarity", request, lambda: self._resolved(self._similarity_call(request),
+                                                                                  request.require_bound))
 
     @staticmethod
     def _similarity_call(request) -> MetricCall:
@@ -248,7 +252,8 @@ class QueryServicer(rpc.QueryServicer):
         return MetricCall(spec, request.run_a, request.run_b, *layers, spec.taken(legacy), request.refresh)
 
     def Measure(self, request, context):
-        return self._replies.answer("Measure", request, lambda: self._resolved(MetricCall.of_request(request)))
+        return self._replies.answer("Measure", request, lambda: self._resolved(MetricCall.of_request(request),
+                                                                               request.require_bound))
 
     def _answer(self, method: str, request, spec: measures.Measure, run_a: str, layers_a=(), run_b: str = "",
                 layers_b=(), options: Iterable[str] | None = None):

@@ -154,7 +154,7 @@ MALFORMED = {
     "capture-bad-pooling": (INVALID, lambda s: s.capture.SubmitCapture(
         pb.CaptureRequest(model="bert", dataset="toy", pooling="max"))),
     "capture-bad-dtype": (INVALID, lambda s: s.capture.SubmitCapture(
-        pb.CaptureRequest(model="bert", dataset="toy", dtype="int8"))),
+        pb.CaptureRequest(model="bert", dataset="toy", dtype="int4"))),
     "capture-negative-max-len": (INVALID, lambda s: s.capture.SubmitCapture(
         pb.CaptureRequest(model="bert", dataset="toy", max_len=-5))),
     "get-unknown-job": (NOT_FOUND, lambda s: s.capture.GetJob(pb.GetJobRequest(job_id="no-such-job"))),

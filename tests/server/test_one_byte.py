@@ -164,3 +164,106 @@ def test_an_import_stored_as_int8_measures_the_sources_values(module_client, run
     np.testing.assert_array_equal(_read(client, imported), _read(client, runs["int8", "cls"]))
     np.testing.assert_allclose(_figures(client.describe(imported)), _figures(client.describe(runs["int8", "cls"])),
                                rtol=1e-9, atol=1e-15)
+
+
+# ---- the bound every CKA answer over a lossy run carries --------------------------------------------
+@pytest.fixture(scope="module")
+def gpt2_runs(module_client, runs):
+    """gpt2 over the same reviews (last token), float32 and int8: a second model for the across-run pairs."""
+    return {dtype: module_client.capture("gpt2", "toy", dtype=dtype, pooling="last").run_key
+            for dtype in ("float32", "int8")}
+
+
+def _angles(client, run, variant):
+    return np.array([getattr(r, f"angle_{variant}") for r in client.describe(run).rounding])
+
+
+def _exact_cka(x, y):
+    from tests.formulas import cka_numpy, debiased_numpy
+
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    x, y = x - x.mean(0), y - y.mean(0)
+    if not (x.any() and y.any()):  # a constant layer (bert's cls at layer 0): CKA is undefined
+        return np.nan, np.nan
+    return cka_numpy(x, y), debiased_numpy(x, y)
+
+
+def _check_bounds(client, answer, exact_a, exact_b, bound_a, bound_b, layers_a, layers_b):
+    """Every entry within its bound of the float64 CKA of the exact values, the bound the angles' sum."""
+    for variant, index in (("biased", 0), ("debiased", 1)):
+        bound = getattr(answer, f"bound_{variant}")
+        expected = np.add.outer(bound_a[variant][layers_a], bound_b[variant][layers_b])
+        np.testing.assert_array_equal(bound, expected)
+        values = getattr(answer, variant)
+        for i, la in enumerate(layers_a):
+            for j, lb in enumerate(layers_b):
+                truth = _exact_cka(exact_a[:, la], exact_b[:, lb])[index]
+                if np.isnan(truth) or np.isnan(values[i, j]):
+                    continue
+                assert abs(values[i, j] - truth) <= bound[i, j], (variant, la, lb, values[i, j], truth, bound[i, j])
+    assert answer.provenance.error_bound == pytest.approx(np.nanmax(answer.bound_biased.tolist()
+                                                                    + answer.bound_debiased.tolist()))
+    assert any(note.startswith("error bound:") for note in answer.notes)
+
+
+def _bounds_of(client, run):
+    if client.describe(run).dtype != "int8":
+        states = client.describe(run).num_layers + 1
+        return {"biased": np.zeros(states), "debiased": np.zeros(states)}
+    return {variant: _angles(client, run, variant) for variant in ("biased", "debiased")}
+
+
+def test_cka_within_an_int8_run_carries_a_bound_that_holds(module_client, runs):
+    client = module_client
+    run, exact = runs["int8", "tokens"], _read(module_client, runs["float32", "tokens"])
+    answer = client.cka(run)
+    layers = list(range(client.describe(run).num_layers + 1))
+    _check_bounds(client, answer, exact, exact, _bounds_of(client, run), _bounds_of(client, run), layers, layers)
+    assert np.all(np.diag(answer.bound_biased)[1:] > 0)
+    cached = client.cka(run)  # a cached answer carries the same bound
+    assert cached.provenance.cached and np.array_equal(cached.bound_biased, answer.bound_biased)
+
+
+@pytest.mark.parametrize("sides", [("int8", "int8"), ("int8", "float32"), ("float32", "int8")])
+def test_cka_across_models_adds_both_sides_angles(module_client, runs, gpt2_runs, sides):
+    client = module_client
+    run_a, run_b = runs[sides[0], "cls"], gpt2_runs[sides[1]]
+    exact_a, exact_b = _read(client, runs["float32", "cls"]), _read(client, gpt2_runs["float32"])
+    answer = client.cka(run_a, run_b, layers_a=[1, 3], layers_b=[0, 2, 3])
+    _check_bounds(client, answer, exact_a, exact_b, _bounds_of(client, run_a), _bounds_of(client, run_b), [1, 3],
+                  [0, 2, 3])
+
+
+def test_the_cka_matrix_job_carries_the_bound_of_every_block_pair(module_client, runs, gpt2_runs):
+    client = module_client
+    matrix = client.cka_matrix([runs["int8", "cls"], gpt2_runs["int8"]])
+    angles = {variant: np.concatenate([_angles(client, runs["int8", "cls"], variant),
+                                       _angles(client, gpt2_runs["int8"], variant)]) for variant in ("biased", "debiased")}
+    exact = np.concatenate([_read(client, runs["float32", "cls"]), _read(client, gpt2_runs["float32"])], axis=1)
+    blocks = list(range(len(matrix.block_run)))
+    _check_bounds(client, matrix, exact, exact, angles, angles, blocks, blocks)
+
+
+def test_answers_over_exact_runs_carry_no_bound(module_client, runs):
+    answer = module_client.cka(runs["float32", "cls"])
+    assert answer.bound_biased is None and answer.provenance.error_bound is None
+    assert not any("bound" in note for note in answer.notes)
+
+
+def test_other_measures_say_not_bounded_and_refuse_when_a_bound_is_required(module_client, runs):
+    import math
+
+    from actstore.errors import FailedPrecondition
+
+    client = module_client
+    run = runs["int8", "cls"]
+    cos = client.cos(run)
+    assert math.isnan(cos.provenance.error_bound)
+    assert any(note.startswith("not bounded:") for note in cos.notes)
+    worst = max(r.max_abs for r in client.describe(run).rounding)
+    assert cos.provenance.error_bound != 0 and f"{worst:.3g}" in next(n for n in cos.notes if "not bounded" in n)
+    with pytest.raises(FailedPrecondition, match=r"cos over run .* has no error bound: only linear CKA"):
+        client.cos(run, require_bound=True)
+    with pytest.raises(FailedPrecondition, match="no error bound"):
+        client.measure("procrustes-distance=angular", run, require_bound=True)
+    assert client.cos(runs["float32", "cls"], require_bound=True).provenance.error_bound is None  # exact: fine

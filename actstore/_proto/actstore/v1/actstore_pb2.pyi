@@ -954,6 +954,7 @@ class Provenance(google.protobuf.message.Message):
     SECONDS_FIELD_NUMBER: builtins.int
     RESULT_KEY_FIELD_NUMBER: builtins.int
     RUN_NAMES_FIELD_NUMBER: builtins.int
+    ERROR_BOUND_FIELD_NUMBER: builtins.int
     metric: builtins.str
     definition_version: builtins.int
     options_json: builtins.str
@@ -961,6 +962,12 @@ class Provenance(google.protobuf.message.Message):
     seconds: builtins.float
     """compute time of the stored result (not of this lookup)"""
     result_key: builtins.str
+    error_bound: builtins.float
+    """unset: every input run is stored exactly. Over a lossy (int8) run: the largest bound on how far an
+    entry of the answer is from the answer the exact values give (linear CKA, biased and debiased, its
+    matrix job: the arrays bound_biased / bound_debiased hold every entry's), or NaN: not bounded (any
+    other metric; its scalars storage_rel_error / storage_max_error are the stored error figures)
+    """
     @property
     def run_keys(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
     @property
@@ -980,8 +987,11 @@ class Provenance(google.protobuf.message.Message):
         seconds: builtins.float = ...,
         result_key: builtins.str = ...,
         run_names: collections.abc.Iterable[Global___RunName] | None = ...,
+        error_bound: builtins.float | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["cached", b"cached", "definition_version", b"definition_version", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "run_names", b"run_names", "seconds", b"seconds"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_error_bound", b"_error_bound", "error_bound", b"error_bound"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_error_bound", b"_error_bound", "cached", b"cached", "definition_version", b"definition_version", "error_bound", b"error_bound", "metric", b"metric", "options_json", b"options_json", "result_key", b"result_key", "run_keys", b"run_keys", "run_names", b"run_names", "seconds", b"seconds"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_error_bound", b"_error_bound"]) -> typing.Literal["error_bound"] | None: ...
 
 Global___Provenance: typing_extensions.TypeAlias = Provenance
 
@@ -1133,6 +1143,7 @@ class SimilarityRequest(google.protobuf.message.Message):
     SIGMA_FRACTION_FIELD_NUMBER: builtins.int
     ALIGN_FIELD_NUMBER: builtins.int
     WORD_POOL_FIELD_NUMBER: builtins.int
+    REQUIRE_BOUND_FIELD_NUMBER: builtins.int
     metric: Global___SimilarityRequest.Metric.ValueType
     run_a: builtins.str
     run_b: builtins.str
@@ -1159,6 +1170,8 @@ class SimilarityRequest(google.protobuf.message.Message):
     """the words both share, or the finest character spans both can be cut at
     align: mean (default) | last token of each word (span)
     """
+    require_bound: builtins.bool
+    """refuse (FAILED_PRECONDITION) an answer over a lossily stored run that cannot carry an error bound"""
     @property
     def layers_a(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all layers 0..L"""
@@ -1183,9 +1196,10 @@ class SimilarityRequest(google.protobuf.message.Message):
         sigma_fraction: builtins.float | None = ...,
         align: builtins.str = ...,
         word_pool: builtins.str = ...,
+        require_bound: builtins.bool = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "alpha", b"alpha", "batch_size", b"batch_size", "k", b"k", "sigma_fraction", b"sigma_fraction"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_batch_size", b"_batch_size", "_k", b"_k", "_sigma_fraction", b"_sigma_fraction", "align", b"align", "alpha", b"alpha", "batch_size", b"batch_size", "center", b"center", "k", b"k", "layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "metric", b"metric", "refresh", b"refresh", "remainder", b"remainder", "require_bound", b"require_bound", "run_a", b"run_a", "run_b", b"run_b", "sigma_fraction", b"sigma_fraction", "word_pool", b"word_pool"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
     @typing.overload
@@ -1449,6 +1463,7 @@ class MeasureRequest(google.protobuf.message.Message):
     LAYERS_B_FIELD_NUMBER: builtins.int
     OPTIONS_JSON_FIELD_NUMBER: builtins.int
     REFRESH_FIELD_NUMBER: builtins.int
+    REQUIRE_BOUND_FIELD_NUMBER: builtins.int
     measure: builtins.str
     """e.g. nbs-score, shape_metric-alpha={alpha}-distance=angular, cka, dataset_entropy, lens"""
     run_a: builtins.str
@@ -1457,6 +1472,8 @@ class MeasureRequest(google.protobuf.message.Message):
     options_json: builtins.str
     """the measure's options as a JSON object ({"alpha": 0.5, "k": 10}); "" = none"""
     refresh: builtins.bool
+    require_bound: builtins.bool
+    """as SimilarityRequest.require_bound"""
     @property
     def layers_a(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """empty: all layers 0..L"""
@@ -1473,8 +1490,9 @@ class MeasureRequest(google.protobuf.message.Message):
         layers_b: collections.abc.Iterable[builtins.int] | None = ...,
         options_json: builtins.str = ...,
         refresh: builtins.bool = ...,
+        require_bound: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "options_json", b"options_json", "refresh", b"refresh", "run_a", b"run_a", "run_b", b"run_b"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["layers_a", b"layers_a", "layers_b", b"layers_b", "measure", b"measure", "options_json", b"options_json", "refresh", b"refresh", "require_bound", b"require_bound", "run_a", b"run_a", "run_b", b"run_b"]) -> None: ...
 
 Global___MeasureRequest: typing_extensions.TypeAlias = MeasureRequest
 

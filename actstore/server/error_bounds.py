@@ -1,0 +1,137 @@
+"""The error bound every answer over a lossy (int8) run carries (METRICS.md, "Error bounds of lossy
+storage"; the figures: `metrics.rounding`, measured at capture and stored with the run).
+
+Linear CKA is the cosine of the angle between the centred Gram matrices, and angles obey the
+triangle inequality, so for any Y: |CKA(Xhat, Y) - CKA(X, Y)| <= angle(X, Xhat) = arccos CKA(X,
+Xhat); with both sides stored lossily the bound is the sum of their angles (debiased CKA alike, in
+the U-centred inner product, with the debiased angles). A layer stored exactly has angle 0. So the
+bound of each entry of a CKA answer is angle_a[layer_a] + angle_b[layer_b], from nothing but the
+stored figures: no query pays for it, and every route to a CKA answer (one run, two runs, the
+matrix job, a cached result) gets the same bound.
+
+Which answers are bounded: linear CKA ("linear_cka", biased and debiased, over the runs' own rows)
+and the CKA matrix job ("linear_cka_matrix"). Everything else over a lossy run (COS, minibatch
+CKA, kNN, the streamed measures, entropy, probes, CKA over aligned words or with intervals, whose
+rows or inner products are not the ones the angles were measured in) is "not bounded": its answer
+says so and carries the runs' stored error figures instead. Answers over runs stored exactly are
+left as they are (`Provenance.error_bound` None).
+
+Attached where answers leave the result cache (`results.ResultCache`), so the stored results stay
+the metric's own and a kept reply carries its bound.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import replace
+
+import numpy as np
+from cachetools import LRUCache
+
+from actstore.errors import FailedPrecondition
+from actstore.records import MetricAnswer
+from actstore.store.array_store import ArrayStore
+from actstore.store.catalog import Catalog
+
+BOUNDED = ("linear_cka", "linear_cka_matrix")  # metrics whose answers carry a bound (see `bounded`)
+BOUND_ARRAYS = {"biased": "bound_biased", "debiased": "bound_debiased"}
+
+
+def bounded(metric: str, options: dict) -> bool:
+    """Whether an answer of `metric` with these options is one the angles bound: linear CKA over the
+    runs' own rows (not aligned words or spans), the CKA matrix job (not a measure's matrix)."""
+    if metric == "linear_cka":
+        return options.get("align", "none") == "none"
+    return metric == "linear_cka_matrix" and "measure" not in options
+
+
+class ErrorBounds:
+    """The stored error figures of runs (an LRU by run key: committed runs never change) and the
+    bounds of answers over them."""
+
+    def __init__(self, catalog: Catalog, arrays: ArrayStore, entries: int = 1024) -> None:
+        self.catalog = catalog
+        self.arrays = arrays
+        self._figures: LRUCache[str, dict | None] = LRUCache(entries)
+        self._lock = threading.Lock()
+
+    def forget(self) -> None:
+        with self._lock:
+            self._figures.clear()
+
+    def figures(self, run_key: str) -> dict | None:
+        """A run's error figures ({name: one value per layer}); None for a run stored exactly."""
+        with self._lock:
+            if run_key in self._figures:
+                return self._figures[run_key]
+        found = self.arrays.error_figures(run_key)
+        with self._lock:
+            self._figures[run_key] = found
+        return found
+
+    def _angles(self, run_key: str, variant: str) -> np.ndarray:
+        """Each layer's angle of a run (zeros for a run stored exactly)."""
+        figures = self.figures(run_key)
+        if figures is None:
+            return np.zeros(self.catalog.runs.get(run_key).num_layers + 1)
+        return np.asarray(figures[f"angle_{variant}"], dtype=np.float64)
+
+    def require(self, identifier: str, run_keys: list[str], options: dict) -> None:
+        """FailedPrecondition when a bound is asked of an answer that cannot have one (a metric
+        outside the CKA family over a lossy run)."""
+        lossy = [key for key in dict.fromkeys(run_keys) if self.figures(key) is not None]
+        if lossy and not bounded(_metric_of(identifier), options):
+            raise FailedPrecondition(
+                f"{identifier} over run {lossy[0][:12]} (stored lossily) has no error bound: only linear CKA, "
+                "biased and debiased, over the runs' own rows (`cka`, `cka-matrix`) carries one; ask for CKA, "
+                "or capture the run with --dtype float16 or float32 for an exact answer, or leave "
+                "require_bound off to get this answer with the run's stored error figures")
+
+    def attached(self, answer: MetricAnswer) -> MetricAnswer:
+        """`answer` with its bound (a bounded metric) or its runs' error figures and "not bounded"
+        (any other) where one of its runs is lossy; unchanged otherwise."""
+        p = answer.provenance
+        lossy = [key for key in dict.fromkeys(p.run_keys) if self.figures(key) is not None]
+        if not lossy:
+            return answer
+        if not bounded(p.metric, p.options):
+            return self._not_bounded(answer, lossy)
+        if p.metric == "linear_cka":
+            key_a, key_b = p.run_keys[0], p.run_keys[-1]
+            bounds = {name: np.add.outer(self._angles(key_a, variant)[p.options["layers_a"]],
+                                         self._angles(key_b, variant)[p.options["layers_b"]])
+                      for variant, name in BOUND_ARRAYS.items()}
+        else:  # the matrix job: every layer of every run, block by block
+            runs, layers = answer.arrays["block_run"], answer.arrays["block_layer"]
+            bounds = {}
+            for variant, name in BOUND_ARRAYS.items():
+                angles = [self._angles(key, variant) for key in p.run_keys]
+                block = np.array([angles[run][layer] for run, layer in zip(runs, layers)])
+                bounds[name] = np.add.outer(block, block)
+        largest = max(_largest(bound) for bound in bounds.values())
+        note = (f"error bound: every entry is within bound_biased / bound_debiased (largest {largest:.3g}) of the "
+                "CKA of the exact values; deterministic (the angles arccos CKA(exact, stored) measured at capture, "
+                f"added over both sides; METRICS.md): run{'s' if len(lossy) > 1 else ''} "
+                f"{', '.join(key[:12] for key in lossy)} stored lossily")
+        return replace(answer, arrays={**answer.arrays, **bounds}, scalars={**answer.scalars, "error_bound": largest},
+                       notes=[*answer.notes, note], provenance=replace(p, error_bound=largest))
+
+    def _not_bounded(self, answer: MetricAnswer, lossy: list[str]) -> MetricAnswer:
+        rel = max(max(self.figures(key)["rel_frobenius"]) for key in lossy)
+        worst = max(max(self.figures(key)["max_abs"]) for key in lossy)
+        note = (f"not bounded: {answer.provenance.metric} has no error bound over lossily stored runs "
+                f"({', '.join(key[:12] for key in lossy)}); their stored values are off by at most {worst:.3g} "
+                f"(largest relative Frobenius error of a layer {rel:.3g}; `actstore describe RUN` has each layer's)")
+        return replace(answer, scalars={**answer.scalars, "storage_rel_error": rel, "storage_max_error": worst},
+                       notes=[*answer.notes, note], provenance=replace(answer.provenance, error_bound=math.nan))
+
+
+def _largest(bound: np.ndarray) -> float:
+    finite = bound[np.isfinite(bound)]
+    return float(finite.max()) if finite.size == bound.size else math.nan
+
+
+def _metric_of(identifier: str) -> str:
+    """The result metric a query identifier's answer is stored under (the similarity family's names)."""
+    return {"cka": "linear_cka"}.get(identifier, identifier)
