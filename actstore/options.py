@@ -348,7 +348,12 @@ CAPTURE = Table(
     Option("pooling", str, None, choices=("cls", "last", "mean", "tokens"),
            help="what is stored per sample", default_text="cls for encoders and vision, last for causal LMs"),
     Option("dtype", str, "float16", choices=("float16", "float32", "bfloat16", "int8"),
-           help="storage dtype; int8: one byte a value, scaled per channel and shard (docs/one-byte-storage.md)"),
+           help="storage dtype; int8: one byte a value, scaled per channel and shard, with an error bound every CKA "
+                "answer over the run carries (docs/one-byte-storage.md)"),
+    Option("max_cka_error", float, None, minimum=0, maximum=1, exclusive=True,
+           help="int8: the largest CKA error bound a layer may have; a layer over it is stored exactly (float32) "
+                "instead, with a second pass over the data", default_text="none: every layer int8",
+           hint="a bound is an angle in radians between 0 and pi/2, e.g. 1e-2"),
     Option("max_len", int, None, minimum=2, help="token limit",
            default_text="the server's default_max_len, 128 unless configured"),
     Option("site", str, ("resid_post",), many=True, split=True,

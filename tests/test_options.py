@@ -180,7 +180,7 @@ CLI = {
     "serve": ([SERVE], {"metric_device"}),
     "experiment": ([TRAIN, LENS], {"recipe", "steps", "smoke", "epsilon", "beta"}),
     "register-dataset": ([DATASETS], {"limit", "seed", "text_column", "augment_views", "augment_method"}),
-    "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site"}),
+    "capture": ([CAPTURE], {"pooling", "dtype", "max_len", "site", "max_cka_error"}),
     "train": ([TRAIN], set(TRAIN)),
     "cka": ([SIMILARITY, UNCERTAINTY], {"debiased", "bootstrap", "ci", "seed", "null", "standardize",
                                         "exclude_dims", "exclude_outliers", "outlier_sigmas", "align", "word_pool",

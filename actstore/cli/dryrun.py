@@ -15,7 +15,8 @@ def _seconds(seconds: float) -> str:
 def capture(args) -> int:
     with connect(args) as client:
         plan = client.plan_capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
-                                   max_len=args.max_len, site=args.site)
+                                   max_len=args.max_len, site=args.site,
+                                   max_cka_error=getattr(args, "max_cka_error", None))
     if getattr(args, "json", False):
         print(json.dumps(asdict(plan)))
         return 0

@@ -30,7 +30,8 @@ def cmd_capture(args) -> int:
         return dryrun.capture(args)
     with connect(args) as client:
         result = client.capture(args.model, args.dataset, pooling=args.pooling, dtype=args.dtype,
-                                max_len=args.max_len, site=args.site, progress=not args.quiet)
+                                max_len=args.max_len, site=args.site, progress=not args.quiet,
+                                max_cka_error=args.max_cka_error)
     how = "cache hit: already stored" if result.cache_hit else ("joined a running job" if result.job.joined
                                                               else "captured")
     for site, key in result.runs.items():
@@ -116,6 +117,7 @@ def add_commands(command) -> None:
     add_option(p, CAPTURE, "dtype")
     add_option(p, CAPTURE, "max_len")
     add_option(p, CAPTURE, "site")
+    add_option(p, CAPTURE, "max_cka_error")
     p.add_argument("--dry-run", action="store_true",
                    help="print the run keys, rows, shards, bytes (stored bytes from the compression of similar "
                         "committed runs) and an estimated time from this server's recent captures; capture nothing")

@@ -223,15 +223,16 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
     def submit_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                        dtype: str | None = CAPTURE.dtype.default,
                        max_len: int | None = CAPTURE.max_len.default,
-                       site: Sequence[str] | str | None = None) -> JobInfo:
+                       site: Sequence[str] | str | None = None,
+                       max_cka_error: float | None = CAPTURE.max_cka_error.default) -> JobInfo:
         """`site`: one site, a list, or a comma-separated string (see `capture`)."""
-        return self._submit_capture(model, dataset, pooling, dtype, max_len, site)
+        return self._submit_capture(model, dataset, pooling, dtype, max_len, site, max_cka_error)
 
     def _submit_capture(self, model: str, dataset: str, pooling: str | None, dtype: str | None, max_len: int | None,
-                        sites: list[str] | None) -> JobInfo:
+                        sites: list[str] | None, max_cka_error: float | None = None) -> JobInfo:
         """`submit_capture` and `capture` past their checks: the arguments are checked once, by the public call."""
         return JobInfo.from_proto(self._capture.SubmitCapture(capture_request(model, dataset, pooling, dtype, max_len,
-                                                                              sites)))
+                                                                              sites, max_cka_error)))
 
     def watch(self, job_id: str) -> Iterator[JobInfo]:
         for event in self._capture.WatchJob(pb.WatchJobRequest(job_id=job_id)):
@@ -249,12 +250,15 @@ class Client(PlanningMixin, ReadersMixin, ImportsMixin, MeasuresMixin, Diagnosti
     @options(CAPTURE)
     def capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                 dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                site: Sequence[str] | str | None = None, progress: bool = False) -> CaptureResult:
+                site: Sequence[str] | str | None = None, progress: bool = False,
+                max_cka_error: float | None = CAPTURE.max_cka_error.default) -> CaptureResult:
         """Capture every layer of `model` on `dataset` (or find the stored run) and wait for it.
         `site` (default resid_post): resid_post, attn_out, mlp_out or a module path pattern with `*`
         for the block index; several sites come from one forward pass, one run each
-        (`result.runs` maps site -> run key)."""
-        job = self._submit_capture(model, dataset, pooling, dtype, max_len, site)
+        (`result.runs` maps site -> run key). dtype="int8": one byte a value, with error figures and
+        a bound on every CKA answer; `max_cka_error` stores exactly (float32) each layer whose bound
+        would be over it (`describe(run).rounding` says which)."""
+        job = self._submit_capture(model, dataset, pooling, dtype, max_len, site, max_cka_error)
         return self._run_of(job, progress, f"capture {model}")
 
     @options(TRAIN, leave=("recipe",))

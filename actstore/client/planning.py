@@ -15,10 +15,10 @@ from actstore.records import CapturePlanInfo, CKAMatrixPlanInfo
 
 
 def capture_request(model: str, dataset: str, pooling: str | None, dtype: str | None, max_len: int | None,
-                    sites: list[str] | None) -> pb.CaptureRequest:
+                    sites: list[str] | None, max_cka_error: float | None = None) -> pb.CaptureRequest:
     """The request of a capture, from arguments `@options(CAPTURE)` checked (`sites` parsed: a list of names)."""
     return pb.CaptureRequest(model=model, dataset=dataset, pooling=pooling or "", dtype=dtype or "",
-                             max_len=max_len, sites=sites or [])
+                             max_len=max_len, sites=sites or [], max_cka_error=max_cka_error)
 
 
 def capture_plan(p: planning_pb2.CapturePlan) -> CapturePlanInfo:
@@ -41,9 +41,11 @@ class PlanningMixin:
     @options(CAPTURE)
     def plan_capture(self, model: str, dataset: str, *, pooling: str | None = CAPTURE.pooling.default,
                      dtype: str | None = CAPTURE.dtype.default, max_len: int | None = CAPTURE.max_len.default,
-                     site: Sequence[str] | str | None = None) -> CapturePlanInfo:
-        """What `capture` with these arguments would store and take, checked like a submit."""
-        request = capture_request(model, dataset, pooling, dtype, max_len, site)
+                     site: Sequence[str] | str | None = None,
+                     max_cka_error: float | None = CAPTURE.max_cka_error.default) -> CapturePlanInfo:
+        """What `capture` with these arguments would store and take, checked like a submit (the
+        layers a `max_cka_error` keeps exact are known only once captured: counted as int8)."""
+        request = capture_request(model, dataset, pooling, dtype, max_len, site, max_cka_error)
         return capture_plan(self._planning.PlanCapture(request))
 
     def plan_cka_matrix(self, runs: Sequence[str]) -> CKAMatrixPlanInfo:

@@ -8,8 +8,9 @@ asked for, and a selection reads only the chunks it touches. Zarr decodes the st
 would read as zeros); bfloat16, kept as the upper 16 bits in
 uint16, is widened to float32 here, and an int8 run's codes are decoded with their shards' steps
 and offsets (its `scales` array: value = code * scales[shard, 0] + scales[shard, 1], float32, the
-multiply first, as the store decodes them). xarray's own `open_zarr` is not used: Zarr v3 arrays need
-`dimension_names` metadata for it, which the store does not write.
+multiply first, as the store decodes them); the layers its `exact` array names (a capture's
+max_cka_error kept them exact) are read from there instead, float32. xarray's own `open_zarr` is
+not used: Zarr v3 arrays need `dimension_names` metadata for it, which the store does not write.
 
 Layout read (store/arrays.py): `acts` (n, L+1, d) or `tokens` (T, L+1, d); `sample_ids` as UTF-8
 bytes with `sample_id_offsets`; `labels` (n,) where known; `offsets` (n+1,) for token-level runs.
@@ -36,10 +37,12 @@ _DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, RuntimeError, EOF
 
 
 class _StoredActivations(BackendArray):
-    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str, scales: zarr.Array | None = None) -> None:
+    def __init__(self, array: zarr.Array, bfloat16: bool, run_key: str, scales: zarr.Array | None = None,
+                 exact: zarr.Array | None = None) -> None:
         self.array = array
         self.bfloat16 = bfloat16
         self.scales = scales  # an int8 run's (shards, 2, L+1, d) steps and offsets
+        self.exact = exact  # its layers kept exact, (rows, k, d) float32, named by exact.attrs["layers"]
         self.run_key = run_key
         self.shape = tuple(array.shape)
         decoded = bfloat16 or scales is not None
@@ -58,8 +61,24 @@ class _StoredActivations(BackendArray):
             raise self._damaged(f"shard(s) {', '.join(map(str, missing[:10]))} of {self.array.path} are missing "
                                 "from the store")
         if self.scales is not None:
-            return self._decoded(values, key)
+            return self._with_exact(self._decoded(values, key), key)
         return (values.astype(np.uint32) << 16).view(np.float32) if self.bfloat16 else values
+
+    def _with_exact(self, values: np.ndarray, key: tuple) -> np.ndarray:
+        """`values` at ``key`` with the layers kept exact taken from the `exact` array."""
+        if self.exact is None:
+            return values
+        where = {int(layer): i for i, layer in enumerate(self.exact.attrs["layers"])}
+        chosen = np.arange(self.shape[1])[key[1]]
+        picked = [(j, where[int(layer)]) for j, layer in enumerate(np.atleast_1d(chosen)) if int(layer) in where]
+        if not picked:
+            return values
+        kept = self.exact.oindex[(key[0], [p for _, p in picked], key[2])]
+        axis = 0 if isinstance(key[0], (int, np.integer)) else 1  # the layers' axis (an int key drops its own)
+        if np.ndim(chosen) == 0:  # one layer asked for, by its index: its axis is gone from the answer
+            return np.take(kept, 0, axis=axis)
+        np.moveaxis(values, axis, 0)[[j for j, _ in picked]] = np.moveaxis(kept, axis, 0)
+        return values
 
     def _decoded(self, codes: np.ndarray, key: tuple) -> np.ndarray:
         """An int8 run's codes at ``key`` as float32 values, each row with its shard's state."""
@@ -80,9 +99,13 @@ class _StoredActivations(BackendArray):
         shard_rows = self.array.shards[0]
         shards = np.unique(np.arange(self.shape[0])[rows] // shard_rows).tolist()
         keys = [f"{self.array.path}/c/{shard}/" + "/".join("0" * (len(self.shape) - 1)) for shard in shards]
-        if self.scales is not None:  # a missing chunk of steps would read as zeros too
-            keys += [f"{self.scales.path}/c/{shard}/0/0/0" for shard in shards]
-            shards = shards * 2
+        named = list(shards)
+        if self.scales is not None:  # a missing chunk of steps (or of layers kept exact) would read as zeros too
+            keys += [f"{self.scales.path}/c/{shard}/0/0/0" for shard in named]
+            shards = shards + named
+        if self.exact is not None:
+            keys += [f"{self.exact.path}/c/{shard}/0/0" for shard in named]
+            shards = shards + named
         store = self.array.store
 
         async def present():
@@ -120,8 +143,9 @@ def open_run(location) -> xr.DataArray:
     ids = np.array([blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:])], dtype=object)
     labels = group["labels"][:] if "labels" in group else None
     scales = group["scales"] if location.dtype == "int8" else None
+    exact = group["exact"] if scales is not None and "exact" in group else None
     data = indexing.LazilyIndexedArray(_StoredActivations(group[location.array], location.dtype == "bfloat16",
-                                                          location.run_key, scales))
+                                                          location.run_key, scales, exact))
     coords: dict = {"layer": np.arange(location.num_layers + 1)}
     if location.pooling == "tokens":
         dims = ("token", "layer", "feature")

@@ -41,6 +41,7 @@ from actstore.store.catalog import (
 )
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import run_key, run_spec, site_of
+from actstore.store.quantised import is_one_byte
 from actstore.workers.capture import CapturePlan
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class CaptureRequest:
     dtype: str = CAPTURE.dtype.default
     max_len: int | None = CAPTURE.max_len.default  # None: the server's default_max_len (within the model's)
     sites: tuple[str, ...] = CAPTURE.site.default
+    max_cka_error: float | None = CAPTURE.max_cka_error.default
 
 
 def model_pooling(model: ModelRecord) -> str:
@@ -113,9 +115,14 @@ class CaptureJobs:
         model = self.catalog.models.get(request.model)
         dataset = self.catalog.datasets.get(request.dataset)
         pooling, max_len = self._options(request, model, dataset)
+        if request.max_cka_error is not None and not is_one_byte(request.dtype):
+            raise InvalidArgument(f"max_cka_error bounds the error of a lossy dtype, and {request.dtype} stores every "
+                                  "value as the model computed it (to its own precision): capture with --dtype int8, "
+                                  "or leave max_cka_error out")
         sites = self._sites(request.sites, model)
         specs = [run_spec(model_digest=model.digest, dataset_digest=dataset.digest, num_layers=model.num_layers,
-                          pooling=pooling, max_len=max_len, dtype=request.dtype, site=site.site, modules=site.pattern)
+                          pooling=pooling, max_len=max_len, dtype=request.dtype, site=site.site, modules=site.pattern,
+                          max_cka_error=request.max_cka_error)
                  for site in sites]
         return CaptureTarget(model, dataset, pooling, request.dtype, max_len, [site.site for site in sites], specs,
                              [run_key(spec) for spec in specs])
@@ -250,13 +257,16 @@ class CaptureJobs:
         actors, tasks_per_replica = self.pool.acquire(first.model.digest, first.model.path)
         ready = time.perf_counter()
         broken = True
+        per_task = shards_per_task(layout, self.settings.capture_batch_size)
         try:
             # one more than a replica works on at once: the next task is already there when a slot frees
             complete = fill_shards(
                 self.catalog, job, [o.record for o in opened], layout, [o.recorded for o in opened],
                 ReplicaRouter(actors, plan), (tasks_per_replica + 1) * len(actors), "a capture worker failed",
-                "capture", shards_per_task(layout, self.settings.capture_batch_size), retries=len(actors),
-                bugs_internal=True, measured=figures.add)
+                "capture", per_task, retries=len(actors), bugs_internal=True, measured=figures.add)
+            kept = figures.over_tolerance() if complete else {}
+            if kept:  # a second pass: the layers over max_cka_error, written exactly
+                complete = self._keep_exact(job, opened, plan, kept, figures, actors, tasks_per_replica, per_task)
             broken = False
         finally:
             self.pool.release(first.model.digest, broken=broken)
@@ -264,10 +274,27 @@ class CaptureJobs:
             raise Cancelled(f"capture of run {first.record.run_key[:12]} cancelled; submit it again to resume")
         written = time.perf_counter()
         for o in opened:
-            commit(self.catalog, self.arrays, o.record, figures.of(o.record.run_key))
+            commit(self.catalog, self.arrays, o.record, figures.of(o.record.run_key), figures.means(o.record.run_key))
         log.info("capture of run %s: %d shards x %d run(s); %d replica(s) ready in %.2f s, shards written in %.2f s, "
                  "committed in %.2f s", first.record.run_key[:12], layout.num_shards, len(opened), len(actors),
                  ready - started, written - ready, time.perf_counter() - written)
+
+
+    def _keep_exact(self, job: JobState, opened: list[OpenRun], plan: CapturePlan, kept: dict[str, list[int]],
+                    figures: JobFigures, actors: list, tasks_per_replica: int, per_task: int) -> bool:
+        """The second pass of a capture with a tolerance: every shard computed again, and the layers
+        of `kept` (per run key) written exactly into each run's `exact` array. False if cancelled."""
+        records = [o.record for o in opened if o.record.run_key in kept]
+        for record in records:
+            self.arrays.create_exact(record.run_key, kept[record.run_key])
+        named = "; ".join(f"run {key[:12]}: layers {', '.join(map(str, layers))}" for key, layers in kept.items())
+        job.progress(0, plan.layout.num_shards, "shards", f"keeping exact (float32) the layers whose bound is over "
+                     f"max_cka_error ({named}): every shard computed again")
+        exact = replace(plan, exact=tuple((key, tuple(layers)) for key, layers in kept.items()))
+        return fill_shards(self.catalog, job, records, plan.layout, [set() for _ in records],
+                           ReplicaRouter(actors, exact), (tasks_per_replica + 1) * len(actors),
+                           "a capture worker failed", "capture", per_task, retries=len(actors), bugs_internal=True,
+                           measured=figures.add)
 
 
 class ReplicaRouter:
@@ -320,7 +347,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
     the same request again resumes them). A task whose worker was lost is submitted again, up to
     ``retries`` times (``run_windowed``); its shards are recorded once, when one attempt returns.
     ``bugs_internal``: see `get_or_raise` (a capture's tasks: yes; an import's read a user's file).
-    A task returns `ShardsWritten`; ``measured`` takes a lossy run's rounding of its shards."""
+    A task returns `ShardsWritten`; ``measured`` takes each (a lossy run's rounding of its shards)."""
     missing = sorted(set(range(layout.num_shards)) - set.intersection(*recorded))
     needs = {shard: tuple(r.run_key for r, have in zip(records, recorded) if shard not in have) for shard in missing}
     tasks: list[tuple[int, ...]] = []
@@ -341,8 +368,8 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
             f"{failure} ({which} of {layout.num_shards} not written): {cause}; the shards stored so far are kept: "
             f"submit the {what} again to resume"), bugs_internal=bugs_internal)
         tables = written.tables
-        if written.figures and measured is not None:
-            measured(written.figures)
+        if measured is not None:
+            measured(written)
         if tables:  # one insert for the whole task: a catalog transaction costs ~6 ms CPU, a shard's rows ~0.3
             catalog.chunks.insert(pa.table({column: [cell for rows in tables for cell in rows[column]]
                                            for column in tables[0]}))
@@ -363,13 +390,13 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         raise
 
 
-def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord, figures: dict[str, list] | None = None
-           ) -> None:
-    """The layer means and statistics (and a lossy run's error figures), then the catalog's commit,
-    then the store's marker: the store never claims more."""
+def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord, figures: dict[str, list] | None = None,
+           means: dict | None = None) -> None:
+    """The layer means and statistics (and a lossy run's error figures; `means`: those of its layers
+    kept exact), then the catalog's commit, then the store's marker: the store never claims more."""
     if figures is not None:
         arrays.write_error_figures(record.run_key, figures)
-    arrays.write_means(record.run_key)
+    arrays.write_means(record.run_key, means)
     arrays.write_layer_stats(record.run_key)
     catalog.runs.commit(record)
     arrays.mark_committed(record.run_key)

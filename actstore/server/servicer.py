@@ -80,7 +80,8 @@ def rounding_proto(figures: dict | None, dtype: str) -> list[pb.LayerRounding]:
     """A lossy run's error figures (`metrics.rounding.FIGURES`, one value per layer each), one message a layer."""
     if not figures:
         return []
-    return [pb.LayerRounding(layer=layer, stored=dtype, rows=int(figures["rows"][layer]),
+    exact = figures.get("exact") or [0.0] * len(figures["rows"])  # layers a max_cka_error kept exact
+    return [pb.LayerRounding(layer=layer, stored="float32" if exact[layer] else dtype, rows=int(figures["rows"][layer]),
                              **{name: float(figures[name][layer]) for name in FIGURES if name != "rows"})
             for layer in range(len(figures["rows"]))]
 
@@ -89,6 +90,7 @@ def run_proto(r: RunRecord, recorded_shards: int = 0) -> pb.Run:
     return pb.Run(run_key=r.run_key, model_digest=r.model_digest, dataset_digest=r.dataset_digest,
                   pooling=r.pooling, dtype=r.dtype, max_len=r.max_len, n=r.n, rows=r.rows,
                   num_layers=r.num_layers, width=r.width, status=r.status, num_shards=r.num_shards,
+                  max_cka_error=(r.spec or {}).get("max_cka_error") or 0.0,
                   recorded_shards=recorded_shards, site=site_of(r.spec), site_modules=r.spec.get("modules", ""))
 
 
@@ -105,6 +107,7 @@ def capture_request(request: pb.CaptureRequest) -> CaptureRequest:
                           pooling=from_wire(CAPTURE, "pooling", request.pooling),
                           dtype=from_wire(CAPTURE, "dtype", request.dtype),
                           max_len=from_message(CAPTURE, "max_len", request),
+                          max_cka_error=from_message(CAPTURE, "max_cka_error", request),
                           sites=tuple(from_wire(CAPTURE, "site", list(request.sites)) or CAPTURE.site.default))
 
 

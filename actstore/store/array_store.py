@@ -139,13 +139,27 @@ class ArrayStore(ABC):
         """What `write_error_figures` stored; None for a run stored exactly."""
 
     @abstractmethod
+    def create_exact(self, run_key: str, layers: list[int]) -> None:
+        """Make room for an int8 run's layers kept exact (float32): `read_layers` then reads those
+        layers from there, once written (`write_exact_shard`)."""
+
+    @abstractmethod
+    def write_exact_shard(self, run_key: str, shard: int, values: np.ndarray) -> None:
+        """One whole shard of the layers kept exact: float32 (rows, k, d) in `exact_layers` order."""
+
+    @abstractmethod
+    def exact_layers(self, run_key: str) -> list[int]:
+        """The layers of an int8 run kept exact (float32), in their stored order; [] for none."""
+
+    @abstractmethod
     def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
         """An int8 run's shard's (2, L+1, d) steps and offsets (None for other dtypes); DataLoss
         naming it if missing or damaged."""
 
     @abstractmethod
-    def write_means(self, run_key: str) -> np.ndarray:
-        """Reduce the per-shard layer sums into the layer means (L+1, d) and store them."""
+    def write_means(self, run_key: str, overrides: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """Reduce the per-shard layer sums into the layer means (L+1, d) and store them; the
+        `overrides` replace some layers' means (an int8 run's layers kept exact: their own values')."""
 
     @abstractmethod
     def means(self, run_key: str) -> np.ndarray: ...

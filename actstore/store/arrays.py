@@ -9,6 +9,8 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/scales      (shards, 2, L+1, d) float32: an int8 run's steps and offsets
                                (`store.quantised`), one chunk per shard, written with it
     runs/<run_key>/errors      (L+1, figures) float64: an int8 run's error figures, at commit
+    runs/<run_key>/exact       (rows, k, d) float32: an int8 run's layers kept exact (max_cka_error),
+                               sharded like the activations; attribute `layers` names them
 Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d) and a writer
 always writes whole shards, because concurrent writes into one shard lose data.
 Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
@@ -50,7 +52,7 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
-from actstore.store.one_byte_arrays import ERRORS, SCALES_DECODE, OneByteShards
+from actstore.store.one_byte_arrays import ERRORS, EXACT, SCALES_DECODE, OneByteShards
 from actstore.store.quantised import SCALES, is_one_byte
 from actstore.store.read_cache import ReadThroughCache
 from actstore.store.retries import RetryPolicy
@@ -85,6 +87,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         # round trip each on an object store), so a capture or a map task opens each once, not
         # once per shard; shards and their side chunks then move as whole objects (`store.codecs`)
         self._coders: dict[tuple[str, str], ChunkCodec] = {}
+        self._exact: dict[str, dict[int, int]] = {}  # an int8 run's layers kept exact, by their place in `exact`
         # threads that meet a run first at once (a map task's, a capture's writers) open it once:
         # each opening is ~1 ms of CPU and a round trip
         self._opening = threading.RLock()
@@ -177,6 +180,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
 
     def _forget(self, run_key: str) -> None:
         self._layouts.pop(run_key, None)
+        self._exact.pop(run_key, None)
         for key in [k for k in self._coders if k[0] == run_key]:
             self._coders.pop(key, None)
 
@@ -267,6 +271,9 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
                        for template, part in ((LEGACY_ROWS, rows), (LEGACY_STATS, stats)) if part is not None})
 
     def read_layers(self, run_key, layers, start, stop) -> np.ndarray:
+        exact = self._exact_positions(run_key)
+        if exact and set(layers) & exact.keys():  # an int8 run's layers kept exact come from its `exact` array
+            return self._read_again(lambda: self._read_with_exact(run_key, layers, start, stop, exact), run_key)
         return self._read_again(lambda: self._read_layers(run_key, layers, start, stop), run_key)
 
     def read_stored(self, run_key, layers, start, stop) -> np.ndarray:
@@ -282,20 +289,24 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
             self._cache.forget_under(f"runs/{run_key}/")
             return read()
 
-    def _read_layers(self, run_key, layers, start, stop, decoded: bool = True) -> np.ndarray:
+    def _read_layers(self, run_key, layers, start, stop, decoded: bool = True, array: str | None = None) -> np.ndarray:
+        """`layers` of the activation array, or of another array of the run sharded like it
+        (`array`: an int8 run's `exact` layers, whose index along its second axis `layers` are)."""
         # no existence check before the read: an absent shard reads as absent, and the run's own
         # existence (it may have been deleted through another handle) is checked only then
         layout = self._layouts.get(run_key) or self.layout(run_key)
-        codec = self._codec(run_key, layout.array_name)
+        name = array or layout.array_name
+        codec = self._codec(run_key, name)
         shards = range(start // layout.shard_rows, -(-stop // layout.shard_rows))
         keys = [codec.key((shard, 0, 0)) for shard in shards]
         # every layer: whole shards, one GET each; fewer layers fetch the shards' indexes, then
         # only their own inner chunks, as zarr reads them. Every shard's requests go out at once.
-        whole = len(set(layers)) == layout.num_states
+        whole = len(set(layers)) == codec.shape[1]
         requests = [(key, None if whole else SuffixByteRequest(codec.index_size)) for key in keys]
-        found = self._fetch(requests + self._scale_requests(run_key, layout, shards, decoded))
+        found = self._fetch(requests + self._scale_requests(run_key, layout, shards, decoded and array is None))
         found, states = found[:len(keys)], found[len(keys):]
-        ranges = [self._chunk_ranges(run_key, layout, codec, shard, data, layers) for shard, data in zip(shards, found)]
+        ranges = [self._chunk_ranges(run_key, layout, codec, shard, data, layers, name)
+                  for shard, data in zip(shards, found)]
         if whole:
             parts = [[None if r is None else data[r[0]:r[1]] for r in rs] for data, rs in zip(found, ranges)]
         else:
@@ -303,7 +314,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
             fetched = self._fetch([(key, RangeByteRequest(*r)) for _, key, r in wanted])
             for (i, _, _), data in zip(wanted, fetched):
                 if data is None:  # vanished since its index was read
-                    raise self._missing(run_key, layout, shards[i])
+                    raise self._missing(run_key, layout, shards[i], name)
             chunks = iter(fetched)
             parts = [[None if r is None else next(chunks) for r in rs] for rs in ranges]
         out = np.empty((len(layers), stop - start, layout.width), codec.dtype)
@@ -318,29 +329,28 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
                     else:
                         out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
-                    raise damaged(run_key, layout.array_name, why_failed(exc), shard=shard, layer=layer,
-                                  rows=(lo, hi)) from None
+                    raise damaged(run_key, name, why_failed(exc), shard=shard, layer=layer, rows=(lo, hi)) from None
         if states:
             return self._decoded(run_key, layout, out, layers, start, shards, states)
         return out if not decoded else decode_stored(out, layout.dtype)
 
-    def _chunk_ranges(self, run_key, layout, codec, shard, data, layers) -> list[tuple[int, int] | None]:
+    def _chunk_ranges(self, run_key, layout, codec, shard, data, layers, name) -> list[tuple[int, int] | None]:
         """Where each layer's inner chunk lies in the shard whose object (or index) is `data`."""
         if data is None:
-            raise self._missing(run_key, layout, shard)
+            raise self._missing(run_key, layout, shard, name)
         try:
             index = codec.index(data[len(data) - codec.index_size:])
         except DECODE_ERRORS as exc:
-            raise damaged(run_key, layout.array_name, f"has a damaged shard index: {why_failed(exc)}", shard=shard,
+            raise damaged(run_key, name, f"has a damaged shard index: {why_failed(exc)}", shard=shard,
                           rows=layout.shard_range(shard)) from None
         return [codec.chunk_range(index, (0, layer, 0)) for layer in layers]
 
-    def _missing(self, run_key: str, layout: RunLayout, shard: int) -> DataLoss:
+    def _missing(self, run_key: str, layout: RunLayout, shard: int, name: str | None = None) -> DataLoss:
         self.layout(run_key)  # NotFound if the whole run is gone
-        return damaged(run_key, layout.array_name, "is missing from the store", shard=shard,
+        return damaged(run_key, name or layout.array_name, "is missing from the store", shard=shard,
                        rows=layout.shard_range(shard))
 
-    def write_means(self, run_key: str) -> np.ndarray:
+    def write_means(self, run_key: str, overrides: dict[int, np.ndarray] | None = None) -> np.ndarray:
         layout = self.layout(run_key)
         group = self._group(run_key, mode="r+")
         if self._carried(run_key, layout)[0] is None:
@@ -350,6 +360,8 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
             for batch in shard_batches(layout):
                 total += np.sum(self._shard_sums(run_key, layout, batch), axis=0)
         means = total / layout.rows
+        for layer, mean in (overrides or {}).items():
+            means[layer] = mean
         self._side_array(group, "means", means, overwrite=True)
         return means
 
@@ -412,7 +424,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
     def nbytes_stored(self, run_key: str) -> int:
         """The activations' bytes, with an int8 run's scales and error figures (what decoding needs)."""
         layout = self.layout(run_key)
-        names = [layout.array_name] + ([SCALES, ERRORS] if is_one_byte(layout.dtype) else [])
+        names = [layout.array_name] + ([SCALES, ERRORS, EXACT] if is_one_byte(layout.dtype) else [])
         with self._reported():
             return sum(sync(self._zarr.getsize_prefix(f"runs/{run_key}/{name}")) for name in names)
 
@@ -422,7 +434,8 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         layout = self.layout(run_key)
         return [f"runs/{run_key}/{layout.array_name}/c/{shard}/0/0", f"runs/{run_key}/layer_sums/c/{shard}/0/0",
                 f"runs/{run_key}/token_ids/c/{shard}", LEGACY_ROWS.format(run_key=run_key, shard=shard),
-                LEGACY_STATS.format(run_key=run_key, shard=shard), f"runs/{run_key}/{SCALES}/c/{shard}/0/0/0"]
+                LEGACY_STATS.format(run_key=run_key, shard=shard), f"runs/{run_key}/{SCALES}/c/{shard}/0/0/0",
+                f"runs/{run_key}/{EXACT}/c/{shard}/0/0"]
 
     def shard_present(self, run_key: str, shard: int) -> bool:
         return self._exists(self._shard_keys(run_key, shard)[0])

@@ -41,10 +41,15 @@ def run_spec(
     dtype: str,
     site: str = RESID_POST,
     modules: str = "",
+    max_cka_error: float | None = None,
 ) -> dict[str, Any]:
     """The fields of DESIGN.md's run key; `layers` is every hidden state 0..L. A site other than
-    resid_post also records `modules`, the module pattern it resolved to in this model."""
+    resid_post also records `modules`, the module pattern it resolved to in this model; a lossy
+    dtype's tolerance (`max_cka_error`) is recorded where one is given (it decides which layers
+    are stored exactly)."""
     extra = {} if site == RESID_POST else {"modules": modules}
+    if max_cka_error is not None:
+        extra["max_cka_error"] = float(max_cka_error)
     return {
         **extra,
         "model": model_digest,

@@ -21,13 +21,18 @@ from actstore.store.damage import DECODE_ERRORS, damaged, reading_metadata, why_
 from actstore.store.quantised import SCALES, decode, is_one_byte
 
 ERRORS = "errors"  # (L+1, len(columns)) float64, the columns named in its attributes
+EXACT = "exact"  # (rows, k, d) float32: the layers the tolerance keeps exact, named in its attributes
 
 SCALES_DECODE = ("value = code * scales[shard, 0, layer, channel] + scales[shard, 1, layer, channel], float32, "
                  "the multiply first; shard = row // the activation array's shard rows")
 
 
 class OneByteShards:
-    """Reads of the `scales` chunks of an int8 run, over the store's own calls."""
+    """An int8 run's `scales`, `errors` and `exact` arrays, over the store's own calls.
+
+    Layers kept exact (a capture's `max_cka_error`: their bound was over it) are float32 in the
+    `exact` array, (rows, k, d), sharded as the activations are (their int8 codes stay in the
+    activation array, as written first); `read_layers` takes those layers from there."""
 
     _codec: Callable[[str, str], ChunkCodec]
     _fetch: Callable[[list], list]
@@ -36,6 +41,11 @@ class OneByteShards:
     _has: Callable[[str, str], bool]
     _whole: Callable[..., np.ndarray]
     _reported: Callable[[], object]
+    _read_layers: Callable[..., np.ndarray]
+    _store: Callable[[dict], None]
+    _exact: dict[str, dict[int, int]]
+    _coders: dict
+    _opening: object
 
     def _scale_requests(self, run_key: str, layout: RunLayout, shards: range, decoded: bool) -> list:
         """The GETs of the shards' `scales` chunks that a decoded read of an int8 run needs (none
@@ -104,3 +114,47 @@ class OneByteShards:
         if values.shape[1] != len(columns):
             raise damaged(run_key, ERRORS, f"has {values.shape[1]} columns for the {len(columns)} it names")
         return {name: values[:, i].tolist() for i, name in enumerate(columns)}
+
+    def create_exact(self, run_key: str, layers: list[int]) -> None:
+        """The `exact` array of an int8 run for these layers (replacing one made before)."""
+        layout = self.layout(run_key)
+        with self._reported():
+            self._group(run_key, "r+").create_array(
+                EXACT, shape=(layout.rows, len(layers), layout.width), chunks=(layout.shard_rows, 1, layout.width),
+                shards=(layout.shard_rows, len(layers), layout.width), dtype="float32", compressors=[Crc32cCodec()],
+                fill_value=0, overwrite=True, attributes={"layers": [int(layer) for layer in layers]})
+        self._exact.pop(run_key, None)
+        self._coders.pop((run_key, EXACT), None)
+
+    def write_exact_shard(self, run_key: str, shard: int, values: np.ndarray) -> None:
+        """One whole shard of the `exact` array: float32 (rows, k, d), its layers in `exact_layers` order."""
+        codec = self._codec(run_key, EXACT)
+        self._store({codec.key((shard, 0, 0)): codec.encode(np.ascontiguousarray(values, np.float32))})
+
+    def exact_layers(self, run_key: str) -> list[int]:
+        """The layers an int8 run keeps exact, in their order in `exact` (none: every layer is int8,
+        or another dtype)."""
+        return list(self._exact_positions(run_key))
+
+    def _exact_positions(self, run_key: str) -> dict[int, int]:
+        positions = self._exact.get(run_key)
+        if positions is None:
+            if not is_one_byte(self.layout(run_key).dtype) or not self._has(run_key, EXACT):
+                positions = {}
+            else:
+                layers = self._codec(run_key, EXACT).attributes.get("layers", [])
+                positions = {int(layer): i for i, layer in enumerate(layers)}
+            self._exact[run_key] = positions
+        return positions
+
+    def _read_with_exact(self, run_key: str, layers: list[int], start: int, stop: int,
+                         exact: dict[int, int]) -> np.ndarray:
+        """`read_layers` of an int8 run some of whose layers are kept exact: those from `exact`, the
+        others decoded from their codes."""
+        out = np.empty((len(layers), stop - start, self.layout(run_key).width), np.float32)
+        coded = [i for i, layer in enumerate(layers) if layer not in exact]
+        kept = [i for i, layer in enumerate(layers) if layer in exact]
+        if coded:
+            out[coded] = self._read_layers(run_key, [layers[i] for i in coded], start, stop)
+        out[kept] = self._read_layers(run_key, [exact[layers[i]] for i in kept], start, stop, array=EXACT)
+        return out

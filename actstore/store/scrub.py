@@ -20,6 +20,7 @@ from actstore.errors import DataLoss, NotFound
 from actstore.records import Damage
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.damage import GROUP, metadata_key
+from actstore.store.one_byte_arrays import EXACT
 from actstore.store.quantised import SCALES, is_one_byte
 
 WHOLE = -1  # a finding about a whole array (or not about one layer)
@@ -173,6 +174,11 @@ def check_shard(arrays: ArrayStore, run_key: str, shard: int, checksums: dict[in
                                                        "recorded in the catalog (crc32c differs)"))
     try:
         arrays.decoding(run_key, shard)  # an int8 run's steps and offsets (checksummed as a chunk)
+        for layer in arrays.exact_layers(run_key):  # and its layers kept exact, each inner chunk alone
+            try:
+                arrays.read_layers(run_key, [layer], start, stop)
+            except DataLoss as exc:
+                findings.append(_finding(exc, EXACT, shard, layer))
     except DataLoss as exc:
         findings.append(_finding(exc, SCALES, shard))
     try:

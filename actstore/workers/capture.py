@@ -53,6 +53,9 @@ class CapturePlan:
     batch_size: int
     layout: RunLayout
     sites: tuple[tuple[str, str], ...] = ()  # (site, run key) of every run; empty: resid_post into run_key
+    # (run key, layers): write only these layers of these runs, float32, into their `exact` arrays (an int8
+    # run's layers whose bound was over its max_cka_error; their codes are stored already)
+    exact: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def runs(self) -> tuple[tuple[str, str], ...]:
@@ -374,6 +377,8 @@ class ShardCapturer:
                 values, token_ids = self._tokens(batches, sites, layout.dtype, begin, stop - start)
             else:
                 values = self._pooled(batches, sites, layout.pooling)
+            if plan.exact:
+                return self._write_exact(plan, wanted, values, shards, bounds)
             figures = {site: ErrorFigures(layout.num_states, layout.width) for site in sites
                        if is_one_byte(layout.dtype)}
             prepared = {site: prepare_shards(values[site], bounds, layout.dtype, figures.get(site)) for site in sites}
@@ -385,6 +390,22 @@ class ShardCapturer:
         self._count(tokenising=tokenised - started, waiting=computing - tokenised, computing=computed - computing,
                     writing=time.perf_counter() - computed)
         return ShardsWritten(tables, {key: figures[site] for site, key in wanted} if figures else None)
+
+    def _write_exact(self, plan: CapturePlan, wanted: list[tuple[str, str]], values: dict[str, torch.Tensor],
+                     shards: tuple[int, ...], bounds: list[tuple[int, int]]) -> ShardsWritten:
+        """A task of a capture's second pass (`CapturePlan.exact`): the layers kept exact of each
+        run, float32 as computed, written whole shard by shard into its `exact` array; their sums
+        (for the layer means) go back to the job."""
+        exact, sums = dict(plan.exact), {}
+        for site, key in wanted:
+            if key not in exact:
+                continue
+            part = values[site][:, list(exact[key])].float().cpu()  # (rows, k, d)
+            for shard, (lo, hi) in zip(shards, bounds):
+                block = part[lo:hi].contiguous().numpy()
+                self.arrays.write_exact_shard(key, shard, block)
+                sums.setdefault(key, {})[shard] = block.sum(axis=0, dtype=np.float64)
+        return ShardsWritten([], exact_sums=sums)
 
     def _write(self, writes: list[tuple]) -> list[dict[str, list]]:
         if self.writes == "inline":
@@ -418,3 +439,4 @@ class ShardsWritten:
 
     tables: list[dict[str, list]]
     figures: dict[str, ErrorFigures] | None = None
+    exact_sums: dict[str, dict[int, np.ndarray]] | None = None  # run key -> shard -> (k, d) sums of its exact layers

@@ -267,3 +267,78 @@ def test_other_measures_say_not_bounded_and_refuse_when_a_bound_is_required(modu
     with pytest.raises(FailedPrecondition, match="no error bound"):
         client.measure("procrustes-distance=angular", run, require_bound=True)
     assert client.cos(runs["float32", "cls"], require_bound=True).provenance.error_bound is None  # exact: fine
+
+
+# ---- the tolerance: max_cka_error -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tolerated(module_client, runs):
+    """The token-level int8 capture again with a tolerance between its layers' bounds: the layers over
+    it must come out exact."""
+    client = module_client
+    plain = client.describe(runs["int8", "tokens"]).rounding
+    bounds = sorted(max(r.angle_biased, r.angle_debiased) for r in plain if r.angle_biased > 0)
+    tolerance = (bounds[0] + bounds[-1]) / 2
+    over = [r.layer for r in plain if max(r.angle_biased, r.angle_debiased) > tolerance]
+    assert over and len(over) < len(plain)
+    run = client.capture("bert", "toy", dtype="int8", pooling="tokens", max_cka_error=tolerance).run_key
+    return run, tolerance, over
+
+
+def test_layers_over_the_tolerance_are_stored_exactly_and_the_run_says_which(module_client, runs, tolerated):
+    client = module_client
+    run, tolerance, over = tolerated
+    assert run != runs["int8", "tokens"]  # the tolerance enters the run key
+    described = client.describe(run)
+    assert described.status == "committed" and described.dtype == "int8"
+    assert [r.layer for r in described.rounding if r.stored == "float32"] == over
+    for r in described.rounding:
+        if r.layer in over:
+            assert (r.angle_biased, r.angle_debiased, r.max_abs, r.rel_frobenius) == (0, 0, 0, 0)
+        else:
+            assert max(r.angle_biased, r.angle_debiased) <= tolerance
+    exact, plain = _read(client, runs["float32", "tokens"]), _read(client, runs["int8", "tokens"])
+    stored = _read(client, run)
+    for layer in range(described.num_layers + 1):
+        np.testing.assert_array_equal(stored[:, layer], (exact if layer in over else plain)[:, layer])
+    np.testing.assert_array_equal(client.to_xarray(run).values, stored)
+    np.testing.assert_array_equal(client.to_xarray(run).isel(layer=over[0]).values, exact[:, over[0]])
+    rows = np.concatenate([b.rows for b in client.batches(run, batch_size=11, shuffle=True)])
+    values = np.concatenate([b.values for b in client.batches(run, batch_size=11, shuffle=True)])
+    np.testing.assert_array_equal(values, stored[rows])
+    report = client.verify([run])
+    assert [(v.status, v.damage) for v in report.runs] == [("ok", [])]
+
+
+def test_a_tolerated_runs_cka_bound_holds_and_is_zero_on_the_exact_layers(module_client, runs, tolerated):
+    client = module_client
+    run, tolerance, over = tolerated
+    answer = client.cka(run)
+    layers = list(range(client.describe(run).num_layers + 1))
+    exact = _read(client, runs["float32", "tokens"])
+    _check_bounds(client, answer, exact, exact, _bounds_of(client, run), _bounds_of(client, run), layers, layers)
+    assert answer.bound_biased[over[0], over[0]] == 0
+    assert answer.provenance.error_bound <= 2 * tolerance
+
+
+@pytest.mark.parametrize(("tolerance", "message"), [
+    (0.0, r"max_cka_error 0.0 must be in \(0, 1\): a bound is an angle"),
+    (1.0, r"max_cka_error 1.0 must be in \(0, 1\)"),
+    (-1e-3, r"max_cka_error -0.001 must be in \(0, 1\)"),
+])
+def test_a_tolerance_out_of_range_is_refused_saying_what_to_give(module_client, runs, tolerance, message):
+    from actstore.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=message):
+        module_client.capture("bert", "toy", dtype="int8", max_cka_error=tolerance)
+
+
+def test_a_tolerance_needs_a_lossy_dtype(module_client, runs):
+    from actstore._proto.actstore.v1 import actstore_pb2 as pb
+    from actstore.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="max_cka_error bounds the error of a lossy dtype.*--dtype int8"):
+        module_client.capture("bert", "toy", dtype="float16", max_cka_error=1e-2)
+    # a raw caller's explicit 0 is refused too (INVALID_ARGUMENT), not read as "not given"
+    with pytest.raises(InvalidArgument, match="max_cka_error 0.0 must be in"):
+        module_client._capture.SubmitCapture(pb.CaptureRequest(model="bert", dataset="toy", dtype="int8",
+                                                               max_cka_error=0.0))

@@ -193,7 +193,7 @@ class LayerRounding(google.protobuf.message.Message):
     ANGLE_DEBIASED_FIELD_NUMBER: builtins.int
     layer: builtins.int
     stored: builtins.str
-    """the layer's storage: int8"""
+    """the layer's storage: int8, or float32 where max_cka_error kept it exact"""
     rows: builtins.int
     rel_frobenius: builtins.float
     """||Xhat - X||_F / ||X||_F"""
@@ -247,6 +247,7 @@ class Run(google.protobuf.message.Message):
     SITE_FIELD_NUMBER: builtins.int
     SITE_MODULES_FIELD_NUMBER: builtins.int
     ROUNDING_FIELD_NUMBER: builtins.int
+    MAX_CKA_ERROR_FIELD_NUMBER: builtins.int
     run_key: builtins.str
     model_digest: builtins.str
     dataset_digest: builtins.str
@@ -268,6 +269,8 @@ class Run(google.protobuf.message.Message):
     """resid_post | attn_out | mlp_out | a module path pattern"""
     site_modules: builtins.str
     """the modules the site resolved to (`*` = block index); empty for resid_post"""
+    max_cka_error: builtins.float
+    """the tolerance it was captured with (0: none)"""
     @property
     def health(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___LayerHealth]:
         """filled by DescribeRun"""
@@ -303,8 +306,9 @@ class Run(google.protobuf.message.Message):
         site: builtins.str = ...,
         site_modules: builtins.str = ...,
         rounding: collections.abc.Iterable[Global___LayerRounding] | None = ...,
+        max_cka_error: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rounding", b"rounding", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["dataset_aliases", b"dataset_aliases", "dataset_digest", b"dataset_digest", "dtype", b"dtype", "health", b"health", "max_cka_error", b"max_cka_error", "max_len", b"max_len", "model_aliases", b"model_aliases", "model_digest", b"model_digest", "n", b"n", "num_layers", b"num_layers", "num_shards", b"num_shards", "pooling", b"pooling", "recorded_shards", b"recorded_shards", "rounding", b"rounding", "rows", b"rows", "run_key", b"run_key", "site", b"site", "site_modules", b"site_modules", "status", b"status", "stored_bytes", b"stored_bytes", "width", b"width"]) -> None: ...
 
 Global___Run: typing_extensions.TypeAlias = Run
 
@@ -727,6 +731,7 @@ class CaptureRequest(google.protobuf.message.Message):
     DTYPE_FIELD_NUMBER: builtins.int
     MAX_LEN_FIELD_NUMBER: builtins.int
     SITES_FIELD_NUMBER: builtins.int
+    MAX_CKA_ERROR_FIELD_NUMBER: builtins.int
     model: builtins.str
     """alias or digest"""
     dataset: builtins.str
@@ -736,6 +741,10 @@ class CaptureRequest(google.protobuf.message.Message):
     """float16 (default) | float32 | bfloat16 | int8 (one byte a value, with error figures)"""
     max_len: builtins.int
     """token limit (>= 2); unset: the server default"""
+    max_cka_error: builtins.float
+    """int8 only, in (0, 1): a layer whose CKA error bound is over it is stored exactly (float32) instead;
+    unset: every layer int8. Part of the run key.
+    """
     @property
     def sites(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """resid_post (default) | attn_out | mlp_out | a module path pattern (`*` = block index); several
@@ -751,9 +760,13 @@ class CaptureRequest(google.protobuf.message.Message):
         dtype: builtins.str = ...,
         max_len: builtins.int | None = ...,
         sites: collections.abc.Iterable[builtins.str] | None = ...,
+        max_cka_error: builtins.float | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_max_len", b"_max_len", "max_len", b"max_len"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_max_len", b"_max_len", "dataset", b"dataset", "dtype", b"dtype", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_max_cka_error", b"_max_cka_error", "_max_len", b"_max_len", "max_cka_error", b"max_cka_error", "max_len", b"max_len"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_max_cka_error", b"_max_cka_error", "_max_len", b"_max_len", "dataset", b"dataset", "dtype", b"dtype", "max_cka_error", b"max_cka_error", "max_len", b"max_len", "model", b"model", "pooling", b"pooling", "sites", b"sites"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_max_cka_error", b"_max_cka_error"]) -> typing.Literal["max_cka_error"] | None: ...
+    @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_max_len", b"_max_len"]) -> typing.Literal["max_len"] | None: ...
 
 Global___CaptureRequest: typing_extensions.TypeAlias = CaptureRequest
