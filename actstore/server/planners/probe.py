@@ -236,7 +236,7 @@ class ProbePlanner(Planner):
         run, options = query.run, query.options
         offsets = self.arrays.offsets(run.run_key) if run.pooling == "tokens" else None
         n = len(targets.fold)
-        ranges = self._sample_ranges(run, offsets, n)
+        ranges = self._sample_ranges(run, offsets, n, options["folds"])
         shared = {"fold": ray.put(targets.fold), "offsets": ray.put(offsets)}
         if options["method"] == "ridge":
             scores, extra, notes = self._ridge(query, targets, ranges, shared)
@@ -244,13 +244,18 @@ class ProbePlanner(Planner):
             scores, extra, notes = self._logistic(query, targets, shared)
         return self._answer(query, targets, scores, extra, notes)
 
-    def _sample_ranges(self, run: RunRecord, offsets: np.ndarray | None, n: int) -> list[list[tuple[int, int]]]:
+    def _sample_ranges(self, run: RunRecord, offsets: np.ndarray | None, n: int, folds: int
+                       ) -> list[list[tuple[int, int]]]:
         """Contiguous sample ranges of about a shard each (a token-level run's: of its token shards),
-        dealt into the executor's fixed number of groups (the same on any cluster: the same bits)."""
+        dealt into groups, one map task each. The count is the executor's fixed `groups`, fewer where
+        a group's moments (folds x d^2 float64 a layer) would outweigh the float16 rows it reads
+        (n / groups x d a layer): a function of the run and the folds, never of the cluster, so the
+        same stored bytes give the same bits anywhere."""
         shard_rows = self.arrays.layout(run.run_key).shard_rows
+        groups = max(1, min(self.executor.groups, 2 * n // (8 * folds * run.width)))
         if offsets is None:
-            return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], self.executor.groups)
-        return deal(prompt_ranges(offsets, shard_rows), self.executor.groups)
+            return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], groups)
+        return deal(prompt_ranges(offsets, shard_rows), groups)
 
     def _layer_groups(self, run: RunRecord, layers: list[int], per_layer: int) -> list[list[int]]:
         """The layers in groups whose accumulators, one per map task in flight and the merged one,
