@@ -33,6 +33,10 @@ Per n, in the same run, right after the query:
   * ratio = wall / (read + GEMM). Targets: <= 3x; peak memory (sum over the processes of their
     increase) < 2 GiB and flat in n: the largest n's at most 1.5x the smallest n's (memory that
     grew with n would give 4x from 25k to 100k).
+  * --int8 (issue 39): the same values as an int8 run too (`write_synthetic_runs(dtype="int8")`,
+    coded as a capture codes them), and the same query on it, alternated with the float16 run's
+    (--repeats each): int8 wall / float16 wall, target <= 1.0 (no slower; its error bound rides
+    along, from the stored figures).
 
     python bench/cka_roofline.py [--quick] [--sizes 25000,50000,100000] [--repeats 1]
 """
@@ -130,6 +134,7 @@ def main() -> None:
     parser.add_argument("--sample-ms", type=float, default=50.0, help="RSS sampling period (default 50 ms)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny run: sizes 2048,4096")
+    parser.add_argument("--int8", action="store_true", help="also time the same query on an int8 copy of each run")
     args = parser.parse_args()
     if args.quick:
         args.sizes = "2048,4096"
@@ -144,6 +149,8 @@ def main() -> None:
             embedded(Path(tmp) / "store", shard_rows=args.shard_rows) as client:
         runs = {n: write_synthetic_runs(client, n, states=args.states, width=args.width, seed=args.seed + i)[0]
                 for i, n in enumerate(sizes)}
+        coded = {n: write_synthetic_runs(client, n, states=args.states, width=args.width, seed=args.seed + i,
+                                         dtype="int8")[0] for i, n in enumerate(sizes)} if args.int8 else {}
         parts = client._server.service.queries.parts.executor.parts
         started = time.perf_counter()
         client.cka(runs[sizes[0]], refresh=True)
@@ -152,8 +159,12 @@ def main() -> None:
               f"the Ray workers and their first-use allocations); the query runs {parts} map tasks", flush=True)
         for n in sizes:
             run = runs[n]
-            walls, server_seconds, memories = [], [], []
+            walls, server_seconds, memories, int8_walls = [], [], [], []
             for _ in range(args.repeats):
+                if n in coded:  # alternated with the float16 query, so both see the same machine
+                    started = time.perf_counter()
+                    coded_result = client.cka(coded[n], refresh=True)
+                    int8_walls.append(time.perf_counter() - started)
                 release_free_heap()
                 sampler = RssSampler(args.sample_ms / 1000).start()
                 started = time.perf_counter()
@@ -180,6 +191,18 @@ def main() -> None:
                 "biased_offdiagonal_range": [float(np.min(result.biased)),
                                              float(np.max(result.biased - np.eye(args.states)))],
             }
+            if int8_walls:
+                error = float(np.max(np.abs(coded_result.biased - result.biased)))
+                row["int8"] = {"run": coded[n], "wall_seconds": int8_walls, "wall_median_seconds": median(int8_walls),
+                               "ratio_to_float16": median(int8_walls) / wall,
+                               "error_bound": coded_result.provenance.error_bound,
+                               "largest_error_vs_float16": error,
+                               "stored_bytes": read_files(run_files(client, coded[n]))[0]}
+                ratio = row["int8"]["ratio_to_float16"]
+                bound, megabytes = coded_result.provenance.error_bound, row["int8"]["stored_bytes"] / 1e6
+                print(f"  int8: cka wall {median(int8_walls):.2f} s = {ratio:.2f}x float16's [target <= 1.0: "
+                      f"{verdict(ratio, 1.0, higher_is_better=False)}]; bound {bound:.3g}, largest "
+                      f"|CKA int8 - CKA float16| {error:.2g}; {megabytes:.0f} MB of codes", flush=True)
             rows.append(row)
             procs = ", ".join(f"{p['role'].split()[0]} {p['pid']} +{p['increase_mib']:.0f} (peak {p['peak_mib']:.0f})"
                               + (" new" if p["new"] else "") for p in memory["per_process"])

@@ -13,6 +13,10 @@ and the layer sums it carries; opening the run), not the server's speed.
     shard bytes / s.
   * read: `read_layers(run, all layers, shard)` per shard from a fresh handle, as a CKA map task
     reads (decoded to numbers); baseline: `obstore.get` of the same shard objects.
+  * --int8 (issue 39): the same values also as an int8 run (coded as a capture codes them; its
+    pooled shards hold 2 x rows: the bytes of a float16 shard), read the same way (`read_layers`,
+    all layers, decoded to float32 numbers), its batches covering the same rows taken in turn with
+    the float16 reads: samples/s against float16's, target >= 1.6 (reads bound by bytes).
   * each side runs batches of 2 x concurrency shards in turn with the other (shared machines drift
     within seconds); medians over rounds. Target >= 0.8 of the raw rate each way. The setup's
     objects are frozen out of Python's garbage collector first (`gc.freeze`): a full collection of
@@ -43,6 +47,7 @@ import numpy as np
 from benchlib import cores, machine, median, verdict, write_result
 
 TARGET = 0.8
+INT8_TARGET = 1.6  # an int8 run's samples/s read against float16's (issue 39)
 
 
 def start_s3_server() -> tuple[subprocess.Popen, str]:
@@ -107,7 +112,8 @@ def capture_details(run: str, shard: int, values: np.ndarray) -> tuple[dict, dic
     return chunk_metadata(run, shard, values), LayerStats.empty(values.shape[1]).update(values).to_dict()
 
 
-def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, meter: Meter) -> tuple[int, int]:
+def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, meter: Meter, int8: bool = False
+              ) -> tuple[int, int]:
     """One fresh bucket: actstore's writes and raw PUTs of the same sizes, then actstore's reads and
     raw GETs of the same objects, each side in batches of 2 x concurrency shards taken in turn, so
     both see the same machine load (shared machines drift within seconds)."""
@@ -129,6 +135,7 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     everything = list(range(layout.num_states))
     sizes: dict[int, int] = {}
     payloads: dict[int, bytes] = {}
+    coded = write_int8_run(arrays, f"{r:063d}8", shards, layout) if int8 else None
     with ThreadPoolExecutor(concurrency) as pool:
         for batch in batches:
             meter.run("write", pool, lambda s: arrays.write_shard(run, s, shards[s], kept[s][0], None, *kept[s][1:]),
@@ -139,7 +146,29 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
         for batch in batches:
             meter.run("read", pool, lambda s: reader.read_layers(run, everything, *layout.shard_range(s)), batch)
             meter.run("get", pool, lambda s: bytes(obstore.get(store, key.format(s)).bytes()), batch)
+            if coded is not None:  # the same rows, as int8 shards of twice the rows
+                rows = (layout.shard_range(batch[0])[0], layout.shard_range(batch[-1])[1])
+                meter.run("read8", pool, lambda s: reader.read_layers(coded[0], everything, *coded[1].shard_range(s)),
+                          range(rows[0] // coded[1].shard_rows, -(-rows[1] // coded[1].shard_rows)))
     return sum(sizes.values()), len(sizes)
+
+
+def write_int8_run(arrays, run: str, shards: list[np.ndarray], layout):
+    """The values of `shards` as an int8 run (untimed): its key and layout (shards of 2 x rows)."""
+    from dataclasses import replace
+
+    import torch
+
+    from actstore.workers.capture import prepare_shards
+    from actstore.workers.shard_writes import write_prepared
+
+    coded = replace(layout, dtype="int8", shard_rows=2 * layout.shard_rows)
+    arrays.create_run(run, coded, [f"s{i}" for i in range(coded.n)], None, None, compress=False)
+    values = np.concatenate(shards).astype(np.float32)
+    for shard in range(coded.num_shards):
+        lo, hi = coded.shard_range(shard)
+        write_prepared(arrays, run, shard, prepare_shards(torch.from_numpy(values[lo:hi]), [(0, hi - lo)], "int8")[0])
+    return run, coded
 
 
 def main() -> None:
@@ -151,6 +180,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="8 shards, 1 round")
+    parser.add_argument("--int8", action="store_true", help="also read the same values stored as int8 (issue 39)")
     args = parser.parse_args()
     if args.quick:
         args.shards, args.repeats = 8, 1
@@ -169,14 +199,15 @@ def main() -> None:
                        width=args.width, dtype="float16", pooling="mean", shard_rows=args.rows)
     gc.collect()
     gc.freeze()  # see the docstring: a full collection of the setup's objects is neither side's cost
-    rounds: dict[str, list[float]] = {"write": [], "put": [], "read": [], "get": []}
+    sides = ["write", "put", "read", "get"] + (["read8"] if args.int8 else [])
+    rounds: dict[str, list[float]] = {side: [] for side in sides}
     cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
     server_cpu_ms: dict[str, list[float]] = {side: [] for side in rounds}
     try:
         for r in range(args.repeats):
             meter = Meter(process.pid)
-            stored, objects = one_round(r, shards, layout, args.concurrency, rng, meter)
-            for side in rounds:
+            stored, objects = one_round(r, shards, layout, args.concurrency, rng, meter, args.int8)
+            for side in rounds:  # MB/s of the float16 run's stored bytes (read8: the same rows' float16 bytes)
                 rounds[side].append(stored / meter.wall[side] / 1e6)
                 cpu_ms[side].append(meter.cpu[side] / objects * 1e3)
                 server_cpu_ms[side].append(meter.server_cpu[side] / objects * 1e3)
@@ -192,10 +223,17 @@ def main() -> None:
     read_ratio = median(rounds["read"]) / median(rounds["get"])
     print(f"write path / raw PUT: {write_ratio:.2f} (target >= {TARGET}: {verdict(write_ratio, TARGET)})")
     print(f"read path / raw GET:  {read_ratio:.2f} (target >= {TARGET}: {verdict(read_ratio, TARGET)})")
+    int8_ratio = median(rounds["read8"]) / median(rounds["read"]) if args.int8 else None
+    if int8_ratio is not None:
+        samples = args.rows * args.shards
+        print(f"int8 reads: {samples * median(rounds['read8']) / (stored / 1e6):.0f} samples/s vs float16's "
+              f"{samples * median(rounds['read']) / (stored / 1e6):.0f}: {int8_ratio:.2f}x "
+              f"(target >= {INT8_TARGET}: {verdict(int8_ratio, INT8_TARGET)})")
     print("client CPU per shard (ms): " + ", ".join(f"{side} {median(cpu_ms[side]):.2f}" for side in rounds)
           + f"; load at end {machine()['loadavg_start']}")
     path = write_result("object_store", {"machine": info, "rounds_mb_per_s": rounds, "write_ratio": write_ratio,
                                          "read_ratio": read_ratio, "target": TARGET, "args": vars(args),
+                                         "int8_read_ratio": int8_ratio,
                                          "client_cpu_ms_per_shard": cpu_ms, "server_cpu_ms_per_shard": server_cpu_ms})
     print(f"wrote {path}")
 

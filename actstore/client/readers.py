@@ -25,7 +25,7 @@ class Batch:
     """`values[i, j]` is layer `layers[j]` of row `rows[i]` of the run (a sample for pooled runs, a
     token for token-level runs, whose `sample_ids[i]` names the token's sample)."""
 
-    values: np.ndarray  # (rows, len(layers), d), the stored dtype (bfloat16 widened to float32)
+    values: np.ndarray  # (rows, len(layers), d), the stored dtype (bfloat16 and int8 decoded to float32)
     layers: list[int]
     rows: np.ndarray  # the run's row index of each row
     sample_ids: list[str]
@@ -69,8 +69,28 @@ def _cell(value: pb.SqlValue) -> Any:
     return None if kind in (None, "is_null") else getattr(value, kind)
 
 
-def _batch(parts: list[pb.BatchPart], layers: Sequence[int] | None) -> Batch:
-    values = np.concatenate([from_ndarray(p.values) for p in parts])
+def _decoded(part: pb.BatchPart, states: dict[int, tuple[int, np.ndarray]]) -> np.ndarray:
+    """A part's values: as sent, or an int8 run's codes decoded with their shards' states (each
+    state arrives once a stream, in the first part whose rows need it): value = code * step +
+    offset, float32, the multiply first, as the store decodes them."""
+    for d in part.decodings:
+        states[d.start] = (d.stop, from_ndarray(d.state))
+    values = from_ndarray(part.values)
+    if values.dtype != np.int8:
+        return values
+    starts = np.array(sorted(states))
+    rows = np.asarray(part.rows, dtype=np.int64)
+    shard = np.searchsorted(starts, rows, side="right") - 1  # each row's shard, by its place in `starts`
+    used, where = np.unique(shard, return_inverse=True)
+    stacked = np.stack([states[int(starts[i])][1] for i in used])  # (shards, 2, layers, d)
+    out = np.empty(values.shape, np.float32)
+    np.multiply(values, stacked[where, 0], out=out)  # each row with its shard's steps, then its offsets
+    out += stacked[where, 1]
+    return out
+
+
+def _batch(parts: list[pb.BatchPart], layers: Sequence[int] | None, values: list[np.ndarray]) -> Batch:
+    values = values[0] if len(values) == 1 else np.concatenate(values)
     labels = [label for p in parts for label in p.labels]
     return Batch(values=values, layers=list(layers) if layers else list(range(values.shape[1])),
                  rows=np.array([r for p in parts for r in p.rows], dtype=np.int64),
@@ -102,11 +122,14 @@ class ReadersMixin:
                                     seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                                     buffer_shards=buffer_shards, drop_last=drop_last)
         parts: list[pb.BatchPart] = []
+        values: list[np.ndarray] = []
+        states: dict[int, tuple[int, np.ndarray]] = {}  # an int8 run's shards' states, by first row
         for part in self._readers.ReadBatches(request):
             parts.append(part)
+            values.append(_decoded(part, states))
             if part.offset + len(part.rows) == part.batch_rows:
-                yield _batch(parts, layers)
-                parts = []
+                yield _batch(parts, layers, values)
+                parts, values = [], []
 
     @options(BATCHES)
     def torch_dataset(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,

@@ -5,7 +5,7 @@ and read-only SQL over the catalog (`store.catalog_sql`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from actstore.store import batches
 from actstore.store.array_store import READ_ITEMSIZE, ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.catalog_sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
+from actstore.store.quantised import is_one_byte
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class BatchPiece:
     sample_ids: list[str]
     labels: np.ndarray | None
     buffer_shards: int
+    # an int8 run's (shard, start, stop, state) the part's codes need that the stream has not sent yet
+    decodings: list[tuple[int, int, int, np.ndarray]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ class Readers:
         record = options.record
         layout = self.arrays.layout(record.run_key)
         k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)
-        itemsize = READ_ITEMSIZE[record.dtype]  # bfloat16 and int8 are read back as float32
+        # bfloat16 is read back as float32; an int8 run's codes travel as they are (decoded by the client)
+        itemsize = 1 if self._coded(record, options.layers) else READ_ITEMSIZE[record.dtype]
         row_bytes = len(options.layers) * record.width * itemsize
         # shuffled: K shards' rows; in order: a shard and the rows carried into the next batch
         held = k * layout.shard_rows if options.shuffle else layout.shard_rows + options.batch_size
@@ -96,6 +100,10 @@ class Readers:
                 "for fewer layers, a smaller buffer_shards or batch_size")
         return self._stream(record, layout, options, k, row_bytes)
 
+    def _coded(self, record: RunRecord, layers: list[int]) -> bool:
+        """Whether a stream of these layers sends an int8 run's codes (every layer int8, none kept exact)."""
+        return is_one_byte(record.dtype) and not set(layers) & set(self.arrays.exact_layers(record.run_key))
+
     def _stream(self, record: RunRecord, layout: RunLayout, options: BatchOptions, k: int, row_bytes: int
                 ) -> Iterator[BatchPiece]:
         key = record.run_key
@@ -104,13 +112,18 @@ class Readers:
         offsets = self.arrays.offsets(key) if record.pooling == "tokens" else None
         shards = batches.shards_of_rank(layout, options.rank, options.world_size, options.shuffle,
                                         options.seed, options.epoch)
+        coded = self._coded(record, options.layers)
+        states: dict[int, np.ndarray] = {}  # an int8 run's shards read, their state until it is sent
 
         def read(shard: int) -> np.ndarray:
+            if coded:
+                codes, states[shard] = self.arrays.read_coded(key, options.layers, shard)
+                return np.moveaxis(codes, 0, 1)
             lo, hi = layout.shard_range(shard)
             return np.moveaxis(self.arrays.read_layers(key, options.layers, lo, hi), 0, 1)
 
         if options.shuffle:
-            dtype = np.dtype(np.float16 if record.dtype == "float16" else np.float32)
+            dtype = np.dtype(np.int8 if coded else np.float16 if record.dtype == "float16" else np.float32)
             rng = np.random.default_rng([options.seed, options.epoch, options.rank])
             stream = batches.shuffled_batches(read, layout, shards, options.batch_size, k, rng,
                                               (len(options.layers), record.width), dtype)
@@ -123,8 +136,10 @@ class Readers:
             samples = rows if offsets is None else np.searchsorted(offsets, rows, side="right") - 1
             for lo in range(0, len(rows), per_part):
                 part = slice(lo, lo + per_part)
+                needed = [int(s) for s in np.unique(rows[part] // layout.shard_rows) if s in states] if coded else []
                 yield BatchPiece(index, len(rows), lo, values[part], rows[part], [ids[i] for i in samples[part]],
-                                 None if labels is None else labels[samples[part]], k if options.shuffle else 1)
+                                 None if labels is None else labels[samples[part]], k if options.shuffle else 1,
+                                 [(s, *layout.shard_range(s), states.pop(s)) for s in needed])
 
     # ---- where the arrays are -----------------------------------------------------------------
     def locate(self, run: str) -> RunLocation:

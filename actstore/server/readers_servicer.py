@@ -51,7 +51,9 @@ class ReadersServicer(rpc.ReadersServicer):
             yield pb.BatchPart(batch=piece.batch, batch_rows=piece.batch_rows, offset=piece.offset,
                                values=to_ndarray(piece.values), rows=piece.rows.tolist(), sample_ids=piece.sample_ids,
                                labels=[] if piece.labels is None else piece.labels.tolist(),
-                               buffer_shards=piece.buffer_shards if piece.batch == 0 and piece.offset == 0 else 0)
+                               buffer_shards=piece.buffer_shards if piece.batch == 0 and piece.offset == 0 else 0,
+                               decodings=[pb.ShardDecoding(shard=s, start=lo, stop=hi, state=to_ndarray(state))
+                                          for s, lo, hi, state in piece.decodings])
 
     def LocateRun(self, request, context):
         found = self.service.readers.locate(request.run)

@@ -251,7 +251,9 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         # (`gc` removes it; `create_run` of the key replaces it)
         codec = self._codec(run_key, layout.array_name)
         sums_at, details_at = self._carried(run_key, layout)
-        trailer = [] if details_at is None else [
+        decoding_at = self._decoding_at(run_key, layout)  # an int8 shard's steps and offsets, first
+        trailer = [] if decoding_at is None else [decoding_at[0].encode(decoding)]
+        trailer += [] if details_at is None else [
             details_at.encode(details_values(run_key, shard, layout.num_states, rows, stats))]
         trailer += [] if sums_at is None else [sums_at.encode(sums)]
         # an uncompressed inner chunk's crc32c is its layer's: taken where the writer summed it
@@ -279,6 +281,11 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
     def read_stored(self, run_key, layers, start, stop) -> np.ndarray:
         return self._read_again(lambda: self._read_layers(run_key, layers, start, stop, decoded=False), run_key)
 
+    def read_coded(self, run_key, layers, shard) -> tuple[np.ndarray, np.ndarray]:
+        layout = self._layouts.get(run_key) or self.layout(run_key)
+        start, stop = layout.shard_range(shard)
+        return self._read_again(lambda: self._read_layers(run_key, layers, start, stop, decoded="coded"), run_key)
+
     def _read_again(self, read, run_key: str):
         try:
             return read()
@@ -289,9 +296,10 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
             self._cache.forget_under(f"runs/{run_key}/")
             return read()
 
-    def _read_layers(self, run_key, layers, start, stop, decoded: bool = True, array: str | None = None) -> np.ndarray:
+    def _read_layers(self, run_key, layers, start, stop, decoded: bool | str = True, array: str | None = None):
         """`layers` of the activation array, or of another array of the run sharded like it
-        (`array`: an int8 run's `exact` layers, whose index along its second axis `layers` are)."""
+        (`array`: an int8 run's `exact` layers, whose index along its second axis `layers` are);
+        ``decoded`` "coded": an int8 shard's codes and state (`read_coded`)."""
         # no existence check before the read: an absent shard reads as absent, and the run's own
         # existence (it may have been deleted through another handle) is checked only then
         layout = self._layouts.get(run_key) or self.layout(run_key)
@@ -302,9 +310,17 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         # every layer: whole shards, one GET each; fewer layers fetch the shards' indexes, then
         # only their own inner chunks, as zarr reads them. Every shard's requests go out at once.
         whole = len(set(layers)) == codec.shape[1]
-        requests = [(key, None if whole else SuffixByteRequest(codec.index_size)) for key in keys]
-        found = self._fetch(requests + self._scale_requests(run_key, layout, shards, decoded and array is None))
+        # an int8 shard's steps and offsets: in its own object's trailer (older int8 runs: the scales array)
+        carried = self._decoding_at(run_key, layout) if decoded and array is None else None
+        tail = codec.index_size + (0 if carried is None else carried[0].nbytes + carried[1])
+        requests = [(key, None if whole else SuffixByteRequest(tail)) for key in keys]
+        found = self._fetch(requests + self._scale_requests(run_key, layout, shards, decoded and array is None
+                                                            and carried is None))
         found, states = found[:len(keys)], found[len(keys):]
+        if carried is not None:
+            states = self._carried_states(run_key, layout, shards, found, *carried)
+        elif states:
+            states = self._states(run_key, layout, shards, states)
         ranges = [self._chunk_ranges(run_key, layout, codec, shard, data, layers, name)
                   for shard, data in zip(shards, found)]
         if whole:
@@ -330,6 +346,8 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
                         out[i, a - start:b - start] = codec.decode_inner(part)[a - lo:b - lo, 0]
                 except DECODE_ERRORS as exc:
                     raise damaged(run_key, name, why_failed(exc), shard=shard, layer=layer, rows=(lo, hi)) from None
+        if decoded == "coded":  # one shard's codes and its state, of these layers (`read_coded`)
+            return out, states[0][:, layers]
         if states:
             return self._decoded(run_key, layout, out, layers, start, shards, states)
         return out if not decoded else decode_stored(out, layout.dtype)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from zarr.abc.store import SuffixByteRequest
 from zarr.codecs import Crc32cCodec
 
 from actstore.store.array_store import RunLayout
@@ -55,6 +56,24 @@ class OneByteShards:
         codec = self._codec(run_key, SCALES)
         return [(codec.key((shard, 0, 0, 0)), None) for shard in shards]
 
+    def _carried_states(self, run_key: str, layout: RunLayout, shards: range, found: list, block, after: int
+                        ) -> list[np.ndarray]:
+        """The shards' (2, L+1, d) states from the ends of their objects (`found`: whole objects or
+        their tails), the block lying `after` bytes before the index; DataLoss naming a damaged one
+        (a missing shard: the caller's own error first)."""
+        codec = self._codec(run_key, layout.array_name)
+        states = []
+        for shard, data in zip(shards, found):
+            if data is None:
+                return []  # the shard itself is missing: reported as such where its chunks are read
+            end = len(data) - codec.index_size - after
+            try:
+                states.append(block.decode(data[end - block.nbytes:end]))
+            except DECODE_ERRORS as exc:
+                raise damaged(run_key, SCALES, f"the copy in its shard object {why_failed(exc)}", shard=shard) \
+                    from None
+        return states
+
     def _states(self, run_key: str, layout: RunLayout, shards: range, found: list) -> list[np.ndarray]:
         """The shards' (2, L+1, d) states from their fetched `scales` chunks; DataLoss naming a
         shard whose chunk is missing or damaged."""
@@ -71,26 +90,39 @@ class OneByteShards:
         return states
 
     def _decoded(self, run_key: str, layout: RunLayout, codes: np.ndarray, layers: list[int], start: int,
-                 shards: range, found: list) -> np.ndarray:
+                 shards: range, states: list) -> np.ndarray:
         """float32 values of the codes (len(layers), rows, d) read from rows ``start`` on, each
-        shard's rows with that shard's steps and offsets."""
+        shard's rows with that shard's steps and offsets, (2, L+1, d) each."""
         out = np.empty(codes.shape, np.float32)
         stop = start + codes.shape[1]
-        for shard, state in zip(shards, self._states(run_key, layout, shards, found)):
+        for shard, state in zip(shards, states):
             lo, hi = layout.shard_range(shard)
             a, b = max(lo, start) - start, min(hi, stop) - start
-            out[:, a:b] = decode(codes[:, a:b], state[:, layers])
+            decode(codes[:, a:b], state[:, layers], out=out[:, a:b])
         return out
 
     def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
         """The (2, L+1, d) float32 steps and offsets of one shard of an int8 run (None for
-        another dtype); DataLoss naming the shard's chunk if it is missing or damaged."""
+        another dtype), from both its copies: the `scales` array's chunk (what plain zarr reads)
+        and its shard object's (what the store reads); DataLoss naming the shard if either is
+        missing or damaged, or they differ."""
         layout = self.layout(run_key)
         if not is_one_byte(layout.dtype):
             return None
         shards = range(shard, shard + 1)
-        return self._states(run_key, layout, shards, self._fetch(self._scale_requests(run_key, layout, shards,
-                                                                                      True)))[0]
+        state = self._states(run_key, layout, shards, self._fetch(self._scale_requests(run_key, layout, shards,
+                                                                                       True)))[0]
+        carried = self._decoding_at(run_key, layout)
+        if carried is not None:
+            codec = self._codec(run_key, layout.array_name)
+            tail = self._fetch([(codec.key((shard, 0, 0)), SuffixByteRequest(codec.index_size + carried[0].nbytes
+                                                                               + carried[1]))])
+            copies = self._carried_states(run_key, layout, shards, tail, *carried)
+            if not copies:
+                raise damaged(run_key, layout.array_name, "is missing from the store", shard=shard)
+            if not np.array_equal(copies[0], state):
+                raise damaged(run_key, SCALES, "differs from the copy its shard object carries", shard=shard)
+        return state
 
     def write_error_figures(self, run_key: str, figures: dict[str, list]) -> None:
         """Store a lossy run's per-layer error figures ({name: one value per layer}) as its

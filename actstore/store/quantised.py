@@ -68,13 +68,15 @@ def quantise(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return encode(values, state), state
 
 
-def decode(codes: np.ndarray, state: np.ndarray, layer_axis: int = 0) -> np.ndarray:
+def decode(codes: np.ndarray, state: np.ndarray, layer_axis: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """float32 values of one shard's codes: ``codes`` (L', rows, d) with ``state`` (2, L', d) of the
-    same layers (``layer_axis`` 1: codes (rows, L', d))."""
-    step, offset = state[0], state[1]
-    if layer_axis == 0:
-        step, offset = step[:, None], offset[:, None]
-    out = codes.astype(np.float32)
-    out *= step
-    out += offset
+    same layers (``layer_axis`` 1: codes (rows, L', d)); into ``out`` (float32, codes' shape) if given."""
+    out = np.empty(codes.shape, np.float32) if out is None else out
+    if layer_axis == 1:
+        np.multiply(codes, state[0], out=out)  # the int8 codes widen inside the multiply: one pass, then the add
+        out += state[1]
+        return out
+    for layer, (step, offset) in enumerate(zip(state[0], state[1])):  # a layer at a time: in cache for the add
+        np.multiply(codes[layer], step, out=out[layer])
+        out[layer] += offset
     return out

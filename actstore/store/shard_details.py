@@ -4,6 +4,10 @@ index, where zarr does not look (`store.codecs`):
 
     [inner chunks][details (L+1, 12) float64 + crc32c][layer sums (L+1, d) float64 + crc32c][index]
 
+(an int8 run's shard also carries its steps and offsets, (2, L+1, d) float32 + crc32c, just before
+its details: a read decodes a shard from one object, `store.quantised`; its layer sums are float32,
+of the decoded values, summed in float64)
+
 so a capture writes a shard with everything the catalog and the commit need in one PUT, and a
 reader gets both blocks with one suffix request of a known length. Each block is described in
 the activation array's attributes (``layer_sums``, ``shard_details``), in zarr's own terms; a
@@ -33,11 +37,14 @@ from actstore.store.array_store import RunLayout
 from actstore.store.catalog_schema import CHUNK_SCHEMA
 from actstore.store.codecs import ChunkCodec, FixedBlock
 from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.quantised import is_one_byte
 
 SUMS_ATTRIBUTE = "layer_sums"
 SUMS_WHERE = "in each shard object, between its inner chunks and its index"
 DETAILS_ATTRIBUTE = "shard_details"
 DETAILS_WHERE = "in each shard object, just before its layer sums"
+DECODING_ATTRIBUTE = "decoding"  # an int8 run's steps and offsets (store.quantised), the scales array's copy
+DECODING_WHERE = "in each shard object, just before its details: the shard's row of the scales array"
 # the chunk row's columns a details block stores (the rest are where the block lies) and which are integers
 ROW_COLUMNS = ("rows", "checksum", "min", "max", "nan_count", "inf_count")
 INTEGER_COLUMNS = {"rows", "checksum", "nan_count", "inf_count"}
@@ -50,9 +57,17 @@ LEGACY_STATS = "runs/{run_key}/layer_stats/{shard}.json"
 SHARDS_AT_ONCE = 64
 
 
-def sums_block(layout: RunLayout) -> FixedBlock:
-    """The layer sums a shard object of a run with ``layout`` carries."""
-    return FixedBlock.of((layout.num_states, layout.width), "float64")
+def sums_block(layout: RunLayout, dtype: str | None = None) -> FixedBlock:
+    """The layer sums a shard object of a run with ``layout`` carries: float64, an int8 run's float32
+    (their means are within float32 rounding of the decoded values'; half the bytes per value);
+    ``dtype``: the one the run's attributes name."""
+    return FixedBlock.of((layout.num_states, layout.width), dtype or ("float32" if is_one_byte(layout.dtype)
+                                                                      else "float64"))
+
+
+def decoding_block(layout: RunLayout) -> FixedBlock:
+    """The steps and offsets an int8 run's shard object carries (`store.quantised`)."""
+    return FixedBlock.of((2, layout.num_states, layout.width), "float32")
 
 
 def details_block(layout: RunLayout) -> FixedBlock:
@@ -62,8 +77,11 @@ def details_block(layout: RunLayout) -> FixedBlock:
 
 def describe(layout: RunLayout) -> dict:
     """The attributes of a new run's activation array that say what its shards carry, and where."""
-    return {SUMS_ATTRIBUTE: {"where": SUMS_WHERE, **sums_block(layout).describe()},
-            DETAILS_ATTRIBUTE: {"where": DETAILS_WHERE, "columns": list(COLUMNS), **details_block(layout).describe()}}
+    details = {"where": DETAILS_WHERE, "columns": list(COLUMNS), **details_block(layout).describe()}
+    described = {SUMS_ATTRIBUTE: {"where": SUMS_WHERE, **sums_block(layout).describe()}, DETAILS_ATTRIBUTE: details}
+    if is_one_byte(layout.dtype):
+        described[DECODING_ATTRIBUTE] = {"where": DECODING_WHERE, **decoding_block(layout).describe()}
+    return described
 
 
 def details_values(run_key: str, shard: int, layers: int, rows: dict[str, list] | None,
@@ -121,8 +139,17 @@ class ShardEnds:
         (None: the oldest runs keep them in a `layer_sums` array) and the details (None: runs
         written before keep chunk rows and statistics in JSON objects)."""
         attributes = self._codec(run_key, layout.array_name).attributes
-        return (sums_block(layout) if SUMS_ATTRIBUTE in attributes else None,
+        sums = attributes.get(SUMS_ATTRIBUTE)
+        return (sums_block(layout, sums.get("data_type")) if sums is not None else None,
                 details_block(layout) if DETAILS_ATTRIBUTE in attributes else None)
+
+    def _decoding_at(self, run_key: str, layout: RunLayout) -> tuple[FixedBlock, int] | None:
+        """An int8 run's shards' decoding block and how many bytes of trailer lie between it and
+        the index (None: another dtype, or a run written before shards carried it)."""
+        if DECODING_ATTRIBUTE not in self._codec(run_key, layout.array_name).attributes:
+            return None
+        sums, details = self._carried(run_key, layout)
+        return decoding_block(layout), sums.nbytes + details.nbytes
 
     def _blocks(self, run_key: str, layout: RunLayout, shards: range, name: str, block: FixedBlock,
                 after: int = 0) -> list[np.ndarray | None]:

@@ -142,7 +142,11 @@ class StoreCalls:
     def _fetch(self, requests: list[tuple[str, ByteRequest | None]]) -> list[memoryview | None]:
         """GET objects or byte ranges of them, all at once; None for an absent object. One whole
         object: obstore's blocking call (an object store) or the file's bytes (a local store, as
-        zarr's LocalStore reads them), in this thread."""
+        zarr's LocalStore reads them), in this thread; whole files of a local store one after
+        another in this thread (no round trip to wait on)."""
+        if len(requests) > 1 and isinstance(self._zarr, LocalStore) and all(r is None for _, r in requests):
+            # several whole files of a local store (an int8 shard and its scales): each in this thread too
+            return [self._fetch([request])[0] for request in requests]
         if len(requests) == 1 and requests[0][1] is None and (self._url or isinstance(self._zarr, LocalStore)):
             key = requests[0][0]
             try:

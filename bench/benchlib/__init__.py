@@ -167,7 +167,7 @@ def synthetic_latents(n: int, shard_rows: int, seed: int = 0, latent: int = 32) 
 
 def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, width: int = 384, seed: int = 0,
                          latent: int = 32, outliers: int = 4, log: bool = True,
-                         dataset_digest: str | None = None) -> list[str]:
+                         dataset_digest: str | None = None, dtype: str = "float16") -> list[str]:
     """Write `runs` committed float16 pooled runs of n samples x `states` layers x `width` into the
     embedded server's store through its in-process service (no model, no capture job), and return
     their run keys. Capturing 100k real samples would take about an hour on 2 cores.
@@ -187,13 +187,18 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     `service.catalog.chunks.insert`, then the layer means are written and `catalog.runs.commit`
     checks every shard is recorded and marks the run committed, as a capture job does. With
     `dataset_digest` (a dataset registered with the ids "s0000000", ...) the runs are of that
-    dataset instead of a placeholder record."""
+    dataset instead of a placeholder record. `dtype` "int8": the same values coded to one byte as a
+    capture codes them (`workers.capture.prepare_shards`, `write_prepared`), with their error
+    figures measured and stored at commit (the run keys then differ from the float16 runs')."""
     import pyarrow as pa
+    import torch
 
+    from actstore.metrics.rounding import ErrorFigures
     from actstore.store.arrays import RunLayout
     from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
     from actstore.store.keys import run_key, run_spec
-    from actstore.workers.shard_writes import chunk_metadata
+    from actstore.workers.capture import prepare_shards
+    from actstore.workers.shard_writes import chunk_metadata, write_prepared
 
     service = client._server.service
     shard_rows = service.settings.shard_rows
@@ -210,14 +215,15 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
                                               num_layers=states - 1, hidden_size=width, max_positions=None,
                                               path="", has_head=False, lineage={"bench-synthetic": m}))
         spec = run_spec(model_digest=model_digest, dataset_digest=dataset_digest, num_layers=states - 1,
-                        pooling="mean", max_len=128, dtype="float16")
+                        pooling="mean", max_len=128, dtype=dtype)
         key = run_key(spec)
-        layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype="float16", pooling="mean",
+        layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype=dtype, pooling="mean",
                            shard_rows=shard_rows)
+        figures = ErrorFigures(states, width) if dtype == "int8" else None
         service.arrays.create_run(key, layout, sample_ids, None, None)
         record, _ = service.catalog.runs.open(RunRecord(run_key=key, model_digest=model_digest,
                                                        dataset_digest=dataset_digest,
-                                          pooling="mean", dtype="float16", max_len=128, n=n, rows=n,
+                                          pooling="mean", dtype=dtype, max_len=128, n=n, rows=n,
                                           num_layers=states - 1, width=width, num_shards=layout.num_shards,
                                           status="running", spec=spec))
         model_rng = np.random.default_rng([seed, 1, m])
@@ -237,20 +243,27 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
             for layer in range(1, states):
                 values[:, layer] = (values[:, layer - 1] + drift
                                     + 0.6 * noise_rng.standard_normal((stop - start, width), dtype=np.float32))
-            stored = values.astype(np.float16)
-            numbers = stored.astype(np.float32)
-            service.arrays.write_shard(key, shard, stored, numbers.sum(axis=0, dtype=np.float64))
-            for column, cells in chunk_metadata(key, shard, stored).items():
+            if figures is not None:  # the capture's own coding and measurement
+                prepared = prepare_shards(torch.from_numpy(values), [(0, stop - start)], dtype, figures)[0]
+                rows = write_prepared(service.arrays, key, shard, prepared)
+            else:
+                stored = values.astype(np.float16)
+                numbers = stored.astype(np.float32)
+                service.arrays.write_shard(key, shard, stored, numbers.sum(axis=0, dtype=np.float64))
+                rows = chunk_metadata(key, shard, stored)
+            for column, cells in rows.items():
                 pending.setdefault(column, []).extend(cells)
             if shard % 64 == 63 or shard == layout.num_shards - 1:
                 service.catalog.chunks.insert(pa.table(pending))
                 pending = {}
+        if figures is not None:
+            service.arrays.write_error_figures(key, figures.finalize())
         service.arrays.write_means(key)
         service.catalog.runs.commit(record)
         service.arrays.mark_committed(key)
         keys.append(key)
         if log:
-            print(f"  wrote synthetic run {key[:12]} ({n} x {states} x {width} float16, {layout.num_shards} shards) "
+            print(f"  wrote synthetic run {key[:12]} ({n} x {states} x {width} {dtype}, {layout.num_shards} shards) "
                   f"in {time.perf_counter() - started:.1f} s", flush=True)
     return keys
 

@@ -238,7 +238,8 @@ def test_the_cka_matrix_job_carries_the_bound_of_every_block_pair(module_client,
     client = module_client
     matrix = client.cka_matrix([runs["int8", "cls"], gpt2_runs["int8"]])
     angles = {variant: np.concatenate([_angles(client, runs["int8", "cls"], variant),
-                                       _angles(client, gpt2_runs["int8"], variant)]) for variant in ("biased", "debiased")}
+                                       _angles(client, gpt2_runs["int8"], variant)])
+              for variant in ("biased", "debiased")}
     exact = np.concatenate([_read(client, runs["float32", "cls"]), _read(client, gpt2_runs["float32"])], axis=1)
     blocks = list(range(len(matrix.block_run)))
     _check_bounds(client, matrix, exact, exact, angles, angles, blocks, blocks)
@@ -342,3 +343,15 @@ def test_a_tolerance_needs_a_lossy_dtype(module_client, runs):
     with pytest.raises(InvalidArgument, match="max_cka_error 0.0 must be in"):
         module_client._capture.SubmitCapture(pb.CaptureRequest(model="bert", dataset="toy", dtype="int8",
                                                                max_cka_error=0.0))
+
+
+def test_batches_send_an_int8_runs_codes_and_each_shards_state_once(module_client, runs):
+    from actstore._proto.actstore.v1 import readers_pb2 as rpb
+    from actstore.wire import from_ndarray
+
+    client = module_client
+    run = runs["int8", "tokens"]
+    parts = list(client._readers.ReadBatches(rpb.BatchesRequest(run=run, batch_size=5, shuffle=True)))
+    assert {from_ndarray(p.values).dtype for p in parts} == {np.dtype(np.int8)}  # one byte a value on the wire
+    sent = [d.shard for p in parts for d in p.decodings]
+    assert sorted(sent) == list(range(client.describe(run).num_shards))  # every shard's state, once

@@ -536,8 +536,8 @@ class ArrayStoreContract:
         for shard in range(layout.num_shards):
             np.testing.assert_array_equal(store.decoding(run_key, shard), states[shard])
         assert store.array_shapes(run_key)["scales"] == ((layout.num_shards, 2, NUM_STATES, WIDTH), "float32")
-        # the means are those of the decoded numbers, as every reader sees them
-        np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-12)
+        # the means are those of the decoded numbers, as every reader sees them (each shard's sums kept in float32)
+        np.testing.assert_allclose(store.write_means(run_key), numbers.astype(np.float64).mean(axis=0), rtol=1e-6)
 
     def test_int8_shards_need_their_scales_and_other_dtypes_take_none(self, store):
         run_key, layout = key("int8-scales"), pooled_layout("int8")

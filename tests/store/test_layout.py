@@ -35,3 +35,13 @@ def test_pooled_runs_and_a_zero_size_keep_the_row_setting():
     assert RunLayout.new(240, 4_800, 4, 32, "float16", "tokens", 32, 16.0).shard_rows == 32
     # a mid-sized one grows as far as its 16 shards allow: 30,000 MiniLM tokens, 10 MB objects
     assert RunLayout.new(1_100, 30_000, 7, 384, "float16", "tokens", 256, 16.0).shard_rows == 1792
+
+
+def test_an_int8_pooled_run_holds_twice_the_rows_a_shard():
+    """The bytes of a float16 shard: half the bytes per value of the sums and scales each shard carries."""
+    from actstore.store.array_store import RunLayout
+
+    for dtype, rows in (("float16", 256), ("float32", 256), ("bfloat16", 256), ("int8", 512)):
+        assert RunLayout.new(5000, 5000, 7, 384, dtype, "mean", 256, 16.0).shard_rows == rows
+    tokens = RunLayout.new(100, 200_000, 7, 384, "int8", "tokens", 256, 16.0)
+    assert tokens.shard_rows % 256 == 0 and tokens.shard_rows * 7 * 384 <= 16e6

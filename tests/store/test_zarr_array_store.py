@@ -464,11 +464,30 @@ class TestZarrArrayStore(ArrayStoreContract):
         chunk = tmp_path / "store" / "runs" / run_key / "scales" / "c" / "1" / "0" / "0" / "0"
         self.flip_byte(chunk, 40)
         fresh = self.make_store(tmp_path)
+        # the store reads each shard's own copy (in its object), plain zarr the array's: verify checks both
+        np.testing.assert_array_equal(fresh.read_layers(run_key, [2], 0, N), self.expected(numbers, [2], 0, N))
         with pytest.raises(DataLoss, match=rf"run {run_key[:12]}: shard 1 of array 'scales' failed its crc32c"):
-            fresh.read_layers(run_key, [2], 0, N)
-        np.testing.assert_array_equal(fresh.read_layers(run_key, [2], 0, SHARD_ROWS),
-                                      self.expected(numbers, [2], 0, SHARD_ROWS))  # the other shards still read
+            fresh.decoding(run_key, 1)
         assert [(f.array, f.shard) for f in check_shard(fresh, run_key, 1, {})] == [("scales", 1)]
+        g = zarr.open_group(store=zarr.storage.LocalStore(tmp_path / "store", read_only=True), path=f"runs/{run_key}",
+                            mode="r")
+        with pytest.raises(ValueError, match="checksum"):
+            g["scales"][1]
+
+    def test_a_flipped_byte_in_a_shards_copy_of_its_scales_is_data_loss_for_every_read(self, store, tmp_path):
+        run_key, layout = key("int8-flip-copy"), pooled_layout("int8")
+        self.create(store, run_key, layout)
+        self.write_all(store, run_key, layout)
+        shard_file = tmp_path / "store" / "runs" / run_key / "acts" / "c" / "2" / "0" / "0"
+        size = shard_file.stat().st_size
+        # the copy lies before the details ((L+1) x 12 float64 + crc), the float32 sums ((L+1) x d + crc), the index
+        self.flip_byte(shard_file, size - (16 * NUM_STATES + 4) - (4 * NUM_STATES * WIDTH + 4)
+                       - (8 * 12 * NUM_STATES + 4) - 50)
+        fresh = self.make_store(tmp_path)
+        for layers in ([1], list(range(NUM_STATES))):
+            with pytest.raises(DataLoss, match=r"shard 2 of array 'scales'.*failed its crc32c"):
+                fresh.read_layers(run_key, layers, 0, N)
+        assert ("scales", 2) in [(f.array, f.shard) for f in check_shard(fresh, run_key, 2, {})]
 
     def test_a_truncated_group_metadata_file_is_data_loss(self, store, tmp_path):
         run_key, _, _ = self.filled_run(store)

@@ -79,6 +79,38 @@ class BatchesRequest(google.protobuf.message.Message):
 Global___BatchesRequest: typing_extensions.TypeAlias = BatchesRequest
 
 @typing.final
+class ShardDecoding(google.protobuf.message.Message):
+    """The steps and offsets of one shard of an int8 run, for the requested layers: a row r in
+    [start, stop) decodes as value = code * state[0, layer] + state[1, layer] (float32, the multiply first).
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SHARD_FIELD_NUMBER: builtins.int
+    START_FIELD_NUMBER: builtins.int
+    STOP_FIELD_NUMBER: builtins.int
+    STATE_FIELD_NUMBER: builtins.int
+    shard: builtins.int
+    start: builtins.int
+    stop: builtins.int
+    @property
+    def state(self) -> actstore.v1.actstore_pb2.NDArray:
+        """(2, layers, d) float32"""
+
+    def __init__(
+        self,
+        *,
+        shard: builtins.int = ...,
+        start: builtins.int = ...,
+        stop: builtins.int = ...,
+        state: actstore.v1.actstore_pb2.NDArray | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["state", b"state"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["shard", b"shard", "start", b"start", "state", b"state", "stop", b"stop"]) -> None: ...
+
+Global___ShardDecoding: typing_extensions.TypeAlias = ShardDecoding
+
+@typing.final
 class BatchPart(google.protobuf.message.Message):
     """A part of one batch: a batch larger than one message travels as several parts, in order."""
 
@@ -92,6 +124,7 @@ class BatchPart(google.protobuf.message.Message):
     SAMPLE_IDS_FIELD_NUMBER: builtins.int
     LABELS_FIELD_NUMBER: builtins.int
     BUFFER_SHARDS_FIELD_NUMBER: builtins.int
+    DECODINGS_FIELD_NUMBER: builtins.int
     batch: builtins.int
     """index of the batch in this rank's stream"""
     batch_rows: builtins.int
@@ -102,7 +135,7 @@ class BatchPart(google.protobuf.message.Message):
     """shards the server's buffer may hold for this stream (first part only)"""
     @property
     def values(self) -> actstore.v1.actstore_pb2.NDArray:
-        """(part rows, layers, d) as stored (bfloat16 widened to float32)"""
+        """(part rows, layers, d) as stored (bfloat16 widened to float32; int8: codes)"""
 
     @property
     def rows(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
@@ -116,6 +149,12 @@ class BatchPart(google.protobuf.message.Message):
     def labels(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """the sample's label of each row; empty if the dataset has none"""
 
+    @property
+    def decodings(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[Global___ShardDecoding]:
+        """an int8 run: `values` are int8 codes, decoded by the client with these, sent in the first part whose
+        rows need them (a stream sends each shard's once); empty for every other dtype
+        """
+
     def __init__(
         self,
         *,
@@ -127,9 +166,10 @@ class BatchPart(google.protobuf.message.Message):
         sample_ids: collections.abc.Iterable[builtins.str] | None = ...,
         labels: collections.abc.Iterable[builtins.int] | None = ...,
         buffer_shards: builtins.int = ...,
+        decodings: collections.abc.Iterable[Global___ShardDecoding] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["values", b"values"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "buffer_shards", b"buffer_shards", "labels", b"labels", "offset", b"offset", "rows", b"rows", "sample_ids", b"sample_ids", "values", b"values"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batch", b"batch", "batch_rows", b"batch_rows", "buffer_shards", b"buffer_shards", "decodings", b"decodings", "labels", b"labels", "offset", b"offset", "rows", b"rows", "sample_ids", b"sample_ids", "values", b"values"]) -> None: ...
 
 Global___BatchPart: typing_extensions.TypeAlias = BatchPart
 
