@@ -19,9 +19,12 @@ demo: setup
 # xdist would start the files with the most tests first and the one-test scenarios of minutes last).
 # -p no:benchmark: pytest-benchmark, where a machine has it, warns beside xdist (warnings are errors
 # here); our benchmarks are the bench/ scripts.
+# --max-worker-restart 0: a worker that dies (a crash of the process, not a failing test) ends the
+# run with that test failed, where a replacement worker under --dist loadfile can wait forever
+# (pytest-dev/pytest-xdist#784, #1313): a CI run that never ends says nothing of what broke.
 TEST_WORKERS ?= 3
 test: setup
-	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --max-worker-restart 0 --dist loadfile --no-loadscope-reorder
 
 # An author's quick loop (no Ray cluster, no server of minutes, under 3 minutes): every test that is
 # not slow, not in a `long` file and uses no Ray cluster (`ray`: set from a test's fixtures by
@@ -35,7 +38,7 @@ BASE ?= HEAD
 test-changed: setup
 	@files=$$($(PYTHON) scripts/changed_tests.py $(BASE)); \
 	if [ -z "$$files" ]; then echo "no test file mirrors or imports what changed since $(BASE)"; exit 0; fi; \
-	echo "$$files"; $(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --dist loadfile $$files
+	echo "$$files"; $(PYTHON) -m pytest -q -p no:benchmark -n $(TEST_WORKERS) --max-worker-restart 0 --dist loadfile $$files
 
 test-all: setup
 	$(PYTHON) -m pytest -q -m ''

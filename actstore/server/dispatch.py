@@ -252,16 +252,17 @@ def fold_in_order(items: list, submit: Callable[[Any], ray.ObjectRef], width: in
     tasks submitted and not yet folded (so at most that many results are held at once): a
     reduction over the same items adds the same numbers in the same order whichever task finishes
     first. The results come through `gather`: our errors as themselves, and when the gRPC call
-    this thread serves ends, the tasks outstanding are cancelled and ``Cancelled`` raised."""
+    this thread serves ends, the tasks outstanding are cancelled and ``Cancelled`` raised.
+
+    When one result raises (a damaged chunk is DataLoss), the others in flight are left to finish
+    and dropped, not cancelled: at most ``width`` tasks' work, where ``ray.cancel`` of a task
+    finishing at that moment aborts the driver (Ray 2.60, "Check failed: it !=
+    submissible_tasks_.end() Tried to complete task that was not pending"; ray-project/ray#54798
+    fixed the retry side of that race only), and the driver is this server."""
     window: deque[ray.ObjectRef] = deque()
     queue = deque(items)
-    try:
-        while queue or window:
-            while queue and len(window) < width:
-                window.append(submit(queue.popleft()))
-            fold(gather(window[0]))
-            window.popleft()
-    except BaseException:
-        if window:
-            cancel(list(window))
-        raise
+    while queue or window:
+        while queue and len(window) < width:
+            window.append(submit(queue.popleft()))
+        fold(gather(window[0]))
+        window.popleft()
