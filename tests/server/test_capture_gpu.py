@@ -74,7 +74,9 @@ def test_one_gpu_shared_by_other_work_captures_and_metric_jobs(tmp_path, tiny_mo
     assert 5 <= float(first.split()[2]) < 45, first
     assert "did not start within 5 s: no GPU came free (0 of the cluster's 1 free now)" in first, first
     assert then == "then: committed", done.stdout
-    assert int(query.split()[2]) < 30, query
+    # released at once, not after the replica idled out (actor_idle_seconds, 120 s): the query's own
+    # time is seconds, but reached 31 s with the suite's processes and the install checks beside it
+    assert int(query.split()[2]) < 90, query
 
 
 LOGICAL_GPU_PATH = """
