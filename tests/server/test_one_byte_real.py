@@ -40,7 +40,8 @@ def real(tmp_path_factory, ray_cluster):
 
 
 def _feature_cka(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Biased and debiased linear CKA in feature space, float64, written out from METRICS.md."""
+    """Biased and debiased linear CKA in feature space, float64, written out from METRICS.md (not
+    tests/formulas.py's Gram-space forms: n x n Grams of a 53,862-row token run are 23 GB each)."""
     n = len(x)
     x, y = x.astype(np.float64), y.astype(np.float64)
     x, y = x - x.mean(0), y - y.mean(0)
