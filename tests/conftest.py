@@ -64,10 +64,10 @@ def make_settings(store: Path, **overrides):
                        "resume_on_start": False, **overrides})
 
 
-def _serve(store: Path):
+def _serve(store: Path, **overrides):
     from actstore.server.app import start_server
 
-    running = start_server(make_settings(store))
+    running = start_server(make_settings(store, **overrides))
     yield running
     running.stop()
 

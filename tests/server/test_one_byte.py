@@ -9,9 +9,24 @@ import numpy as np
 import pytest
 
 from actstore.store import quantised
+from tests.conftest import _serve
 from tests.server.captured import read_all, register_toy
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# What two float64 computations of one CKA (the server's, the formula's) differ by: a bound of 0 (a
+# layer stored exactly) is checked to this
+FLOAT64_NOISE = 1e-12
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory, ray_cluster):
+    """The module's server, with forward batches of 16: a float32 pooled run's task (two shards of 8
+    rows) and an int8 one's (one shard of 16: a one-byte pooled shard holds twice the rows) then run
+    the same batches, so the two runs hold the same forward's values, which the tests compare the
+    int8 figures with. A sample's numbers depend on its batch in float32 rounding (torch's AVX-512
+    kernels: 3e-8 between batches of 8 and 4), and batches of 8 ran the int8 task's 16 rows as two
+    batches sorted by length."""
+    yield from _serve(tmp_path_factory.mktemp("store"), capture_batch_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +215,7 @@ def _check_bounds(client, answer, exact_a, exact_b, bound_a, bound_b, layers_a, 
                 truth = _exact_cka(exact_a[:, la], exact_b[:, lb])[index]
                 if np.isnan(truth) or np.isnan(values[i, j]):
                     continue
-                assert abs(values[i, j] - truth) <= bound[i, j], (variant, la, lb, values[i, j], truth, bound[i, j])
+                assert abs(values[i, j] - truth) <= bound[i, j] + FLOAT64_NOISE, (variant, la, lb, values[i, j], truth, bound[i, j])
     assert answer.provenance.error_bound == pytest.approx(np.nanmax(answer.bound_biased.tolist()
                                                                     + answer.bound_debiased.tolist()))
     assert any(note.startswith("error bound:") for note in answer.notes)
