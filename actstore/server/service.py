@@ -165,6 +165,12 @@ class ActStoreService:
         runs = self.catalog.runs.all(model_digest, dataset_digest, status or None)
         return [r for r in runs if site_of(r.spec) == site] if site else runs
 
+    def recorded_shards(self, record: RunRecord) -> int:
+        """The shards of a run recorded so far: all of a committed run's (its commit checked them)."""
+        if record.status == "committed":
+            return record.num_shards
+        return len(self.catalog.chunks.recorded_shards(record.run_key, record.num_layers))
+
     def describe_run(self, run: str) -> RunDescription:
         record = self.catalog.runs.get(run)
         health = self.catalog.chunks.health(record.run_key, record.num_layers)

@@ -86,7 +86,7 @@ def rounding_proto(figures: dict | None, dtype: str) -> list[pb.LayerRounding]:
             for layer in range(len(figures["rows"]))]
 
 
-def run_proto(r: RunRecord, recorded_shards: int = 0) -> pb.Run:
+def run_proto(r: RunRecord, recorded_shards: int) -> pb.Run:
     return pb.Run(run_key=r.run_key, model_digest=r.model_digest, dataset_digest=r.dataset_digest,
                   pooling=r.pooling, dtype=r.dtype, max_len=r.max_len, n=r.n, rows=r.rows,
                   num_layers=r.num_layers, width=r.width, status=r.status, num_shards=r.num_shards,
@@ -123,7 +123,7 @@ class CatalogServicer(rpc.CatalogServicer):
 
     def ListRuns(self, request, context):
         runs = self.service.runs(request.model, request.dataset, request.status, request.site)
-        return pb.ListRunsResponse(runs=[run_proto(r) for r in runs])
+        return pb.ListRunsResponse(runs=[run_proto(r, self.service.recorded_shards(r)) for r in runs])
 
     def DescribeRun(self, request, context):
         described = self.service.describe_run(request.run)

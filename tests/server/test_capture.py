@@ -41,6 +41,9 @@ def test_same_request_is_a_cache_hit(module_client, module_registered):
     again = client.capture("bert", "toy", max_len=12)
     assert not first.cache_hit and again.cache_hit and again.run_key == first.run_key
     assert len(client.runs()) == before + 1
+    listed = next(r for r in client.runs() if r.run_key == first.run_key)
+    assert listed.status == "committed" and listed.recorded_shards == listed.num_shards == client.describe(
+        first.run_key).recorded_shards > 0
 
 
 

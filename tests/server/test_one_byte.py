@@ -215,7 +215,8 @@ def _check_bounds(client, answer, exact_a, exact_b, bound_a, bound_b, layers_a, 
                 truth = _exact_cka(exact_a[:, la], exact_b[:, lb])[index]
                 if np.isnan(truth) or np.isnan(values[i, j]):
                     continue
-                assert abs(values[i, j] - truth) <= bound[i, j] + FLOAT64_NOISE, (variant, la, lb, values[i, j], truth, bound[i, j])
+                assert abs(values[i, j] - truth) <= bound[i, j] + FLOAT64_NOISE, \
+                    (variant, la, lb, values[i, j], truth, bound[i, j])
     assert answer.provenance.error_bound == pytest.approx(np.nanmax(answer.bound_biased.tolist()
                                                                     + answer.bound_debiased.tolist()))
     assert any(note.startswith("error bound:") for note in answer.notes)
