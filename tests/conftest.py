@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
     collection order: `make test` hands whole files to its processes in this order
     (`--dist loadfile --no-loadscope-reorder`), so a long file never starts last and leaves the
     others idle while it runs. A test that uses the session's Ray cluster (through any fixture) is
-    marked `ray`, so `make test-quick` (-m "not slow and not ray") runs none of them."""
+    marked `ray`, so `make test-quick` (-m "not slow and not long and not ray") runs none of them."""
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)

@@ -5,7 +5,8 @@ the runs looked up, the result key hashed, the reply built), but a server answer
 them a second does it under one interpreter lock that gRPC's own threads also need. So the reply
 to a request that was answered from the cache is kept, by the RPC method and the request's bytes,
 and a repeat of those bytes is answered with it after two checks that cost a dictionary lookup
-each (`ActStoreService.answer_is_current`):
+each (`QueryEngine.current_generation` when the reply is kept, `QueryEngine.is_current` when it
+is reused):
 
   * the query state's generation is unchanged: no run was deleted or repaired and no result was
     collected since (each of those forgets what the planners remember and starts a generation);
