@@ -17,6 +17,7 @@ bytes per value on every model and pooling.
 
     python bench/storage.py [--quick] [--n 2048] [--models minilm-l6,smollm2-135m]
                             [--poolings pooled,tokens] [--dtypes float16,bfloat16,int8] [--max-cka-error T]
+                            [--cka-layers 0,15,30]
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ TARGET_INT8 = 1.05
 POOLED = {"minilm-l6": "mean", "smollm2-135m": "last"}
 
 
-def capture(client, model: str, pooling: str, dtype: str, max_len: int, tolerance: float | None) -> dict:
+def capture(client, model: str, pooling: str, dtype: str, max_len: int, tolerance: float | None,
+            cka_layers: list[int] | None = None) -> dict:
     started = time.perf_counter()
     extra = {"max_cka_error": tolerance} if dtype == "int8" and tolerance else {}
     run = client.capture(model, "reviews", pooling=pooling, dtype=dtype, max_len=max_len, **extra).run_key
     seconds = time.perf_counter() - started
     described = client.describe(run)
     started = time.perf_counter()
-    cka = client.cka(run, refresh=True)
+    cka = client.cka(run, refresh=True, layers_a=cka_layers, layers_b=cka_layers)
     cka_seconds = time.perf_counter() - started
     values = described.rows * (described.num_layers + 1) * described.width
     exact_layers = [r.layer for r in described.rounding if r.stored == "float32"]
@@ -65,6 +67,8 @@ def main() -> None:
     parser.add_argument("--compressor", choices=("lz4", "zstd"), default="lz4")
     parser.add_argument("--shard-rows", type=int, default=256, help="samples per shard (default: Settings' 256)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cka-layers", default="", help="the CKA over these layers only, e.g. 0,15,30 (default: "
+                        "every layer; SmolLM2's token-level 31 x 31 takes ~20 min on 2 cores)")
     parser.add_argument("--quick", action="store_true", help="tiny run: n=64, shard-rows=32, MiniLM only")
     args = parser.parse_args()
     if args.quick:
@@ -74,11 +78,13 @@ def main() -> None:
     if "float16" not in dtypes:
         dtypes.append("float16")  # the baseline
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    cka_layers = [int(k) for k in args.cka_layers.split(",") if k.strip()] or None
     poolings = [p.strip() for p in args.poolings.split(",") if p.strip()]
 
     info = machine()
     print(f"storage: n={args.n} models={models} poolings={poolings} dtypes={dtypes} compressor={args.compressor} "
-          f"shard_rows={args.shard_rows} max_cka_error={args.max_cka_error}; {cores()} cores, "
+          f"shard_rows={args.shard_rows} max_cka_error={args.max_cka_error} cka_layers={cka_layers or 'all'}; "
+          f"{cores()} cores, "
           f"load {info['loadavg_start']}", flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="actstore-bench-") as tmp, \
@@ -92,7 +98,7 @@ def main() -> None:
                 case = f"{model} {pooling}"
                 rows = results[case] = {}
                 for dtype in dtypes:
-                    rows[dtype] = capture(client, model, pooling, dtype, args.max_len, args.max_cka_error)
+                    rows[dtype] = capture(client, model, pooling, dtype, args.max_len, args.max_cka_error, cka_layers)
                     print(f"  {case} {dtype}: {rows[dtype]['bytes_per_value']:.4f} B/value, captured in "
                           f"{rows[dtype]['capture_seconds']:.1f} s, CKA {rows[dtype]['cka_seconds']:.2f} s", flush=True)
                 exact = rows["float32"]["cka"]
