@@ -64,7 +64,8 @@ def make_settings(store: Path, **overrides):
                        "resume_on_start": False, **overrides})
 
 
-def _serve(store: Path, **overrides):
+def serving(store: Path, **overrides):
+    """A real server of `store` on loopback (`make_settings` with ``overrides``), stopped after."""
     from actstore.server.app import start_server
 
     running = start_server(make_settings(store, **overrides))
@@ -81,7 +82,7 @@ def _connect(server):
 
 @pytest.fixture
 def server(tmp_path, ray_cluster):
-    yield from _serve(tmp_path / "store")
+    yield from serving(tmp_path / "store")
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def module_server(tmp_path_factory, ray_cluster):
     """One server for a whole test module, for read-only query tests over shared runs."""
-    yield from _serve(tmp_path_factory.mktemp("store"))
+    yield from serving(tmp_path_factory.mktemp("store"))
 
 
 @pytest.fixture(scope="module")

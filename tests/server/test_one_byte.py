@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actstore.store import quantised
-from tests.conftest import _serve
+from tests.conftest import serving
 from tests.server.captured import read_all, register_toy
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -26,7 +26,7 @@ def module_server(tmp_path_factory, ray_cluster):
     int8 figures with. A sample's numbers depend on its batch in float32 rounding (torch's AVX-512
     kernels: 3e-8 between batches of 8 and 4), and batches of 8 ran the int8 task's 16 rows as two
     batches sorted by length."""
-    yield from _serve(tmp_path_factory.mktemp("store"), capture_batch_size=16)
+    yield from serving(tmp_path_factory.mktemp("store"), capture_batch_size=16)
 
 
 @pytest.fixture(scope="module")
