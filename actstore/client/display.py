@@ -16,27 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from actstore.client.plots import figure as new_figure
+from actstore.errors import FailedPrecondition
 from actstore.records import Provenance, RunName
 
 THUMBNAIL_INCHES = (4.2, 3.4)
 THUMBNAIL_DPI = 72
 OPTION_TEXT = 60  # characters of an option's value shown before it is cut
-
-
-def short_name(run: RunName) -> str:
-    """A run's model name (its key's first 12 characters where it has none)."""
-    return run.model or run.run_key[:12]
-
-
-def pair_names(provenance: Provenance) -> tuple[str, str]:
-    """The names of runs A and B of an answer (B is A for an answer of one run)."""
-    if not provenance.run_keys:
-        return "A", "B"
-    first = short_name(provenance.run_name(0))
-    if len(provenance.run_keys) < 2 or provenance.run_keys[1] == provenance.run_keys[0]:
-        return first, first
-    second = short_name(provenance.run_name(1))
-    return (f"{first} (A)", f"{second} (B)") if first == second else (first, second)
 
 
 def metric_bounds(metric: str) -> tuple[float | None, float | None]:
@@ -154,9 +140,6 @@ def _asked(provenance: Provenance) -> str:
 
 def thumbnail(draw) -> str | None:
     """`draw(ax)` on a small figure, as base64 PNG; None without matplotlib."""
-    from actstore.client.plots import figure as new_figure
-    from actstore.errors import FailedPrecondition
-
     try:
         figure = new_figure(THUMBNAIL_INCHES, THUMBNAIL_DPI)
     except FailedPrecondition:

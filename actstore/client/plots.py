@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from actstore.client.names import pair_names, short_name
 from actstore.errors import FailedPrecondition, InvalidArgument
 
 MISSING = "plot() needs matplotlib: pip install 'actstore[plots]'"
@@ -163,7 +164,6 @@ def quartiles(levels: np.ndarray, quantiles: np.ndarray) -> tuple[np.ndarray, np
 def layer_matrix(ax, matrix: np.ndarray, provenance, layers_a, layers_b, title: str, *,
                  vmin: float | None = 0.0, vmax: float | None = 1.0, **style):
     """A layers_a x layers_b matrix between run A (rows) and run B (columns), named by the runs."""
-    from actstore.client.display import pair_names
 
     name_a, name_b = pair_names(provenance)
     return heatmap(ax, matrix, layers_a, layers_b, title=title, xlabel=f"layer of {name_b}",
@@ -173,7 +173,6 @@ def layer_matrix(ax, matrix: np.ndarray, provenance, layers_a, layers_b, title: 
 def to_last(ax, matrix: np.ndarray, provenance, layers_a, name: str, *, band=None, label_text: str | None = None,
             **style):
     """Each layer of A against B's last layer given (the last column), optionally with a band."""
-    from actstore.client.display import pair_names
 
     ax = new_axes(ax)
     curve(ax, layers_a, matrix[:, -1], band=band, label=label_text or f"{name} to the last layer", **style)
@@ -183,7 +182,6 @@ def to_last(ax, matrix: np.ndarray, provenance, layers_a, name: str, *, band=Non
 def block_matrix(ax, matrix: np.ndarray, block_run: np.ndarray, block_layer: np.ndarray, provenance, name: str, *,
                  vmin: float | None, vmax: float | None, **style):
     """Every layer of every run against every other: blocks by run, ticks run:layer."""
-    from actstore.client.display import short_name
 
     runs = [short_name(provenance.run_name(i)) for i in range(len(provenance.run_keys))]
     ticks = [f"{runs[r] if r < len(runs) else r}:{layer}" for r, layer in zip(block_run, block_layer)]
@@ -195,7 +193,6 @@ def block_matrix(ax, matrix: np.ndarray, block_run: np.ndarray, block_layer: np.
 def per_layer(ax, layers, values, provenance, name: str, *, band=None, label_text: str | None = None,
               relative: bool = False, **style):
     """One value per layer of a run (with a band where there is one)."""
-    from actstore.client.display import short_name
 
     ax = new_axes(ax)
     x, xlabel = layer_axis(layers, relative)
@@ -204,7 +201,6 @@ def per_layer(ax, layers, values, provenance, name: str, *, band=None, label_tex
 
 
 def lens(ax, result, show: str, label_text: str | None, relative: bool, **style):
-    from actstore.client.display import short_name
 
     ax = new_axes(ax)
     name = label_text or short_name(result.provenance.run_name(0))
@@ -231,7 +227,6 @@ def lens(ax, result, show: str, label_text: str | None, relative: bool, **style)
 
 
 def outliers(ax, report, show: str, **style):
-    from actstore.client.display import short_name
 
     ax = new_axes(ax, PANEL_SIZE)
     x = np.arange(len(report.layers))
@@ -259,7 +254,6 @@ def intervals(ax, values: np.ndarray, interval: np.ndarray | None, provenance, l
     5%-95% band of the first layer of A); without intervals, the matrix."""
     if interval is None:
         return layer_matrix(ax, values, provenance, layers_a, layers_b, name, vmin=None, **style)
-    from actstore.client.display import pair_names
 
     ax = new_axes(ax)
     x = np.arange(len(layers_b), dtype=np.float64)

@@ -27,8 +27,9 @@ from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client import plots
 from actstore.client.arguments import options
-from actstore.client.display import Shown, Summary, Tabled, short_name
+from actstore.client.display import Shown, Summary, Tabled
 from actstore.client.frames import Listing, pandas
+from actstore.client.names import short_name
 from actstore.client.results import Provenance, QueryAnswer
 from actstore.errors import InvalidArgument
 from actstore.options import LABELS, PROBE

@@ -1,5 +1,6 @@
 """The base of the catalog's table families (`Catalog.models`, `.runs`, ...): each holds the
-`Catalog` it belongs to and runs its statements through that catalog's one connection and lock.
+statements of the catalog it belongs to (`Statements`: what `store.catalog.Catalog` gives them, its
+one connection and lock), not the catalog itself, so the families need nothing above them.
 
 `AliasedFamily` is what models and datasets share: rows keyed by content digest, named by
 user-chosen aliases (a table ``<family>_aliases``) or by an unambiguous digest prefix.
@@ -8,20 +9,33 @@ user-chosen aliases (a table ``<family>_aliases``) or by an unambiguous digest p
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import duckdb
 
 from actstore.errors import InvalidArgument, NotFound
 
-if TYPE_CHECKING:
-    from actstore.store.catalog import Catalog
-
 MIN_DIGEST_PREFIX = 8  # hex characters of a digest that name a model or dataset
+
+
+class Statements(Protocol):
+    """How a family reaches the catalog file (`store.catalog.Catalog` is the one implementation)."""
+
+    def rows(self, sql: str, params: list | tuple = ()) -> list[tuple]:
+        """The rows of one statement."""
+
+    def execute(self, sql: str, params: list | tuple = ()) -> None:
+        """Run one statement for its effect."""
+
+    def connection(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        """The connection, held under the catalog's lock, for statements that must run together."""
 
 
 class Family:
     """One table family of the catalog; statements go through ``self._catalog``."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Statements) -> None:
         self._catalog = catalog
 
 

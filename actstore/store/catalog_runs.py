@@ -11,7 +11,8 @@ import json
 from dataclasses import replace
 
 from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from actstore.store.catalog_family import Family
+from actstore.store.catalog_chunks import Chunks
+from actstore.store.catalog_family import Family, Statements
 from actstore.store.catalog_schema import RunRecord
 
 RUN_STATUSES = ("running", "committed", "failed")
@@ -25,6 +26,12 @@ def _record(r: tuple) -> RunRecord:
 
 
 class Runs(Family):
+    """The runs table; a run's shards are counted in the chunks table (``chunks``)."""
+
+    def __init__(self, catalog: Statements, chunks: Chunks) -> None:
+        super().__init__(catalog)
+        self._chunks = chunks
+
     def add(self, record: RunRecord) -> None:
         """Insert the run; a key already known keeps its row as it is."""
         self._catalog.execute(
@@ -93,12 +100,12 @@ class Runs(Family):
         if stored.status == "failed":  # a capture that failed before is being resumed
             self.set_status(record.run_key, "running")
             stored = replace(stored, status="running")
-        return stored, self._catalog.chunks.recorded_shards(record.run_key, record.num_layers)
+        return stored, self._chunks.recorded_shards(record.run_key, record.num_layers)
 
     def commit(self, record: RunRecord) -> None:
         """Mark the run committed once every shard and row is recorded; DataLoss otherwise."""
-        recorded = self._catalog.chunks.recorded_shards(record.run_key, record.num_layers)
-        rows = self._catalog.chunks.rows_total(record.run_key)
+        recorded = self._chunks.recorded_shards(record.run_key, record.num_layers)
+        rows = self._chunks.rows_total(record.run_key)
         if len(recorded) != record.num_shards or rows != record.rows:
             raise DataLoss(f"run {record.run_key[:12]}: {len(recorded)} of {record.num_shards} shards and {rows} "
                            f"of {record.rows} rows recorded; submit the capture again to finish it")
