@@ -6,9 +6,10 @@ the fields a user reads on a client object are the fields the server filled in. 
 dataclasses, importing nothing of actstore's nor anything heavy (numpy only for type checking):
 the client imports this module without torch, Ray, Zarr or DuckDB.
 
-Not here, on purpose: the catalog's rows (`store.catalog_schema`: a model's or run's record holds
-server paths and the capture spec, the client's `ModelInfo`/`RunInfo` hold aliases, health and
-sizes instead) and a job's state (`server.jobs.JobSnapshot` keeps who submitted it, which the wire
+A stored run's own fields are `RunSummary`, which the catalog's row (`store.catalog_schema.RunRecord`,
+with the capture spec) and the client's `RunInfo` (with aliases, health and sizes) both extend.
+Not here, on purpose: the rest of the catalog's rows (a model's record holds server paths, the
+client's `ModelInfo` aliases) and a job's state (`server.jobs.JobSnapshot` keeps who submitted it, which the wire
 does not carry, so the client's `JobInfo` is its own record).
 """
 
@@ -20,6 +21,25 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a stored run is, as the catalog records it and the client lists it: its key, the
+    model and dataset it was captured from (by digest), how it was pooled and stored, its
+    size (samples ``n``, ``rows`` after pooling, layers and width) and its shards' state."""
+
+    run_key: str
+    model_digest: str
+    dataset_digest: str
+    pooling: str
+    dtype: str
+    max_len: int
+    n: int
+    rows: int
+    num_layers: int
+    width: int
+    num_shards: int
+    status: str  # running | committed | failed
 
 @dataclass(frozen=True)
 class RunName:

@@ -13,7 +13,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client import plots
 from actstore.client.display import Shown, Summary, Tabled, bounds_text, layer_span, metric_bounds, value_range
 from actstore.client.frames import layer_frame, matrix_frame
-from actstore.records import Damage, GarbageItem, MetricAnswer, Provenance, RunName
+from actstore.records import Damage, GarbageItem, MetricAnswer, Provenance, RunName, RunSummary
 from actstore.wire import from_ndarray
 
 
@@ -99,19 +99,10 @@ class LayerRounding:
 
 
 @dataclass(frozen=True)
-class RunInfo(Tabled):
-    run_key: str
-    model_digest: str
-    dataset_digest: str
-    pooling: str
-    dtype: str
-    max_len: int
-    n: int
-    rows: int
-    num_layers: int
-    width: int
-    status: str
-    num_shards: int
+class RunInfo(RunSummary, Tabled):
+    """A run as `runs` lists it and `describe` shows it: its summary, how many of its shards are
+    recorded, its size on disk, per-layer health and rounding, and the aliases of its model and dataset."""
+
     recorded_shards: int
     stored_bytes: int = 0
     health: list[LayerHealth] = field(default_factory=list, repr=False)  # one per layer: long
@@ -125,7 +116,7 @@ class RunInfo(Tabled):
     @staticmethod
     def from_proto(r: pb.Run) -> RunInfo:
         return RunInfo(r.run_key, r.model_digest, r.dataset_digest, r.pooling, r.dtype, r.max_len, r.n, r.rows,
-                       r.num_layers, r.width, r.status, r.num_shards, r.recorded_shards, r.stored_bytes,
+                       r.num_layers, r.width, r.num_shards, r.status, r.recorded_shards, r.stored_bytes,
                        [LayerHealth.from_proto(h) for h in r.health],
                        list(r.model_aliases), list(r.dataset_aliases), r.site or "resid_post", r.site_modules,
                        [LayerRounding.from_proto(x) for x in r.rounding])

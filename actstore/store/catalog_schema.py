@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from actstore.records import RunSummary
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
     digest VARCHAR PRIMARY KEY, kind VARCHAR, arch VARCHAR, num_layers INTEGER,
@@ -106,19 +108,9 @@ class LabelSetRecord:
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    run_key: str
-    model_digest: str
-    dataset_digest: str
-    pooling: str
-    dtype: str
-    max_len: int
-    n: int
-    rows: int
-    num_layers: int
-    width: int
-    num_shards: int
-    status: str
+class RunRecord(RunSummary):
+    """A run's row: its summary and the capture spec it was made by (what a rebuild reads back)."""
+
     spec: dict[str, Any]
 
 
