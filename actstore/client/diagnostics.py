@@ -1,4 +1,4 @@
-"""The client's diagnostics: CKA and COS with bootstrap intervals, CKA's permutation null and
+"""The client's diagnostics (`Client.diagnostics`): CKA and COS with bootstrap intervals, CKA's permutation null and
 calibrated score, feature options (standardise, exclude dimensions), and the outlier report.
 
     with Client.embedded("./actstore-data") as c:
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import diagnostics_pb2
 from actstore.client import plots
-from actstore.client.arguments import options
+from actstore.client.arguments import checking_arguments, options
 from actstore.client.display import Shown, Summary, layer_span, value_range
 from actstore.client.results import Provenance, QueryAnswer
+from actstore.client.transport import Connection
 from actstore.options import SIMILARITY, UNCERTAINTY
 
 U = UNCERTAINTY
@@ -187,10 +187,13 @@ class OutlierReport(Shown):
                         ("outlier dimensions", f"{len(self.outlier_dims)} (layer, dimension) pairs")], self.notes)
 
 
-class DiagnosticsMixin:
-    """Client methods over the Diagnostics service (mixed into `Client`)."""
+@checking_arguments
+@dataclass(eq=False)
+class Diagnostics:
+    """CKA and cosine with bootstrap intervals and permutation nulls, and the outlier report (the
+    Diagnostics service)."""
 
-    _diagnostics: Any  # the Diagnostics stub, made by Client with the others
+    connection: Connection
 
     def _stats(self, metric, run_a, run_b, layers_a, layers_b, center, refresh, bootstrap, ci, seed, null,
                standardize, exclude_dims, exclude_outliers, outlier_sigmas, bootstrap_method="",
@@ -203,7 +206,7 @@ class DiagnosticsMixin:
                                                          null_permutations=null, features=features,
                                                          bootstrap_method=bootstrap_method,
                                                          bootstrap_groups=bootstrap_groups)
-        return QueryAnswer.from_proto(self._diagnostics.SimilarityStats(request))
+        return QueryAnswer.from_proto(self.connection.diagnostics.SimilarityStats(request))
 
     @options(UNCERTAINTY)
     def cka_stats(self, run_a: str, run_b: str | None = None, *, layers_a: Sequence[int] | None = None,
@@ -245,7 +248,7 @@ class DiagnosticsMixin:
     def outliers(self, run: str, *, layers: Sequence[int] | None = None, top_k: int = U.top_k.default,
                  outlier_sigmas: float = U.outlier_sigmas.default, refresh: bool = False) -> OutlierReport:
         """Outlier and massive-activation diagnosis per layer (docs/metrics.md, "Outlier diagnostics")."""
-        answer = QueryAnswer.from_proto(self._diagnostics.Outliers(diagnostics_pb2.OutliersRequest(
+        answer = QueryAnswer.from_proto(self.connection.diagnostics.Outliers(diagnostics_pb2.OutliersRequest(
             run=run, layers=list(layers or []), top_k=top_k, outlier_sigmas=outlier_sigmas, refresh=refresh)))
         a = answer.arrays
         return OutlierReport(answer.provenance.options["layers"], a["severity"], a["top_dims"], a["top_ratio"],

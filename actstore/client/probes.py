@@ -1,4 +1,5 @@
-"""Client methods for label sets and probes ("which layer encodes this?", METRICS.md "Probes").
+"""The client's probes (`Client.probes`: "which layer encodes this?", METRICS.md "Probes"), over
+a dataset's labels or a label set the catalog registered (`Client.catalog.register_labels`).
 
     c.register_labels("rotten-tomatoes", "lengths.csv", id_column="id", label_column="words", name="length")
     c.label_sets("rotten-tomatoes")                             # Listing[LabelSetInfo]
@@ -15,10 +16,8 @@ under its result key like every metric's, the label set's digest in it.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,30 +25,15 @@ import numpy as np
 from actstore import measures
 from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client import plots
-from actstore.client.arguments import options
-from actstore.client.display import Shown, Summary, Tabled
-from actstore.client.frames import Listing, pandas
+from actstore.client.arguments import checking_arguments, options
+from actstore.client.catalog import Catalog
+from actstore.client.display import Shown, Summary
+from actstore.client.frames import pandas
 from actstore.client.names import short_name
 from actstore.client.results import Provenance, QueryAnswer
+from actstore.client.transport import Connection
 from actstore.errors import InvalidArgument
-from actstore.options import LABELS, PROBE
-
-
-@dataclass(frozen=True)
-class LabelSetInfo(Tabled):
-    digest: str
-    dataset_digest: str
-    name: str
-    kind: str  # categorical | continuous
-    classes: list[str]
-    labelled: int
-    samples: int
-    source: dict
-
-    @staticmethod
-    def from_proto(r: pb.LabelSet) -> LabelSetInfo:
-        return LabelSetInfo(r.digest, r.dataset_digest, r.name, r.kind, list(r.classes), r.labelled, r.samples,
-                            json.loads(r.source_json or "{}"))
+from actstore.options import PROBE
 
 
 @dataclass(frozen=True)
@@ -202,46 +186,14 @@ def draw_probes(axes, results: Sequence[ProbeResult], labels: Sequence[str] | No
     return axes
 
 
-def _inline_labels(sample_ids: Sequence[str], labels: Sequence) -> pb.InlineLabels:
-    """Numbers travel as doubles (NaN: no label), anything else as strings ("": no label)."""
-    if len(sample_ids) != len(labels):
-        raise InvalidArgument(f"{len(sample_ids)} sample ids for {len(labels)} labels: give one label per id")
-    numeric = all(v is None or (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool))
-                  for v in labels)
-    if numeric:
-        return pb.InlineLabels(sample_ids=list(sample_ids),
-                               numbers=[math.nan if v is None else float(v) for v in labels])
-    return pb.InlineLabels(sample_ids=list(sample_ids), values=["" if v is None else str(v) for v in labels])
+@checking_arguments
+@dataclass(eq=False)
+class Probes:
+    """Linear probes of runs' layers against a dataset's labels or a registered label set
+    (`Catalog.register_labels`), through the generic `Measure` RPC."""
 
-
-class ProbesMixin:
-    """`Client`'s label sets and probes (needs its `_catalog` and `_query` stubs)."""
-
-    @options(LABELS)
-    def register_labels(self, dataset: str, path: str | Path | None = None, *,
-                        sample_ids: Sequence[str] | None = None, labels: Sequence | None = None,
-                        name: str | None = None, id_column: str = LABELS.id_column.default,
-                        label_column: str = LABELS.label_column.default,
-                        kind: str = LABELS.kind.default) -> LabelSetInfo:
-        """Register labels of `dataset`'s samples by sample id: from a .csv/.jsonl/.json/.parquet
-        file on the server (`path`, its `id_column` and `label_column`), or `sample_ids` with their
-        `labels` (None, "" or NaN: no label). `kind`: categorical, continuous or auto. The set is
-        content-addressed; it changes no dataset digest and no run key; a name is never moved to
-        other labels. Ids that match no sample are refused."""
-        if (path is None) == (sample_ids is None):
-            raise InvalidArgument("give exactly one label source: a file path, or sample_ids with their labels")
-        request = pb.RegisterLabelsRequest(dataset=dataset, name=name or "", id_column=id_column,
-                                           label_column=label_column, kind=kind)
-        if path is not None:
-            request.path = str(path)
-        else:
-            request.inline.CopyFrom(_inline_labels(list(sample_ids), list(labels or [])))
-        return LabelSetInfo.from_proto(self._catalog.RegisterLabels(request))
-
-    def label_sets(self, dataset: str | None = None) -> Listing[LabelSetInfo]:
-        """The label sets of a dataset (None: of every dataset)."""
-        found = self._catalog.ListLabelSets(pb.ListLabelSetsRequest(dataset=dataset or "")).label_sets
-        return Listing(LabelSetInfo.from_proto(r) for r in found)
+    connection: Connection
+    catalog: Catalog
 
     @options(PROBE)
     def probe(self, run: str, *, labels: str | None = PROBE.labels.default, method: str = PROBE.method.default,
@@ -274,11 +226,11 @@ class ProbesMixin:
         spec = measures.get("probe")
         request = pb.MeasureRequest(measure="probe", run_a=run, layers_a=list(layers or []), refresh=refresh,
                                     options_json=json.dumps(spec.check(given)))
-        return ProbeResult.from_answer(QueryAnswer.from_proto(self._query.Measure(request)))
+        return ProbeResult.from_answer(QueryAnswer.from_proto(self.connection.query.Measure(request)))
 
     def probe_runs(self, runs: Sequence[str], **options: Any) -> list[ProbeResult]:
         """`probe` of several runs of one dataset with the same options (paired: the same folds)."""
-        infos = [self.describe(run) for run in runs]
+        infos = [self.catalog.describe(run) for run in runs]
         datasets = {info.dataset_digest for info in infos}
         if len(datasets) > 1:
             raise InvalidArgument(f"the runs are of {len(datasets)} datasets: a comparison across models probes runs "

@@ -1,7 +1,8 @@
-"""Checkpoint progression (Skean et al. 2025, "training progression" figures): one metric per layer
-over a model's registered training steps.
+"""The client's training (`Client.training`): a recipe trained as a job, and checkpoint progression
+(Skean et al. 2025, "training progression" figures): one metric per layer over a model's
+registered training steps.
 
-Training registers every checkpoint as a model named `NAME@stepK` (`Client.train`). The query
+Training registers every checkpoint as a model named `NAME@stepK` (`Training.train`). The query
 captures each checkpoint on a dataset (or finds the stored run) and asks one metric per layer:
 
 - `cka-to-final`: linear CKA (biased) between layer l at step K and layer l of the final (largest)
@@ -20,11 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore.client import plots
-from actstore.client.arguments import options
+from actstore.client.arguments import checking_arguments, options
+from actstore.client.captures import Captures
+from actstore.client.catalog import Catalog
 from actstore.client.display import Shown, Summary, layer_span, value_range
+from actstore.client.queries import Queries
+from actstore.client.results import JobInfo, ModelInfo
+from actstore.client.transport import Connection
 from actstore.errors import InvalidArgument, NotFound
-from actstore.options import CAPTURE, PROGRESSION
+from actstore.options import CAPTURE, PROGRESSION, TRAIN, trained_model_name
 
 _STEP = re.compile(r"^(?P<base>.+)@step(?P<step>\d+)$")
 
@@ -50,13 +57,40 @@ class ProgressionResult(Shown):
                               ("values", value_range(self.values))])
 
 
-class ProgressionMixin:
-    """`Client` methods for checkpoint progression (needs `models`, `capture`, `cka`, `entropy`, `lens`)."""
+@checking_arguments
+@dataclass(eq=False)
+class Training:
+    """Training a recipe as a job, its registered checkpoints (`training_steps`), and one metric per
+    layer across them (`progression`), through the catalog, captures and queries."""
+
+    connection: Connection
+    catalog: Catalog
+    captures: Captures
+    queries: Queries
+
+    @options(TRAIN, leave=("recipe",))
+    def train(self, recipe: str, method: str, *, seed: int = TRAIN.seed.default,
+              steps: int | None = TRAIN.steps.default, smoke: bool = TRAIN.smoke.default,
+              alternating: bool = TRAIN.alternating.default, weights: str = TRAIN.weights.default,
+              beta: float | None = TRAIN.beta.default, progress: bool = False) -> ModelInfo:
+        """Train `recipe` with `method` (standard | aligned | multi-exit | ce-reg) as a job; every
+        checkpoint is registered as a model named RECIPE-METHOD-sSEED@stepK, with each option given
+        that changes the training in the name (`options.trained_model_name`: RECIPE-METHOD-betaB-sSEED
+        with an explicit `beta`, ...-steps400-sSEED with `steps`); the name without @step follows the
+        newest. Returns the final model.
+        Resubmitting resumes a stopped run."""
+        job = JobInfo.from_proto(self.connection.capture.SubmitTrain(pb.TrainRequest(
+            recipe=recipe, method=method, seed=seed, steps=steps, smoke=smoke, alternating=alternating,
+            weights=weights, **({} if beta is None else {"beta": beta}))))
+        if not job.finished:
+            self.captures.wait(job.job_id, progress=progress, description=f"train {recipe} {method}")
+        name = trained_model_name(recipe, method, seed, smoke, steps, alternating, weights, beta)
+        return next(m for m in self.catalog.models() if name in m.aliases)
 
     def training_steps(self, model: str) -> tuple[str, list[tuple[int, str]]]:
         """(base name, [(step, digest), ...] by step) of the training run `model` belongs to: its name
         (e.g. vit-fmnist-aligned-s0), one of its `@stepK` aliases, or a checkpoint's digest (prefix)."""
-        models = self.models()
+        models = self.catalog.models()
         bases = {m.group("base") for info in models for m in map(_STEP.match, info.aliases) if m}
         named = _STEP.match(model)
         base = named.group("base") if named else model
@@ -78,19 +112,19 @@ class ProgressionMixin:
         """`metric` (cka-to-final | dataset-entropy | lens-accuracy) per layer at every registered
         training step of `model`, capturing each checkpoint on `dataset` (pooling: the capture's)."""
         base, steps = self.training_steps(model)
-        runs = [self.capture(digest, dataset, pooling=pooling, max_len=max_len, progress=progress).run_key
+        runs = [self.captures.capture(digest, dataset, pooling=pooling, max_len=max_len, progress=progress).run_key
                 for _, digest in steps]
-        depth = self.describe(runs[-1]).num_layers
+        depth = self.catalog.describe(runs[-1]).num_layers
         chosen = list(layers) if layers else list(range(depth + 1))  # empty or None: every layer
         if any(not 0 <= layer <= depth for layer in chosen):
             raise InvalidArgument(f"layers {chosen} must lie in 0..{depth}")
         rows = []
         for run in runs:
             if metric == "cka-to-final":
-                rows.append(np.diag(self.cka(run, runs[-1], layers_a=chosen, layers_b=chosen).biased))
+                rows.append(np.diag(self.queries.cka(run, runs[-1], layers_a=chosen, layers_b=chosen).biased))
             elif metric == "dataset-entropy":
-                rows.append(self.entropy("dataset_entropy", run, layers=chosen).values)
+                rows.append(self.queries.entropy("dataset_entropy", run, layers=chosen).values)
             else:
-                rows.append(self.lens(run).accuracy[chosen])
+                rows.append(self.queries.lens(run).accuracy[chosen])
         return ProgressionResult(metric, base, np.array([s for s, _ in steps]), chosen,
                                  np.asarray(rows, dtype=np.float64), [d for _, d in steps], runs)

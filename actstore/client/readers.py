@@ -1,8 +1,7 @@
-"""Data out of the store, for the client: batches for training (numpy, or a torch
-`IterableDataset`), a run as a lazy xarray, and read-only SQL over the catalog.
+"""Data out of the store, for the client (`Client.readers`): a layer's rows, batches for training
+(numpy, or a torch `IterableDataset`), a run as a lazy xarray, and read-only SQL over the catalog.
 
-A mixin of `Client` (it uses the client's `_readers` stub and its connection arguments); torch,
-xarray, zarr and pandas are imported only by the methods that need them.
+Torch, xarray, zarr and pandas are imported only by the methods that need them.
 """
 
 from __future__ import annotations
@@ -13,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from actstore._proto.actstore.v1 import actstore_pb2
 from actstore._proto.actstore.v1 import readers_pb2 as pb
-from actstore.client.arguments import options
+from actstore.client.arguments import checking_arguments, options
 from actstore.client.frames import pandas
+from actstore.client.transport import Connection
+from actstore.errors import InvalidArgument
 from actstore.options import BATCHES, SQL
 from actstore.wire import from_ndarray
 
@@ -98,10 +100,28 @@ def _batch(parts: list[pb.BatchPart], layers: Sequence[int] | None, values: list
                  labels=np.array(labels, dtype=np.int64) if labels else None)
 
 
-class ReadersMixin:
-    _readers: Any
-    address: str
-    _connection: tuple[str | None, bytes | None]
+@checking_arguments
+@dataclass(eq=False)
+class Readers:
+    """A run's values out of the store: rows of a layer, training batches (numpy or torch), a lazy
+    xarray, where its arrays are, and read-only SQL over the catalog (the Readers service, and the
+    Query service's ReadActivations)."""
+
+    connection: Connection
+
+    def read_activations(self, run: str, layer: int, start: int = 0, stop: int | None = None
+                         ) -> tuple[np.ndarray, list[str]]:
+        """Rows [start, stop) of one layer, streamed in bounded messages; returns (values, sample ids).
+        `stop` None reads to the end."""
+        if stop is not None and stop <= start:  # the request's stop 0 means "to the end"
+            raise InvalidArgument(f"rows {start}..{stop} are an empty range: give stop > start, or leave stop out "
+                                  "to read to the end")
+        request = actstore_pb2.ReadActivationsRequest(run=run, layer=layer, start=start, stop=stop or 0)
+        parts, ids = [], []
+        for chunk in self.connection.query.ReadActivations(request):
+            parts.append(from_ndarray(chunk.values))
+            ids.extend(chunk.sample_ids)
+        return np.concatenate(parts), ids
 
     @options(BATCHES)
     def batches(self, run: str, *, batch_size: int, layers: Sequence[int] | None = None, shuffle: bool = True,
@@ -124,7 +144,7 @@ class ReadersMixin:
         parts: list[pb.BatchPart] = []
         values: list[np.ndarray] = []
         states: dict[int, tuple[int, np.ndarray]] = {}  # an int8 run's shards' states, by first row
-        for part in self._readers.ReadBatches(request):
+        for part in self.connection.readers.ReadBatches(request):
             parts.append(part)
             values.append(_decoded(part, states))
             if part.offset + len(part.rows) == part.batch_rows:
@@ -142,14 +162,15 @@ class ReadersMixin:
         `DataLoader(dataset, batch_size=None, num_workers=N)` and `dataset.set_epoch(e)` per epoch."""
         from actstore.client.torch_data import ActivationBatches
 
-        token, root_certificates = self._connection
-        return ActivationBatches(self.address, run, token=token, root_certificates=root_certificates,
+        connection = self.connection
+        return ActivationBatches(connection.address, run, token=connection.token,
+                                 root_certificates=connection.root_certificates,
                                  batch_size=batch_size, layers=layers, shuffle=shuffle, seed=seed, rank=rank,
                                  world_size=world_size, buffer_shards=buffer_shards, drop_last=drop_last)
 
     def locate_run(self, run: str) -> RunLocation:
         """Where a committed run's Zarr arrays are (the server's store root and the run's group)."""
-        r = self._readers.LocateRun(pb.LocateRunRequest(run=run))
+        r = self.connection.readers.LocateRun(pb.LocateRunRequest(run=run))
         return RunLocation(r.run_key, r.store, r.group, r.array, r.dtype, r.pooling, r.n, r.rows, r.num_layers,
                            r.width)
 
@@ -169,6 +190,6 @@ class ReadersMixin:
         """One read-only SELECT over the catalog tables (docs/sql.md), at most `limit` rows (default:
         the server's ACTSTORE_SQL_MAX_ROWS); `truncated` says whether more matched. Writes, ATTACH,
         COPY, file reads and table functions are refused (PermissionDenied)."""
-        answer = self._readers.Sql(pb.SqlRequest(query=query, limit=limit))
+        answer = self.connection.readers.Sql(pb.SqlRequest(query=query, limit=limit))
         return SqlResult(list(answer.columns), list(answer.types),
                          [tuple(_cell(v) for v in row.values) for row in answer.rows], answer.truncated)

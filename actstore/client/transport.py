@@ -1,17 +1,27 @@
-"""The client's connection to a server: gRPC stubs whose calls raise actstore errors (never
-grpc.RpcError, and FailedPrecondition once the client is closed), the TLS CA file, and the entry
-point that starts an embedded server without importing it."""
+"""The client's connection to a server: one channel with a stub per gRPC service (`Connection`,
+which every sub-client of `Client` holds), whose calls raise actstore errors (never grpc.RpcError,
+and FailedPrecondition once the client is closed), the TLS CA file, and the entry point that starts
+an embedded server without importing it."""
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 
-from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition
+from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
+from actstore._proto.actstore.v1 import (
+    diagnostics_pb2_grpc,
+    imports_pb2_grpc,
+    planning_pb2_grpc,
+    readers_pb2_grpc,
+    tokens_pb2_grpc,
+)
+from actstore.errors import ERRORS_BY_CODE, ActStoreError, FailedPrecondition, InvalidArgument
 
 SERVER_ENTRY_POINTS = "actstore.servers"  # the seam to the server: pyproject's [project.entry-points]
 
@@ -58,6 +68,45 @@ class Translating:
             return response
 
         return call
+
+
+class Connection:
+    """One channel to a server at `address` and a `Translating` stub per gRPC service (`catalog`,
+    `capture`, `query`, `tokens`, `integrity`, `housekeeping`, `planning`, `readers`, `imports`,
+    `diagnostics`): what every sub-client of `Client` holds. `token` (default ACTSTORE_TOKEN) goes
+    with every call; `root_certificates` (default: the file ACTSTORE_TLS_CA names, else plaintext)
+    makes it TLS. Both are kept for the connections of torch DataLoader workers."""
+
+    def __init__(self, address: str, token: str | None = None, root_certificates: bytes | None = None) -> None:
+        token = token or os.environ.get("ACTSTORE_TOKEN")
+        if token and not (token.isascii() and token.isprintable()):  # gRPC refuses it as "Invalid metadata"
+            raise InvalidArgument("the token is not printable ASCII, as every actstore token is: check --token / "
+                                  "ACTSTORE_TOKEN (an admin makes one with `actstore token create`)")
+        if root_certificates is None and os.environ.get("ACTSTORE_TLS_CA"):
+            root_certificates = read_ca(os.environ["ACTSTORE_TLS_CA"])
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        if root_certificates is not None:
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options)
+        else:
+            self._channel = grpc.insecure_channel(address, options)
+        self.address, self.token, self.root_certificates = address, token, root_certificates
+        self._closed = threading.Event()
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+
+        def stub(kind):
+            return Translating(kind(self._channel), metadata, self._closed)
+
+        self.catalog, self.capture, self.query = stub(rpc.CatalogStub), stub(rpc.CaptureStub), stub(rpc.QueryStub)
+        self.tokens, self.integrity = stub(tokens_pb2_grpc.TokensStub), stub(rpc.IntegrityStub)
+        self.housekeeping, self.planning = stub(rpc.HousekeepingStub), stub(planning_pb2_grpc.PlanningStub)
+        self.readers, self.imports = stub(readers_pb2_grpc.ReadersStub), stub(imports_pb2_grpc.ImportsStub)
+        self.diagnostics = stub(diagnostics_pb2_grpc.DiagnosticsStub)
+
+    def close(self) -> None:
+        """Close the channel: every later call raises FailedPrecondition."""
+        self._closed.set()
+        self._channel.close()
 
 
 def _translating_stream(stream):

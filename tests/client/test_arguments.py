@@ -259,7 +259,7 @@ def test_a_capture_checks_its_arguments_once_and_sends_the_sites_parsed(monkeypa
     monkeypatch.setattr(Option, "check", lambda self, *rest: tables.append(self.name) or check(self, *rest))
     sent = _Sent()
     with Client("127.0.0.1:1") as c:
-        c._capture = c._planning = sent
+        c._connection.capture = c._connection.planning = sent
         getattr(c, method)("gpt2", "toy", pooling="last", max_len=64, site=site)
     assert sorted(tables) == ["max_len", "pooling", "site"]  # dtype: its default, passed on unchecked
     assert sorted(n for n in annotations if n in ("pooling", "site", "max_len")) == ["max_len", "pooling", "site"]

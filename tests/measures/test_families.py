@@ -70,7 +70,7 @@ def test_the_similarity_family_through_the_generic_rpc(client, runs):  # noqa: F
     _same(client.metric("cos", runs[0], center="none"), {"mean": cos.mean}, cos.provenance)
     # the generic RPC refuses what the metric does not take, and the planner's own checks hold
     with pytest.raises(InvalidArgument, match="minibatch_cka does not take align"):
-        client._query.Measure(pb.MeasureRequest(measure="minibatch_cka", run_a=runs[0],
+        client._connection.query.Measure(pb.MeasureRequest(measure="minibatch_cka", run_a=runs[0],
                                                 options_json='{"align": "words", "batch_size": 8}'))
     with pytest.raises(InvalidArgument, match="cka does not take k"):
         client.metric("cka", runs[0], k=3)  # the client checks against the same spec first
@@ -117,7 +117,7 @@ def test_the_one_run_families_through_the_generic_rpc(client, runs):  # noqa: F8
     with pytest.raises(InvalidArgument, match="the lens reads every layer"):
         client.metric("lens", runs[1], layers_a=[1])
     with pytest.raises(InvalidArgument, match="metric 'no-such' is not one of nbs-score"):
-        client._query.Measure(pb.MeasureRequest(measure="no-such", run_a=runs[0]))
+        client._connection.query.Measure(pb.MeasureRequest(measure="no-such", run_a=runs[0]))
 
 
 def test_the_entropy_tables_metrics_are_the_registrys():

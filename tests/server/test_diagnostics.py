@@ -65,7 +65,7 @@ def test_cos_bootstrap_interval_matches_the_weighted_mean(client, runs):
                                atol=1e-6)
     assert result.mean_ci[0, 0, 0] <= result.mean[0, 0] <= result.mean_ci[0, 0, 1]
     with pytest.raises(InvalidArgument, match="null is defined for CKA only"):
-        client._stats(2, runs["bert"], None, [1], [3], "", False, 0, 0.95, 0, 5, False, [], False, 3.0)
+        client.diagnostics._stats(2, runs["bert"], None, [1], [3], "", False, 0, 0.95, 0, 5, False, [], False, 3.0)
 
 
 def test_standardised_and_excluded_features(client, runs):

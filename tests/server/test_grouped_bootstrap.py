@@ -49,8 +49,8 @@ def test_auto_is_exact_at_small_n_and_the_key_holds_method_and_groups(client, ru
     other = client.cka_stats(runs["bert"], bootstrap_method="grouped", bootstrap_groups=7, **pair)
     assert not other.provenance.cached and not np.allclose(other.biased_ci, grouped.biased_ci)
     with pytest.raises(InvalidArgument, match="grouped bootstrap is for CKA"):
-        client._stats(2, runs["bert"], None, [1], [3], "", False, 10, 0.95, 0, 0, False, [], False, 3.0, "grouped",
-                      None)
+        client.diagnostics._stats(2, runs["bert"], None, [1], [3], "", False, 10, 0.95, 0, 0, False, [], False, 3.0,
+                                  "grouped", None)
     with pytest.raises(InvalidArgument, match="bootstrap_method"):
         client.cka_stats(runs["bert"], bootstrap_method="jackknife", **pair)
     with pytest.raises(InvalidArgument, match="bootstrap_groups"):

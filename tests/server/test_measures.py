@@ -124,7 +124,7 @@ def test_refusals(client, runs):
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
 
     with pytest.raises(InvalidArgument, match="name the measure"):  # the server, not only the client
-        client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0]))
+        client._connection.query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0]))
 
 
 def test_similarity_command(client, runs, module_server, tmp_path):
@@ -147,22 +147,23 @@ def test_the_legacy_fields_resolve_through_the_table_and_the_generic_rpc_is_stri
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
 
     shape = "shape_metric-alpha={alpha}-distance=angular"
-    legacy = client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
-                                                           layers_a=[1], measure=shape, alpha=0.0))
+    query = client._connection.query
+    legacy = query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
+                                                   layers_a=[1], measure=shape, alpha=0.0))
     assert json.loads(legacy.provenance.options_json)["alpha"] == 0.0
     assert client.measure(shape, runs[0], layers_a=[1], alpha=0.0).provenance.metric == \
         "shape_metric-alpha=0-distance=angular"
-    cca = client._query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
-                                                        layers_a=[1], measure="cca-score", alpha=0.5, k=3))
+    cca = query.Similarity(pb.SimilarityRequest(metric=pb.SimilarityRequest.MEASURE, run_a=runs[0],
+                                                layers_a=[1], measure="cca-score", alpha=0.5, k=3))
     assert "alpha" not in json.loads(cca.provenance.options_json)
     with pytest.raises(InvalidArgument, match="cca-score does not take alpha"):
-        client._query.Measure(pb.MeasureRequest(measure="cca-score", run_a=runs[0], options_json='{"alpha": 0.5}'))
+        query.Measure(pb.MeasureRequest(measure="cca-score", run_a=runs[0], options_json='{"alpha": 0.5}'))
     with pytest.raises(InvalidArgument, match="alpha 2.0 must be in"):
-        client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json='{"alpha": 2}'))
+        query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json='{"alpha": 2}'))
     with pytest.raises(InvalidArgument, match="options_json must be a JSON object"):
-        client._query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json="[1]"))
+        query.Measure(pb.MeasureRequest(measure=shape, run_a=runs[0], options_json="[1]"))
     with pytest.raises(InvalidArgument, match="metric 'cka-score' is not one of"):  # cka is a metric the RPC serves
-        client._query.Measure(pb.MeasureRequest(measure="cka-score", run_a=runs[0]))
+        query.Measure(pb.MeasureRequest(measure="cka-score", run_a=runs[0]))
     with pytest.raises(InvalidArgument, match="cca-score does not take beta"):
         client.measure("cca-score", runs[0], beta=1)
 

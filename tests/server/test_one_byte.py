@@ -357,7 +357,7 @@ def test_a_tolerance_needs_a_lossy_dtype(module_client, runs):
         module_client.capture("bert", "toy", dtype="float16", max_cka_error=1e-2)
     # a raw caller's explicit 0 is refused too (INVALID_ARGUMENT), not read as "not given"
     with pytest.raises(InvalidArgument, match="max_cka_error 0.0 must be in"):
-        module_client._capture.SubmitCapture(pb.CaptureRequest(model="bert", dataset="toy", dtype="int8",
+        module_client._connection.capture.SubmitCapture(pb.CaptureRequest(model="bert", dataset="toy", dtype="int8",
                                                                max_cka_error=0.0))
 
 
@@ -367,7 +367,7 @@ def test_batches_send_an_int8_runs_codes_and_each_shards_state_once(module_clien
 
     client = module_client
     run = runs["int8", "tokens"]
-    parts = list(client._readers.ReadBatches(rpb.BatchesRequest(run=run, batch_size=5, shuffle=True)))
+    parts = list(client._connection.readers.ReadBatches(rpb.BatchesRequest(run=run, batch_size=5, shuffle=True)))
     assert {from_ndarray(p.values).dtype for p in parts} == {np.dtype(np.int8)}  # one byte a value on the wire
     sent = [d.shard for p in parts for d in p.decodings]
     assert sorted(sent) == list(range(client.describe(run).num_shards))  # every shard's state, once

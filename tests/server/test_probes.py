@@ -268,9 +268,11 @@ def test_bad_input_is_refused_with_what_to_do(client, setup):
     from actstore._proto.actstore.v1 import actstore_pb2 as pb
 
     with pytest.raises(InvalidArgument, match="alpha 0.0 must be > 0"):  # the server checks too
-        client._query.Measure(pb.MeasureRequest(measure="probe", run_a=setup["pooled"], options_json='{"alpha": 0}'))
+        client._connection.query.Measure(pb.MeasureRequest(measure="probe", run_a=setup["pooled"],
+                                                           options_json='{"alpha": 0}'))
     with pytest.raises(InvalidArgument, match=r"C is not an option of the ridge probe"):
-        client._query.Measure(pb.MeasureRequest(measure="probe", run_a=setup["pooled"], options_json='{"C": 2}'))
+        client._connection.query.Measure(pb.MeasureRequest(measure="probe", run_a=setup["pooled"],
+                                                           options_json='{"C": 2}'))
     with pytest.raises(InvalidArgument, match="alpha is not an option of the logistic probe"):
         client.probe(setup["pooled"], method="logistic", alpha=1.0)
     with pytest.raises(InvalidArgument, match="'length' is continuous: the logistic probe predicts classes"):

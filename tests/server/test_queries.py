@@ -60,6 +60,22 @@ def test_single_pair_and_cache(client, runs):
     assert first.provenance.metric == "linear_cka" and first.provenance.definition_version == 1
 
 
+def test_a_call_through_its_sub_client_is_the_same_call(client, runs):
+    """`client.cka(...)` is `client.queries.cka(...)` (and so for every area): the same answers."""
+    top = client.cka(runs["bert"], runs["gpt2"], layers_a=[1, 2], layers_b=[3])
+    sub = client.queries.cka(runs["bert"], runs["gpt2"], layers_a=[1, 2], layers_b=[3])
+    np.testing.assert_array_equal(top.biased, sub.biased)
+    assert top.provenance.result_key == sub.provenance.result_key
+    assert client.describe(runs["bert"]) == client.catalog.describe(runs["bert"])
+    assert [r.run_key for r in client.runs(model="bert")] == [r.run_key for r in client.catalog.runs(model="bert")]
+    top_rows, top_ids = client.read_activations(runs["bert"], 2, 0, 7)
+    sub_rows, sub_ids = client.readers.read_activations(runs["bert"], 2, 0, 7)
+    np.testing.assert_array_equal(top_rows, sub_rows)
+    assert top_ids == sub_ids
+    top_job = client.captures.capture("bert", "toy", pooling="mean").job  # a cache hit, as the fixture's
+    assert top_job.cache_hit and client.capture("bert", "toy", pooling="mean").run_key == runs["bert"]
+
+
 @pytest.mark.parametrize("center", ["global-mean", "none"])
 def test_cos_matches_numpy(client, runs, center):
     layers = [x.astype(np.float64) for x in layers_of(client, runs["bert"])]

@@ -99,7 +99,7 @@ def test_the_server_buffer_is_bounded_by_the_parameter(client, runs):
 
     def held(**options):
         request = pb.BatchesRequest(run=runs["pooled"], world_size=1, **options)
-        return next(iter(client._readers.ReadBatches(request))).buffer_shards
+        return next(iter(client._connection.readers.ReadBatches(request))).buffer_shards
 
     assert held(batch_size=4, shuffle=True, buffer_shards=3) == 3
     assert held(batch_size=4, shuffle=True) == 8  # the default
