@@ -22,7 +22,7 @@ The names below are re-exported lazily, so ``import actstore.modeling`` costs no
 
 from __future__ import annotations
 
-from typing import Any
+import lazy_loader
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -39,28 +39,14 @@ __all__ = [
     "resolve_model_source",
 ]
 
-_LAZY = {
-    "BUILTIN_MODELS": "sources",
-    "BuiltinModel": "sources",
-    "resolve_model_source": "sources",
-    "model_digest": "introspection",
-    "find_final_norm": "introspection",
-    "find_head_module": "introspection",
-    "pool": "pooling",
-    "pool_tokens": "pooling",
-    "TorchLensHead": "lens_head",
-    "describe_lens_head": "lens_head",
-    "Batch": "adapter",
-    "ModelAdapter": "adapter",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'actstore.modeling' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"actstore.modeling.{module}"), name)
-    globals()[name] = value
-    return value
+# lazy_loader: each name imports its module on first use
+__getattr__, _, _ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "sources": ["BUILTIN_MODELS", "BuiltinModel", "resolve_model_source"],
+        "introspection": ["find_final_norm", "find_head_module", "model_digest"],
+        "pooling": ["pool", "pool_tokens"],
+        "lens_head": ["TorchLensHead", "describe_lens_head"],
+        "adapter": ["Batch", "ModelAdapter"],
+    },
+)

@@ -18,7 +18,7 @@ package, so the CLI can list recipes and methods cheaply.
 
 from __future__ import annotations
 
-from typing import Any
+import lazy_loader
 
 __all__ = [
     "METHODS",
@@ -40,28 +40,14 @@ __all__ = [
 METHODS = ("standard", "aligned", "multi-exit", "ce-reg")
 WEIGHT_SCHEMES = ("linear", "uniform")
 
-_LAZY = {
-    "RECIPES": "recipes",
-    "Recipe": "recipes",
-    "get_recipe": "recipes",
-    "TrainResult": "loop",
-    "exit_heads": "checkpoints",
-    "list_checkpoints": "checkpoints",
-    "train": "loop",
-    "layer_weights": "objectives",
-    "objective_for_step": "objectives",
-    "training_loss": "objectives",
-    "ParamCounts": "params",
-    "multi_exit_params": "params",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'actstore.training' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"actstore.training.{module}"), name)
-    globals()[name] = value
-    return value
+# lazy_loader: each name imports its module on first use
+__getattr__, _, _ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "recipes": ["RECIPES", "Recipe", "get_recipe"],
+        "loop": ["TrainResult", "train"],
+        "checkpoints": ["exit_heads", "list_checkpoints"],
+        "objectives": ["layer_weights", "objective_for_step", "training_loss"],
+        "params": ["ParamCounts", "multi_exit_params"],
+    },
+)
