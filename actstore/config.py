@@ -197,9 +197,15 @@ class Settings(BaseSettings):
     catalog_backups_kept: int = Field(24, ge=1, description="how many catalog backups to keep (the newest)")
 
     @property
+    def _store_is_url(self) -> bool:
+        """Whether the store is a URL (any scheme but file://: `store.backends` knows which it
+        takes); this layer below the store only tells a URL from a local directory."""
+        return "://" in self.store and not self.store.startswith("file://")
+
+    @property
     def store_root(self) -> str:
-        """The store's root: an object-store URL as given, a local path made absolute."""
-        if self.store.startswith("s3://"):
+        """The store's root: a URL (an object store's) as given, a local path made absolute."""
+        if self._store_is_url:
             return self.store
         return str(Path(self.store.removeprefix("file://")).expanduser().resolve())
 
@@ -210,7 +216,7 @@ class Settings(BaseSettings):
     @property
     def server_path(self) -> Path:
         """The server's own directory: the store itself when local, else `server_dir`."""
-        local = self.server_dir if self.store.startswith("s3://") else self.store_root
+        local = self.server_dir if self._store_is_url else self.store_root
         return Path(local.removeprefix("file://")).expanduser().resolve()
 
 

@@ -345,7 +345,7 @@ class Sinks:
             return stored
         import obstore
 
-        from actstore.store.objects import s3_store
+        from actstore.store.backends.s3 import s3_store
 
         store, stored = s3_store(root), 0
         for prefix in [shards, scales, *others]:

@@ -120,7 +120,7 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     import obstore
 
     from actstore.store.arrays import ZarrArrayStore
-    from actstore.store.objects import s3_store
+    from actstore.store.backends.s3 import s3_store
 
     url = new_bucket("bench")
     arrays = ZarrArrayStore(url, "lz4")

@@ -170,7 +170,7 @@ class Registrar:
         it from the store; a local store's folder is registered as a folder of the server's disk.
         The loading task reserves no CPU: it runs while the training that writes the checkpoints
         holds every CPU of its node, which a task asking for one would wait out (and the job with it)."""
-        if not self.store.is_url:
+        if not self.store.is_remote:
             return self.register_model(path=self.store.files.ref(key), name=name, lineage=lineage, num_cpus=0)
         task = ray.remote(num_cpus=0)(register_model).remote(key, self.store, True)
         registered = get_or_raise(task, lambda cause: Unavailable(

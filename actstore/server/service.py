@@ -74,7 +74,7 @@ class ActStoreService:
         self.arrays = self.store.open()
         self.jobs = JobManager(self.catalog, self.settings.max_running_jobs, self.settings.finished_jobs_kept,
                                self.settings.job_progress_seconds, self.settings.principal_max_running_jobs,
-                               self.settings.job_stall_seconds, self.faults.totals if self.store.is_url else None)
+                               self.settings.job_stall_seconds, self.faults.totals if self.store.is_remote else None)
         cluster.ensure_ray(self.settings.ray_address)
         self.capture_pool = CapturePool(self.store, self.settings)
         self.registrar = Registrar(self.catalog, self.store, self.settings)

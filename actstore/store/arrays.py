@@ -39,9 +39,8 @@ from zarr.errors import NodeNotFoundError
 
 from actstore.errors import DataLoss, NotFound
 from actstore.event_loop import sync
-from actstore.store import objects
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
-from actstore.store.byte_stores import open_store
+from actstore.store.backends import Options, backend_for
 from actstore.store.codecs import ChunkCodec
 from actstore.store.damage import (
     DECODE_ERRORS,
@@ -68,20 +67,23 @@ _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16",
 class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
     """Zarr v3 groups under `<root>/runs/`. Sharded arrays, Blosc + bitshuffle, crc32c.
 
-    `root` is a local directory, or an `s3://bucket/prefix` URL for an S3-compatible object
-    store (`store.objects`); the arrays, their layout and every check go through the zarr store
-    interface, so both behave alike. Object-store failures raise our errors (`objects.failure`)."""
+    `root` is any root a backend takes (`store.backends`), opened with its ``options`` (None:
+    this process's); every read, write and check goes through the zarr store interface, so all
+    behave alike, and its failures raise our errors (`Backend.failure`). ``read_cache``: a node's
+    directory of the chunks it read, with a backend's obstore store (`store.read_cache`)."""
 
-    def __init__(self, root: Path | str, compressor: str = "lz4", s3_config: objects.S3Config | None = None,
+    def __init__(self, root: Path | str, compressor: str = "lz4", options: Options | None = None,
                  read_cache: str | Path | None = None, read_cache_bytes: int = 50 << 30,
                  retry: RetryPolicy | None = None) -> None:
         self.root = root
         self.compressor = compressor
-        self._url = objects.is_url(str(root))
         self._retry = retry or RetryPolicy()
-        self._zarr = open_store(root, s3_config, read_cache, read_cache_bytes, self._retry)
-        self._cache = self._zarr if isinstance(self._zarr, ReadThroughCache) else None
-        self._objects = (self._cache.objects if self._cache else self._zarr.store) if self._url else None
+        self._backend = backend_for(root)
+        self._zarr = self._backend.open(str(root), options, self._retry)
+        self._objects, self._files_at = self._backend.objects(self._zarr), self._backend.directory(str(root))
+        self._cache = ReadThroughCache(self._zarr, self._objects, Path(read_cache).expanduser(), read_cache_bytes,
+                                       str(root), self._retry) if read_cache and self._objects is not None else None
+        self._zarr = self._cache if self._cache is not None else self._zarr
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
         # round trip each on an object store), so a capture or a map task opens each once, not
@@ -258,8 +260,8 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         trailer += [] if sums_at is None else [sums_at.encode(sums)]
         # an uncompressed inner chunk's crc32c is its layer's: taken where the writer summed it
         summed = None if checksums is None else {(0, layer, 0): int(c) for layer, c in enumerate(checksums)}
-        # a local file takes the shard's parts one after another; an object store's PUT, one buffer
-        encode = codec.encode if self._url else codec.encode_parts
+        # a local file takes the shard's parts one after another (zarr's calls: joined); obstore's PUT, one buffer
+        encode = codec.encode if self._objects is not None else codec.encode_parts
         written = {codec.key((shard, 0, 0)): encode(values, trailer, summed)}
         sides = (("layer_sums", None if sums_at else sums[None]), ("token_ids", token_ids),
                  (SCALES, None if decoding is None else np.asarray(decoding, np.float32)[None]))

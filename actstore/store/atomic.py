@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,3 +130,26 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 def atomic_write_text(path: Path | str, text: str) -> None:
     """``atomic_write_bytes`` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_file(path: Path, data) -> None:
+    """Replace the file at ``path`` with ``data`` (bytes-like, or a list of bytes-like parts laid
+    end to end) as zarr's LocalStore writes a file: into a new temporary file beside it, then
+    renamed over it, so a reader sees the old bytes or the new, never a part (no fsync, as
+    LocalStore: a killed process loses nothing the kernel has; the store's writers rewrite what a
+    crashed machine lost). The array store's fast path for a local store's objects, and the read
+    cache's copies (`store.store_calls`, `store.read_cache`)."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(staging, "xb") as f:  # a new file, with the process's umask (shared stores: 0644)
+            for part in data if isinstance(data, list) else [data]:
+                f.write(part)  # a large part goes to the file as it is, not through the buffer
+        os.replace(staging, path)
+    except BaseException as exc:
+        staging.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and disk.full(exc):
+            parts = data if isinstance(data, list) else [data]
+            raise disk.no_space(exc, path, sum(memoryview(p).nbytes for p in parts), f"the object {path.name}") \
+                from None
+        raise

@@ -17,8 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from actstore.errors import DataLoss, NotFound
-from actstore.store import objects
+from actstore.errors import ActStoreError, DataLoss, NotFound
 from actstore.store.atomic import atomic_directory, atomic_write_bytes
 from actstore.store.retries import RetryPolicy
 
@@ -101,17 +100,19 @@ class LocalFiles(StoreFiles):
 
 
 class ObjectFiles(StoreFiles):
-    """Folders as objects under ``<url>/<key>/``; refs are keys, copies cached in ``cache_dir``."""
+    """Folders as objects under ``<url>/<key>/``; refs are keys, copies cached in ``cache_dir``.
+    The backend of ``url`` gives the obstore store of its prefix (``objects``, a new one each
+    call) and its errors as ours (``failure``: `Backend.failure`)."""
 
-    def __init__(self, url: str, cache_dir: Path | None = None, config: objects.S3Config | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+    def __init__(self, url: str, objects: Callable[[], object], failure: Callable[[BaseException, str], ActStoreError],
+                 cache_dir: Path | None = None, retry: RetryPolicy | None = None) -> None:
         self.url = url
+        self.objects, self.failure = objects, failure
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir(url)
-        self.config = config
         self.retry = retry or RetryPolicy()
 
     def _store(self):
-        return objects.s3_store(self.url, self.config, self.retry)
+        return self.objects()
 
     def _call(self, request: str, fn):
         """``fn()``, retried where it fails transiently (`store.retries`)."""
@@ -136,7 +137,7 @@ class ObjectFiles(StoreFiles):
         except FileNotFoundError:
             return False
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
 
     def write_folder(self, key: str, build: Build) -> str:
         import obstore
@@ -154,7 +155,7 @@ class ObjectFiles(StoreFiles):
                 # last: the folder is whole
                 self._call(f"PUT {key}/{COMPLETE_MARKER}", lambda: obstore.put(store, f"{key}/{COMPLETE_MARKER}", b""))
             except Exception as exc:
-                raise objects.failure(exc, self.url) from None
+                raise self.failure(exc, self.url) from None
         return key
 
     def local(self, ref: str) -> Path:
@@ -167,7 +168,7 @@ class ObjectFiles(StoreFiles):
         try:
             names = self._names(store, f"{ref}/")
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
         if f"{ref}/{COMPLETE_MARKER}" not in names:
             if names:
                 raise DataLoss(f"the folder {ref} in {self.url} is incomplete (no {COMPLETE_MARKER} marker): "
@@ -183,7 +184,7 @@ class ObjectFiles(StoreFiles):
         except FileExistsError:
             pass  # another task on this node downloaded it meanwhile
         except (FileNotFoundError, OSError) as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
         return target
 
 
@@ -191,7 +192,7 @@ class ObjectFiles(StoreFiles):
         try:
             names = self._names(self._store(), f"{prefix}/")
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
         marker = "/" + COMPLETE_MARKER
         return sorted(name.removesuffix(marker) for name in names
                       if name.endswith(marker) and name.count("/") == prefix.count("/") + 2)
@@ -204,7 +205,7 @@ class ObjectFiles(StoreFiles):
         except FileNotFoundError:
             return None
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
 
     def write(self, key: str, name: str, data: bytes) -> None:
         import obstore
@@ -213,7 +214,7 @@ class ObjectFiles(StoreFiles):
             # an object is replaced whole
             self._call(f"PUT {key}/{name}", lambda: obstore.put(self._store(), f"{key}/{name}", data))
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
 
     def remove(self, key: str) -> None:
         import obstore
@@ -228,7 +229,7 @@ class ObjectFiles(StoreFiles):
         except FileNotFoundError:
             pass
         except Exception as exc:
-            raise objects.failure(exc, self.url) from None
+            raise self.failure(exc, self.url) from None
 
 
 def default_cache_dir(url: str) -> Path:

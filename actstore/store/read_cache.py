@@ -4,7 +4,8 @@ instead of from S3 again.
 
 It is a zarr store (`zarr.abc.store.Store`, the byte-level interface under the arrays: get,
 ranged get, set, list, delete) wrapping the object store's, so zarr and `ZarrArrayStore` use it
-as they use any store; only its reads differ:
+as they use any store; only its reads differ. It reads the object store's versions through the
+obstore store under it (``objects``: `Backend.objects`), which a remote backend gives:
 
   * Only chunk objects are cached (keys with a ``/c/`` part: shards, token ids, side chunks);
     metadata documents and markers are small and change, and always come from the object store.
@@ -38,12 +39,12 @@ from pathlib import Path
 
 import obstore
 from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.storage import ObjectStore, WrapperStore
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.storage import WrapperStore
 
 from actstore.errors import ResourceExhausted
+from actstore.store.atomic import write_file
 from actstore.store.retries import RetryPolicy
-from actstore.store.store_calls import write_file
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +71,29 @@ def _within(data: bytes | memoryview, byte_range: ByteRequest | None) -> memoryv
     raise TypeError(f"unexpected byte range {byte_range!r}")
 
 
-class ReadThroughCache(WrapperStore[ObjectStore]):
-    """An object store's zarr store with its chunk objects read through ``folder`` (see the module)."""
+class ReadThroughCache(WrapperStore[Store]):
+    """An object store's zarr store (``store``, the obstore store ``objects`` under it, named
+    ``url`` in errors) with its chunk objects read through ``folder`` (see the module); the
+    blocking reads retried by ``policy``."""
 
-    def __init__(self, store: ObjectStore, folder: Path | str, limit_bytes: int) -> None:
+    def __init__(self, store: Store, objects, folder: Path | str, limit_bytes: int, url: str,
+                 policy: RetryPolicy | None = None) -> None:
         super().__init__(store)
+        self.objects = objects  # its blocking calls run in the caller's thread
         self.folder = Path(folder)
         self.limit_bytes = limit_bytes
+        self.url, self.policy = url, policy or RetryPolicy()
         self._added = 0
         self._evicting = threading.Lock()
 
-    def _with_store(self, store: ObjectStore) -> ReadThroughCache:
-        return type(self)(store, self.folder, self.limit_bytes)
+    def _with_store(self, store: Store) -> ReadThroughCache:
+        return type(self)(store, self.objects, self.folder, self.limit_bytes, self.url, self.policy)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ReadThroughCache) and self._store == other._store and self.folder == other.folder
 
     def __repr__(self) -> str:
         return f"ReadThroughCache({self._store!r}, {str(self.folder)!r})"
-
-    @property
-    def objects(self):
-        """The obstore store underneath (its blocking calls run in the caller's thread)."""
-        return self._store.store
 
     def _copies(self, key: str) -> list[Path]:
         folder = (self.folder / key).parent
@@ -116,9 +117,7 @@ class ReadThroughCache(WrapperStore[ObjectStore]):
         version where there is one, else from the object store, keeping a copy; None: no object.
         Blocking, in the calling thread (object-store errors are obstore's), retried as a whole by
         the store's policy (`store.retries`) where it fails transiently."""
-        policy = getattr(self._store, "policy", None) or RetryPolicy()
-        return policy.call(getattr(self._store, "url", str(self._store)), f"GET {key}",
-                           lambda: self._read(key, byte_range))
+        return self.policy.call(self.url, f"GET {key}", lambda: self._read(key, byte_range))
 
     def _read(self, key: str, byte_range: ByteRequest | None) -> memoryview | None:
         if CACHED_PART not in key and byte_range is None:

@@ -55,7 +55,7 @@ def _numbered(files: StoreFiles, prefix: str, pattern: re.Pattern) -> list[tuple
 
 def stored_checkpoints(store: StoreHandle, prefix: str) -> list[str]:
     """The complete checkpoints of the run at ``prefix``, in step order, as files-area keys."""
-    if not store.is_url:
+    if not store.is_remote:
         from actstore.training.checkpoints import list_checkpoints
 
         return [f"{prefix}/{path.name}" for path in list_checkpoints(store.path / prefix)]

@@ -70,7 +70,7 @@ def register_model(source: str, store: StoreHandle, stored: bool = False) -> Mod
     source) for the caller to add."""
     if stored:
         path = store.local(store.files.ref(source))
-        source = f"{store.root.rstrip('/')}/{source}" if store.is_url else str(path)
+        source = f"{store.root.rstrip('/')}/{source}" if store.is_remote else str(path)
     else:
         path = resolve_model_source(source, store.cache_dir / "builtin-models")
     adapter = ModelAdapter.load(path, device="cpu")

@@ -26,7 +26,7 @@ def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: 
     if num_threads:
         torch.set_num_threads(num_threads)
     files = store.files
-    scratch = None if not store.is_url else stored.scratch_folder(prefix)
+    scratch = None if not store.is_remote else stored.scratch_folder(prefix)
     written = [0.0]
 
     def progress(step: int, total: int, metrics: dict) -> None:

@@ -45,7 +45,7 @@ def main() -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from actstore.client import Client
-    from actstore.store import objects
+    from actstore.store.backends.s3 import s3_store
     from actstore.training import get_recipe
     from tests.server.multinode_scenario import _nodes_of, cluster_and_server
 
@@ -66,7 +66,7 @@ def main() -> None:
                               "num_layers": model.num_layers}
             base, steps = client.training_steps(f"{RECIPE}-smoke-{METHOD}-s0")
             facts["steps"] = [[step, digest] for step, digest in steps]
-            listing = objects.s3_store(args.store)
+            listing = s3_store(args.store)
             facts["objects"] = sorted(meta["path"] for batch in obstore.list(listing, prefix="training/")
                                       for meta in batch)
             source = get_recipe(RECIPE, smoke=True).eval_source()

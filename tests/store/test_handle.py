@@ -13,7 +13,7 @@ from actstore.store.handle import StoreHandle
 def test_a_local_handle_opens_the_directory_and_pickles(tmp_path):
     handle = StoreHandle.from_settings(Settings(store=str(tmp_path / "s")))
     assert pickle.loads(pickle.dumps(handle)) == handle
-    assert handle.path == tmp_path / "s" and not handle.is_url and handle.s3_config is None
+    assert handle.path == tmp_path / "s" and not handle.is_remote and handle.options == ()
     assert isinstance(handle.open(), ZarrArrayStore) and handle.open() is handle.open()
     assert isinstance(handle.files, LocalFiles)
 
@@ -24,12 +24,12 @@ def test_an_s3_handle_carries_the_aws_configuration_but_never_prints_it(tmp_path
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     handle = StoreHandle.from_settings(Settings(store="s3://bucket/team", server_dir=str(tmp_path)))
-    assert handle.is_url and handle.path == tmp_path
-    assert dict(handle.s3_config) == {"endpoint": "http://127.0.0.1:9", "access_key_id": "key-id",
+    assert handle.is_remote and handle.path == tmp_path
+    assert dict(handle.options) == {"endpoint": "http://127.0.0.1:9", "access_key_id": "key-id",
                                       "secret_access_key": "very-secret", "region": "eu-west-1"}
     assert "very-secret" not in repr(handle)
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
         monkeypatch.delenv(name)  # a worker without the variables still has them in the handle
     again = pickle.loads(pickle.dumps(handle))
     assert again == handle and isinstance(again.files, ObjectFiles)
-    assert again.files.config == handle.s3_config
+    assert again.files.objects().config == {**dict(handle.options), "bucket": "bucket"}

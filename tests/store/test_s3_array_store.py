@@ -72,7 +72,7 @@ def test_a_missing_bucket_says_so(s3_server):
 
 def test_wrong_credentials_name_the_variables(s3_bucket, monkeypatch):
     # moto accepts any key unless told otherwise; a refused signature reads the same to us
-    from actstore.store.objects import failure
+    from actstore.store.backends.s3 import failure
 
     error = failure(RuntimeError("<Error><Code>InvalidAccessKeyId</Code></Error>"), s3_bucket)
     assert isinstance(error, FailedPrecondition) and "AWS_ACCESS_KEY_ID" in str(error)

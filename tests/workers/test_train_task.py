@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actstore.store import objects
+from actstore.store.backends.s3 import config_from_env, s3_store
 from actstore.store.handle import StoreHandle
 from actstore.training import stored
 from actstore.training.checkpoints import STATE_FILE
@@ -47,12 +47,12 @@ def _train(recipe, store, **kwargs) -> dict:
 def _names(store: StoreHandle) -> list[str]:
     import obstore
 
-    listing = obstore.list(objects.s3_store(store.root, store.s3_config), prefix=f"{PREFIX}/")
+    listing = obstore.list(s3_store(store.root, store.options), prefix=f"{PREFIX}/")
     return sorted(meta["path"].removeprefix(f"{PREFIX}/") for batch in listing for meta in batch)
 
 
 def test_a_task_resumes_from_the_newest_checkpoint_in_the_object_store(s3_bucket, tmp_path, tiny):
-    store = StoreHandle(s3_bucket, s3_config=objects.config_from_env())
+    store = StoreHandle(s3_bucket, options=config_from_env())
     first = _train(tiny, store, stop_at=2)  # stopped after step 2, as a killed task
     assert first["checkpoint"] == f"{PREFIX}/step-2"
     assert stored.stored_checkpoints(store, PREFIX) == [f"{PREFIX}/step-2"]

@@ -1,4 +1,4 @@
-"""S3-compatible object storage for the store, through obstore (Rust ``object_store``).
+"""S3-compatible object stores, through obstore (Rust ``object_store``): the ``s3`` backend.
 
 ``s3://bucket/prefix`` URLs open a zarr ``ObjectStore`` over obstore's ``S3Store``, configured
 by the standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
@@ -8,6 +8,7 @@ calls zarr makes; the blocking calls of this package through `RetryPolicy.call`)
 time is bounded by the client's timeouts (``CLIENT_OPTIONS``, the policy's `timeout`).
 Errors of the object store become ours: a missing bucket or refused credentials are
 FAILED_PRECONDITION naming the variable to fix, a call that spent its retries UNAVAILABLE.
+The files area is objects under the same prefix (`files.ObjectFiles` over `s3_store`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ import os
 import re
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
+from functools import partial
 from urllib.parse import urlparse
 
+from obstore.exceptions import BaseError as ObjectStoreError
 from obstore.store import S3Store
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest
 from zarr.storage import ObjectStore, WrapperStore
 
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument, Unavailable
+from actstore.store.backends import register
+from actstore.store.backends.base import Backend
+from actstore.store.files import ObjectFiles
 from actstore.store.retries import RetryPolicy, obstore_retry
 
-SCHEMES = ("s3",)
 # Bounded: a request that gets no answer fails within the policy's timeout and is retried.
 CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5)}
 _CREDENTIAL_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
@@ -42,11 +47,7 @@ _AWS_VARIABLES = {
     "token": ("AWS_SESSION_TOKEN",),
     "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
 }
-S3Config = tuple[tuple[str, str], ...]
-
-
-def is_url(root: str) -> bool:
-    return urlparse(root).scheme in SCHEMES
+S3Config = tuple[tuple[str, str], ...]  # the backend's `Options`: (obstore setting, value), sorted
 
 
 def config_from_env() -> S3Config:
@@ -194,3 +195,30 @@ def check_reachable(url: str, config: S3Config | None = None, policy: RetryPolic
         policy.call(url, "LIST", lambda: next(iter(store.list(chunk_size=1)), None))
     except Exception as exc:
         raise failure(exc, url) from None
+
+
+class S3Backend(Backend):
+    scheme = "s3"
+    is_remote = True
+    errors = (ObjectStoreError, OSError)
+
+    def options(self) -> S3Config:
+        return config_from_env()
+
+    def open(self, root: str, options: S3Config | None, retry: RetryPolicy) -> RetryingStore:
+        return zarr_store(root, options, retry)
+
+    def objects(self, store: RetryingStore) -> S3Store:
+        return store.store
+
+    def failure(self, exc: BaseException, root: str) -> ActStoreError:
+        return failure(exc, root)
+
+    def files(self, root: str, options: S3Config | None, retry: RetryPolicy) -> ObjectFiles:
+        return ObjectFiles(root, partial(s3_store, root, options, retry), failure, retry=retry)
+
+    def check(self, root: str, options: S3Config | None, retry: RetryPolicy) -> None:
+        check_reachable(root, options, retry)
+
+
+register(S3Backend())

@@ -1,0 +1,42 @@
+"""Storage backends, one module a scheme of store roots (as zarr-python's ``zarr/storage/``): `backend_for(root)`."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from urllib.parse import urlparse
+
+from actstore.errors import InvalidArgument
+from actstore.store.backends.base import Backend, Options
+
+__all__ = ["Backend", "Options", "backend_for", "register", "schemes"]
+
+_BACKENDS: dict[str, Backend] = {}
+# Every other module of the package registers its backend when imported (`register`), so a new
+# scheme is one new module; these two are the ABC and the contract suite (it imports pytest).
+_NOT_BACKENDS = ("base", "testing")
+
+
+def register(backend: Backend) -> Backend:
+    """Make ``backend`` the one for roots of its scheme (a backend module calls this when imported)."""
+    _BACKENDS[backend.scheme] = backend
+    return backend
+
+
+def schemes() -> list[str]:
+    """The schemes a store root may have (a plain path is ``file``)."""
+    return sorted(_BACKENDS)
+
+
+def backend_for(root: object) -> Backend:
+    """The backend of ``root``: a ``scheme://`` URL's registered one, a plain path's the local one."""
+    scheme = urlparse(str(root)).scheme if "://" in str(root) else "file"
+    backend = _BACKENDS.get(scheme)
+    if backend is None:
+        raise InvalidArgument(f"store {root} has the scheme {scheme!r}; the store takes {schemes()}")
+    return backend
+
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in _NOT_BACKENDS:
+        importlib.import_module(f"{__name__}.{_module.name}")
