@@ -1,13 +1,19 @@
 """The backend contract (`actstore.store.backends.testing.BackendTests`) for every registered
-scheme, and the registry's refusals."""
+scheme, the array-store contract over memory://, and the registry's refusals."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
-from actstore.errors import InvalidArgument
+from actstore.config import Settings
+from actstore.errors import FailedPrecondition, InvalidArgument
+from actstore.store.arrays import ZarrArrayStore
 from actstore.store.backends import backend_for, schemes
 from actstore.store.backends.testing import BackendTests
+from actstore.store.handle import StoreHandle
+from tests.store.array_store_contract import ArrayStoreContract
 
 
 class TestLocalBackend(BackendTests):
@@ -28,7 +34,27 @@ class TestS3Backend(BackendTests):
         return s3_bucket
 
 
+class TestMemoryBackend(BackendTests):
+    @pytest.fixture
+    def root(self):
+        return f"memory://{uuid.uuid4().hex}"
+
+
+class TestMemoryArrayStore(ArrayStoreContract):
+    def make_store(self, tmp_path):  # one memory store a test: two calls in a test share it
+        return ZarrArrayStore(f"memory://{tmp_path.as_posix().strip('/')}")
+
+
 def test_an_unknown_scheme_is_refused_naming_the_schemes_taken():
     with pytest.raises(InvalidArgument, match="'gs'") as refused:
         backend_for("gs://bucket/prefix")
     assert all(repr(scheme) in str(refused.value) for scheme in schemes())
+    assert {"file", "memory", "s3"} <= set(schemes())
+
+
+def test_a_server_refuses_a_store_that_lives_in_one_process(tmp_path):
+    settings = Settings(store="memory://team", server_dir=str(tmp_path))
+    with pytest.raises(FailedPrecondition, match="live in one process.*use a directory or s3://"):
+        StoreHandle.from_settings(settings)
+    with pytest.raises(FailedPrecondition, match="no files area"):
+        StoreHandle("memory://team").local("models/m")
