@@ -31,7 +31,7 @@ from actstore.server.jobs import JobManager, JobSnapshot, JobState
 from actstore.server.rounding import JobFigures
 from actstore.server.runs import stored_ratio
 from actstore.store import datasets as ds
-from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.array_store import RunLayout, RunWriter
 from actstore.store.catalog import (
     Catalog,
     DatasetRecord,
@@ -390,7 +390,7 @@ def fill_shards(catalog: Catalog, job: JobState, records: list[RunRecord], layou
         raise
 
 
-def commit(catalog: Catalog, arrays: ArrayStore, record: RunRecord, figures: dict[str, list] | None = None,
+def commit(catalog: Catalog, arrays: RunWriter, record: RunRecord, figures: dict[str, list] | None = None,
            means: dict | None = None) -> None:
     """The layer means and statistics (and a lossy run's error figures; `means`: those of its layers
     kept exact), then the catalog's commit, then the store's marker: the store never claims more."""

@@ -31,7 +31,7 @@ from cachetools import LRUCache
 
 from actstore.errors import FailedPrecondition
 from actstore.records import MetricAnswer
-from actstore.store.array_store import ArrayStore
+from actstore.store.array_store import RunReader
 from actstore.store.catalog import Catalog
 
 BOUNDED = ("linear_cka", "linear_cka_matrix")  # metrics whose answers carry a bound (see `bounded`)
@@ -50,7 +50,7 @@ class ErrorBounds:
     """The stored error figures of runs (an LRU by run key: committed runs never change) and the
     bounds of answers over them."""
 
-    def __init__(self, catalog: Catalog, arrays: ArrayStore, entries: int = 1024) -> None:
+    def __init__(self, catalog: Catalog, arrays: RunReader, entries: int = 1024) -> None:
         self.catalog = catalog
         self.arrays = arrays
         self._figures: LRUCache[str, dict | None] = LRUCache(entries)

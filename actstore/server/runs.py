@@ -15,13 +15,13 @@ from cachetools import LRUCache
 from actstore.config import Settings
 from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from actstore.metrics import similarity as sim
-from actstore.store.array_store import ITEMSIZE, ArrayStore
+from actstore.store.array_store import ITEMSIZE, RunReader
 from actstore.store.catalog import Catalog, ChunkHealth, RunRecord
 
 SIMILAR_RUNS = 5  # committed runs the compression is measured on
 
 
-def stored_ratio(catalog: Catalog, arrays: ArrayStore, model_digest: str, dtype: str) -> tuple[float, int, int] | None:
+def stored_ratio(catalog: Catalog, arrays: RunReader, model_digest: str, dtype: str) -> tuple[float, int, int] | None:
     """Stored / raw bytes of the activations of up to SIMILAR_RUNS committed runs of `dtype`, the
     model's own first: (ratio, runs measured, of them the model's own); None where there is none."""
     similar = [r for r in catalog.runs.all(status="committed") if r.dtype == dtype]
@@ -51,7 +51,7 @@ def byte_size(n: int) -> str:
 
 
 class RunChecks:
-    def __init__(self, catalog: Catalog, arrays: ArrayStore, settings: Settings) -> None:
+    def __init__(self, catalog: Catalog, arrays: RunReader, settings: Settings) -> None:
         self.catalog = catalog
         self.arrays = arrays
         self.settings = settings

@@ -1,6 +1,7 @@
-"""The activation-array interface: a run's layout, the narrow storage ABC every backend
-implements (contract tests: tests/store/array_store_contract.py), and the decoding of stored
-values. The Zarr v3 implementation is in `store.arrays`."""
+"""The activation-array interface: a run's layout, the storage ABC every backend implements, in
+three faces its callers take as far as they use them (`RunReader`, `RunWriter`, `StoreUpkeep`;
+`ArrayStore` is all three; contract tests: tests/store/array_store_contract.py), and the decoding
+of stored values. The Zarr v3 implementation is in `store.arrays`."""
 
 from __future__ import annotations
 
@@ -81,9 +82,81 @@ class RunLayout:
         return asdict(self)
 
 
-class ArrayStore(ABC):
-    """What the rest of actstore needs from activation storage. Backends subclass this and their
-    tests subclass `tests/store/array_store_contract.py`."""
+class RunReader(ABC):
+    """What reading a run needs: its layout and side arrays, its values (decoded, as stored, or as
+    int8 codes with their decoding state), its means, statistics, error figures and commit state."""
+
+    @abstractmethod
+    def layout(self, run_key: str) -> RunLayout: ...
+
+    @abstractmethod
+    def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
+        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32, and
+        int8 codes decoded to float32 values (`store.quantised`)."""
+
+    @abstractmethod
+    def read_stored(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
+        """`read_layers` as stored, undecoded: the bytes each layer's crc32c covers (bfloat16's
+        uint16 bits, int8 codes)."""
+
+    @abstractmethod
+    def read_coded(self, run_key: str, layers: list[int], shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """An int8 run's shard as stored: its codes (len(layers), rows, d) int8 and their state
+        (2, len(layers), d) float32, decoded by `store.quantised.decode` (what a reader that decodes
+        elsewhere, a client, is sent: one byte a value). Not for layers kept exact."""
+
+    @abstractmethod
+    def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
+        """An int8 run's shard's (2, L+1, d) steps and offsets (None for other dtypes); DataLoss
+        naming it if missing or damaged."""
+
+    @abstractmethod
+    def exact_layers(self, run_key: str) -> list[int]:
+        """The layers of an int8 run kept exact (float32), in their stored order; [] for none."""
+
+    @abstractmethod
+    def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
+        """Token ids of rows [start, stop) of a token-level run (None for other runs)."""
+
+    @abstractmethod
+    def means(self, run_key: str) -> np.ndarray: ...
+
+    @abstractmethod
+    def sample_ids(self, run_key: str) -> list[str]: ...
+
+    @abstractmethod
+    def labels(self, run_key: str) -> np.ndarray | None: ...
+
+    @abstractmethod
+    def offsets(self, run_key: str) -> np.ndarray | None: ...
+
+    @abstractmethod
+    def char_spans(self, run_key: str) -> np.ndarray | None:
+        """The spans `write_char_spans` stored, or None (a pooled run, or one captured before)."""
+
+    @abstractmethod
+    def spec(self, run_key: str) -> dict | None:
+        """The spec given to `create_run`, if any."""
+
+    @abstractmethod
+    def layer_stats(self, run_key: str) -> dict | None:
+        """The run's per-layer statistics {mean, std, norm_mean, norm_std: [per layer]}, if written."""
+
+    @abstractmethod
+    def error_figures(self, run_key: str) -> dict[str, list] | None:
+        """What `write_error_figures` stored; None for a run stored exactly."""
+
+    @abstractmethod
+    def is_committed(self, run_key: str) -> bool: ...
+
+    @abstractmethod
+    def nbytes_stored(self, run_key: str) -> int: ...
+
+
+class RunWriter(ABC):
+    """What a capture or an import needs to write a run: its arrays, its shards (all of a shard or
+    none), the layers an int8 run keeps exact, and what is written once at commit."""
 
     @abstractmethod
     def create_run(
@@ -103,9 +176,6 @@ class ArrayStore(ABC):
         its runs without the catalog."""
 
     @abstractmethod
-    def layout(self, run_key: str) -> RunLayout: ...
-
-    @abstractmethod
     def write_shard(self, run_key: str, shard: int, values: np.ndarray, sums: np.ndarray,
                     token_ids: np.ndarray | None = None, rows: dict[str, list] | None = None,
                     stats: dict[str, list] | None = None, checksums: list[int] | None = None,
@@ -121,29 +191,6 @@ class ArrayStore(ABC):
         written with it; its sums and statistics are of the decoded values."""
 
     @abstractmethod
-    def token_ids(self, run_key: str, start: int, stop: int) -> np.ndarray | None:
-        """Token ids of rows [start, stop) of a token-level run (None for other runs)."""
-
-    @abstractmethod
-    def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
-        float16 stays float16 (callers upcast before products); bfloat16 comes back as float32, and
-        int8 codes decoded to float32 values (`store.quantised`)."""
-
-    @abstractmethod
-    def read_stored(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
-        """`read_layers` as stored, undecoded: the bytes each layer's crc32c covers (bfloat16's
-        uint16 bits, int8 codes)."""
-
-    @abstractmethod
-    def write_error_figures(self, run_key: str, figures: dict[str, list]) -> None:
-        """Store a lossy run's error figures, one value per layer each (`metrics.rounding`), at commit."""
-
-    @abstractmethod
-    def error_figures(self, run_key: str) -> dict[str, list] | None:
-        """What `write_error_figures` stored; None for a run stored exactly."""
-
-    @abstractmethod
     def create_exact(self, run_key: str, layers: list[int]) -> None:
         """Make room for an int8 run's layers kept exact (float32): `read_layers` then reads those
         layers from there, once written (`write_exact_shard`)."""
@@ -153,19 +200,9 @@ class ArrayStore(ABC):
         """One whole shard of the layers kept exact: float32 (rows, k, d) in `exact_layers` order."""
 
     @abstractmethod
-    def exact_layers(self, run_key: str) -> list[int]:
-        """The layers of an int8 run kept exact (float32), in their stored order; [] for none."""
-
-    @abstractmethod
-    def read_coded(self, run_key: str, layers: list[int], shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """An int8 run's shard as stored: its codes (len(layers), rows, d) int8 and their state
-        (2, len(layers), d) float32, decoded by `store.quantised.decode` (what a reader that decodes
-        elsewhere, a client, is sent: one byte a value). Not for layers kept exact."""
-
-    @abstractmethod
-    def decoding(self, run_key: str, shard: int) -> np.ndarray | None:
-        """An int8 run's shard's (2, L+1, d) steps and offsets (None for other dtypes); DataLoss
-        naming it if missing or damaged."""
+    def write_char_spans(self, run_key: str, spans: np.ndarray) -> None:
+        """Store a token-level run's (rows, 2) int32 character spans [start, end) of every token
+        in its text ((0, 0) for special tokens), checksummed like the other side arrays."""
 
     @abstractmethod
     def write_means(self, run_key: str, overrides: dict[int, np.ndarray] | None = None) -> np.ndarray:
@@ -173,32 +210,22 @@ class ArrayStore(ABC):
         `overrides` replace some layers' means (an int8 run's layers kept exact: their own values')."""
 
     @abstractmethod
-    def means(self, run_key: str) -> np.ndarray: ...
+    def write_layer_stats(self, run_key: str) -> dict | None:
+        """Merge every shard's statistics into the run's (at commit; None when a shard has none)."""
 
     @abstractmethod
-    def sample_ids(self, run_key: str) -> list[str]: ...
+    def write_error_figures(self, run_key: str, figures: dict[str, list]) -> None:
+        """Store a lossy run's error figures, one value per layer each (`metrics.rounding`), at commit."""
 
     @abstractmethod
-    def labels(self, run_key: str) -> np.ndarray | None: ...
+    def mark_committed(self, run_key: str) -> None:
+        """Write the run's commit marker (after the catalog committed it)."""
 
-    @abstractmethod
-    def offsets(self, run_key: str) -> np.ndarray | None: ...
 
-    @abstractmethod
-    def write_char_spans(self, run_key: str, spans: np.ndarray) -> None:
-        """Store a token-level run's (rows, 2) int32 character spans [start, end) of every token
-        in its text ((0, 0) for special tokens), checksummed like the other side arrays."""
+class StoreUpkeep(ABC):
+    """What upkeep needs: integrity (what `actstore verify` reads and a repair drops), the store's
+    description of its runs without the catalog (what `catalog rebuild` reads) and removal (`gc`)."""
 
-    @abstractmethod
-    def char_spans(self, run_key: str) -> np.ndarray | None:
-        """The spans `write_char_spans` stored, or None (a pooled run, or one captured before)."""
-
-    @abstractmethod
-    def delete_run(self, run_key: str) -> None:
-        """Remove the run's group, its commit marker first: a group left half-deleted is never
-        taken for a committed run (see `group_keys`)."""
-
-    # ---- integrity (what `actstore verify` reads and a repair drops) ------------------------------
     @abstractmethod
     def shard_present(self, run_key: str, shard: int) -> bool:
         """Whether the shard's activation object exists (a missing one would read as zeros)."""
@@ -216,14 +243,9 @@ class ArrayStore(ABC):
         """Delete the shards' bytes (activations, layer sums, token ids, kept chunk rows), the layer
         means and the commit marker: the run is then an unfinished capture that rewrites them."""
 
-    # ---- the store's description of its runs (what `catalog rebuild` reads) --------------------
     @abstractmethod
     def run_keys(self) -> list[str]:
         """Every run with arrays in the store."""
-
-    @abstractmethod
-    def spec(self, run_key: str) -> dict | None:
-        """The spec given to `create_run`, if any."""
 
     @abstractmethod
     def chunk_rows(self, run_key: str) -> dict[str, list]:
@@ -235,22 +257,9 @@ class ArrayStore(ABC):
         given, or the shard is not stored); DataLoss naming the shard if they are damaged."""
 
     @abstractmethod
-    def write_layer_stats(self, run_key: str) -> dict | None:
-        """Merge every shard's statistics into the run's (at commit; None when a shard has none)."""
-
-    @abstractmethod
-    def layer_stats(self, run_key: str) -> dict | None:
-        """The run's per-layer statistics {mean, std, norm_mean, norm_std: [per layer]}, if written."""
-
-    @abstractmethod
-    def mark_committed(self, run_key: str) -> None:
-        """Write the run's commit marker (after the catalog committed it)."""
-
-    @abstractmethod
-    def is_committed(self, run_key: str) -> bool: ...
-
-    @abstractmethod
-    def nbytes_stored(self, run_key: str) -> int: ...
+    def delete_run(self, run_key: str) -> None:
+        """Remove the run's group, its commit marker first: a group left half-deleted is never
+        taken for a committed run (see `group_keys`)."""
 
     @abstractmethod
     def group_keys(self) -> list[str]:
@@ -259,3 +268,9 @@ class ArrayStore(ABC):
     @abstractmethod
     def group_nbytes(self, run_key: str) -> int:
         """Bytes under the run's folder, whatever it holds."""
+
+
+class ArrayStore(RunReader, RunWriter, StoreUpkeep):
+    """What the rest of actstore needs from activation storage: the three faces above, which each
+    caller takes only as far as it uses them. A backend subclasses this, and its tests subclass
+    the contract suite (tests/store/array_store_contract.py)."""

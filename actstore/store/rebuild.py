@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from actstore.errors import AlreadyExists, DataLoss, NotFound
 from actstore.store import backups
-from actstore.store.array_store import ArrayStore
+from actstore.store.array_store import StoreUpkeep
 from actstore.store.atomic import FILE_MODE, fsync_path
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
 from actstore.store.datasets import load_dataset
@@ -146,7 +146,7 @@ def rebuild_catalog_file(store: StoreHandle, path: Path) -> RebuildReport:
     return report
 
 
-def _readable_chunk_rows(arrays: ArrayStore, run_key: str, num_shards: int) -> tuple[dict[str, list], dict[int, str]]:
+def _readable_chunk_rows(arrays: StoreUpkeep, run_key: str, num_shards: int) -> tuple[dict[str, list], dict[int, str]]:
     """The chunk rows of every shard whose kept rows read back, and what is wrong with each other
     shard (a shard not stored has no rows and is not named: it may not have been written yet)."""
     try:

@@ -17,7 +17,7 @@ import numpy as np
 
 from actstore.metrics import probes
 from actstore.metrics.outliers import DimensionStats, outlier_dimensions
-from actstore.store.array_store import ArrayStore
+from actstore.store.array_store import RunReader
 from actstore.store.handle import StoreHandle
 from actstore.workers.heap import unmap_large_frees
 from actstore.workers.metric_tasks import PerLayer, task_device
@@ -34,7 +34,7 @@ def pool_rows(tokens: np.ndarray, offsets: np.ndarray, how: str) -> np.ndarray:
     return sums / np.diff(offsets)[:, None]
 
 
-def sample_rows(arrays: ArrayStore, run_key: str, layers: list[int], start: int, stop: int, pool: str | None,
+def sample_rows(arrays: RunReader, run_key: str, layers: list[int], start: int, stop: int, pool: str | None,
                 offsets: np.ndarray | None) -> list[np.ndarray]:
     """Samples start..stop of each layer: the stored rows of a pooled run, or a token-level run's
     tokens pooled per sample by `pool`."""

@@ -23,7 +23,7 @@ import ray
 
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store import quantised
-from actstore.store.array_store import ArrayStore, decode_stored
+from actstore.store.array_store import RunWriter, decode_stored
 from actstore.store.handle import StoreHandle
 
 
@@ -101,10 +101,10 @@ def chunk_metadata(run_key: str, shard: int, stored: np.ndarray) -> dict[str, li
     return chunk_rows(run_key, shard, reduced_on_host(layers, np.zeros(layers.shape[::2])))
 
 
-def write_prepared(arrays: ArrayStore, run_key: str, shard: int, prepared: PreparedShard,
+def write_prepared(arrays: RunWriter, run_key: str, shard: int, prepared: PreparedShard,
                    token_ids: np.ndarray | None = None) -> dict[str, list]:
     """Write a prepared shard whole: its chunk rows, statistics and token ids go in the shard
-    object (`ArrayStore.write_shard`); returns the rows the catalog records."""
+    object (`RunWriter.write_shard`); returns the rows the catalog records."""
     rows = chunk_rows(run_key, shard, prepared)
     arrays.write_shard(run_key, shard, prepared.stored, prepared.sums, token_ids, rows, prepared.stats,
                        checksums=rows["checksum"], decoding=prepared.decoding)
