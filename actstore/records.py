@@ -6,7 +6,7 @@ the fields a user reads on a client object are the fields the server filled in. 
 dataclasses, importing nothing of actstore's nor anything heavy (numpy only for type checking):
 the client imports this module without torch, Ray, Zarr or DuckDB.
 
-A stored run's own fields are `RunSummary`, which the catalog's row (`store.catalog_schema.RunRecord`,
+A stored run's own fields are `RunSummary`, which the catalog's row (`store.catalog.schema.RunRecord`,
 with the capture spec) and the client's `RunInfo` (with aliases, health and sizes) both extend.
 Not here, on purpose: the rest of the catalog's rows (a model's record holds server paths, the
 client's `ModelInfo` aliases) and a job's state (`server.jobs.JobSnapshot` keeps who submitted it, which the wire

@@ -45,7 +45,7 @@ def _rebuild(args) -> int:
 
 
 def _restore(args) -> int:
-    from actstore.store.backups import restore
+    from actstore.store.catalog.backups import restore
 
     path = _offline_settings(args).catalog_path
     backup, aside = restore(path, Path(args.backup).expanduser().resolve() if args.backup else None)

@@ -1,5 +1,5 @@
 """The catalog's backups on a schedule: every `catalog_backup_seconds`, and once more when the
-server stops cleanly (`store.backups` says how a backup is made and why that way)."""
+server stops cleanly (`store.catalog.backups` says how a backup is made and why that way)."""
 
 from __future__ import annotations
 

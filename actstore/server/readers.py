@@ -1,6 +1,6 @@
 """Data out while the server runs: a run as shuffled, rank-partitioned batches (the partition and
 the buffer are `store.batches`), where a run's arrays are (for readers opening Zarr themselves),
-and read-only SQL over the catalog (`store.catalog_sql`)."""
+and read-only SQL over the catalog (`store.catalog.sql`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from actstore.server.runs import RunChecks, byte_size
 from actstore.store import batches
 from actstore.store.array_store import READ_ITEMSIZE, ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
-from actstore.store.catalog_sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
+from actstore.store.catalog.sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
 from actstore.store.quantised import is_one_byte
 
 

@@ -36,7 +36,7 @@ from actstore.server.readers import Readers
 from actstore.server.registration import DatasetSource, LabelsSource, Registrar
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
-from actstore.store import backups
+from actstore.store.catalog import backups
 from actstore.store.array_store import READ_ITEMSIZE
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle

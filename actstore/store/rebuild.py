@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from actstore.errors import AlreadyExists, DataLoss, NotFound
-from actstore.store import backups
+from actstore.store.catalog import backups
 from actstore.store.array_store import StoreUpkeep
 from actstore.store.atomic import FILE_MODE, fsync_path
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord

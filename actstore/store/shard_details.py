@@ -34,7 +34,7 @@ from zarr.abc.store import SuffixByteRequest
 
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store.array_store import RunLayout
-from actstore.store.catalog_schema import CHUNK_SCHEMA
+from actstore.store.catalog.schema import CHUNK_SCHEMA
 from actstore.store.codecs import ChunkCodec, FixedBlock
 from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
 from actstore.store.quantised import is_one_byte

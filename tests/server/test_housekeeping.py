@@ -18,7 +18,7 @@ from actstore.client import Client
 from actstore.errors import DataLoss, PermissionDenied
 from actstore.server.app import start_server
 from actstore.server.auth import create_token
-from actstore.store import backups
+from actstore.store.catalog import backups
 from actstore.store.arrays import COMMIT_MARKER
 from tests.conftest import make_settings
 from tests.factories import sentences

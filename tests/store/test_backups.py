@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from actstore.errors import DataLoss, NotFound, Unavailable
-from actstore.store import backups
+from actstore.store.catalog import backups
 from actstore.store.catalog import Catalog, ModelRecord
 
 

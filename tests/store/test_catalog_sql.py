@@ -1,4 +1,4 @@
-"""Read-only SQL over a real catalog file (`store.catalog_sql`), attacked with the generated corpus of
+"""Read-only SQL over a real catalog file (`store.catalog.sql`), attacked with the generated corpus of
 tests/sql_corpus.py: for each role, no query reads a file, a hidden table or the server's
 environment, and none changes a setting of the catalog; the sandbox holds on its own, without the
 checks in front of it."""
@@ -12,7 +12,7 @@ import pytest
 
 from actstore.errors import DeadlineExceeded, InvalidArgument, PermissionDenied
 from actstore.store.catalog import Catalog
-from actstore.store.catalog_sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, copy_tables, sandbox
+from actstore.store.catalog.sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, copy_tables, sandbox
 from tests.sql_corpus import SECRET_FILE_TEXT, leaks, queries, shadowing_queries
 
 MiB = 2**20

@@ -32,7 +32,7 @@ import numpy as np
 
 from actstore.errors import DataLoss, InvalidArgument, NotFound
 from actstore.store.atomic import atomic_directory
-from actstore.store.catalog_schema import LabelSetRecord
+from actstore.store.catalog.schema import LabelSetRecord
 from actstore.store.datasets.columns import ids_from_values
 from actstore.store.datasets.parsers import read_json_records, read_user_csv
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from actstore.store.catalog_family import Family
-from actstore.store.catalog_schema import CHUNK_SCHEMA, ChunkHealth
+from actstore.store.catalog.family import Family
+from actstore.store.catalog.schema import CHUNK_SCHEMA, ChunkHealth
 
 
 class Chunks(Family):

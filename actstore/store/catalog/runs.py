@@ -11,9 +11,9 @@ import json
 from dataclasses import replace
 
 from actstore.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from actstore.store.catalog_chunks import Chunks
-from actstore.store.catalog_family import Family, Statements
-from actstore.store.catalog_schema import RunRecord
+from actstore.store.catalog.chunks import Chunks
+from actstore.store.catalog.family import Family, Statements
+from actstore.store.catalog.schema import RunRecord
 
 RUN_STATUSES = ("running", "committed", "failed")
 MIN_RUN_PREFIX = 8  # hex characters of a run key that name it

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from actstore.store.catalog_family import AliasedFamily
-from actstore.store.catalog_schema import DatasetRecord
+from actstore.store.catalog.family import AliasedFamily
+from actstore.store.catalog.schema import DatasetRecord
 
 _COLUMNS = "digest, kind, n, num_labels, has_groups, path, source"
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from actstore.store.catalog_family import Family
+from actstore.store.catalog.family import Family
 
 
 class Audit(Family):

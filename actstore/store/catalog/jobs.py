@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from actstore.errors import InvalidArgument, NotFound
-from actstore.store.catalog_family import Family
-from actstore.store.catalog_schema import JobRecord
+from actstore.store.catalog.family import Family
+from actstore.store.catalog.schema import JobRecord
 
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled", "interrupted")
 

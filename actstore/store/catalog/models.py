@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from actstore.store.catalog_family import AliasedFamily
-from actstore.store.catalog_schema import ModelRecord
+from actstore.store.catalog.family import AliasedFamily
+from actstore.store.catalog.schema import ModelRecord
 
 _COLUMNS = "digest, kind, arch, num_layers, hidden_size, max_positions, path, has_head, lineage"
 

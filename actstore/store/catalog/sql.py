@@ -31,7 +31,7 @@ else. The sandbox is the wall; the checks are there to say clearly why a query i
    fetched.
 
 The catalog itself keeps external access: it is a database-wide setting that cannot be turned back
-on, and the server's own catalog backups `ATTACH` a new file (`store.backups`).
+on, and the server's own catalog backups `ATTACH` a new file (`store.catalog.backups`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ tokens themselves are never stored (`Catalog.principals`)."""
 from __future__ import annotations
 
 from actstore.errors import AlreadyExists, NotFound
-from actstore.store.catalog_family import Family
+from actstore.store.catalog.family import Family
 
 
 class Principals(Family):

@@ -3,8 +3,8 @@
 One process owns it (the server, or the embedded client's in-process server): DuckDB allows a
 single writer. `Catalog` owns the file's one connection and its lock; the statements of each table
 family are in their own module, reached as attributes: `catalog.models`, `.datasets`, `.runs`,
-`.label_sets`, `.chunks`, `.results`, `.jobs`, `.principals`, `.audit` (`store.catalog_models` and so on). The
-records they return are defined in `store.catalog_schema` and importable from here.
+`.label_sets`, `.chunks`, `.results`, `.jobs`, `.principals`, `.audit` (`store.catalog.models` and so on). The
+records they return are defined in `store.catalog.schema` and importable from here.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from pathlib import Path
 import duckdb
 
 from actstore.errors import ActStoreError, DataLoss, Unavailable
-from actstore.store import backups, disk
-from actstore.store.catalog_audit import Audit
-from actstore.store.catalog_chunks import Chunks
-from actstore.store.catalog_datasets import Datasets
-from actstore.store.catalog_jobs import Jobs
-from actstore.store.catalog_labels import LabelSets
-from actstore.store.catalog_models import Models
-from actstore.store.catalog_principals import Principals
-from actstore.store.catalog_results import Results
-from actstore.store.catalog_runs import Runs
-from actstore.store.catalog_schema import (
+from actstore.store import disk
+from actstore.store.catalog import backups
+from actstore.store.catalog.audit import Audit
+from actstore.store.catalog.chunks import Chunks
+from actstore.store.catalog.datasets import Datasets
+from actstore.store.catalog.jobs import Jobs
+from actstore.store.catalog.label_sets import LabelSets
+from actstore.store.catalog.models import Models
+from actstore.store.catalog.principals import Principals
+from actstore.store.catalog.results import Results
+from actstore.store.catalog.runs import Runs
+from actstore.store.catalog.schema import (
     CHUNK_SCHEMA,
     SCHEMA,
     ChunkHealth,
@@ -107,7 +108,7 @@ class Catalog:
 
     def backup(self, keep: int) -> Path:
         """A consistent copy of the catalog in ``backups/``, keeping the newest ``keep`` (see
-        `store.backups` for why DuckDB's own copy under the lock)."""
+        `store.catalog.backups` for why DuckDB's own copy under the lock)."""
         staged = backups.staging_path(self.path)
         with self._lock:
             try:
@@ -127,7 +128,7 @@ class Catalog:
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new connection to the same database, with its own transactions, for the read-only
-        SQL endpoint (`store.catalog_sql`); the caller closes it."""
+        SQL endpoint (`store.catalog.sql`); the caller closes it."""
         with self._lock:
             return self._con.cursor()
 

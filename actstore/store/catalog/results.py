@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from actstore.store.catalog_family import Family
+from actstore.store.catalog.family import Family
 
 
 class Results(Family):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from actstore.errors import AlreadyExists, NotFound
-from actstore.store.catalog_family import Family
-from actstore.store.catalog_schema import LabelSetRecord
+from actstore.store.catalog.family import Family
+from actstore.store.catalog.schema import LabelSetRecord
 
 _COLUMNS = "dataset_digest, name, digest, kind, classes, labelled, samples, path, source"
 
