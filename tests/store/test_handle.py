@@ -13,7 +13,7 @@ from actstore.store.handle import StoreHandle
 def test_a_local_handle_opens_the_directory_and_pickles(tmp_path):
     handle = StoreHandle.from_settings(Settings(store=str(tmp_path / "s")))
     assert pickle.loads(pickle.dumps(handle)) == handle
-    assert handle.path == tmp_path / "s" and not handle.is_remote and handle.options == ()
+    assert handle.path == tmp_path / "s" and not handle.is_remote and handle.options is None
     assert isinstance(handle.open(), ZarrArrayStore) and handle.open() is handle.open()
     assert isinstance(handle.files, LocalFiles)
 

@@ -41,9 +41,9 @@ class Backend(ABC):
     def __repr__(self) -> str:
         return f"<{self.scheme}:// store backend>"
 
-    def options(self) -> Options:
-        """The configuration this process's environment gives (default: none)."""
-        return ()
+    def options(self) -> Options | None:
+        """The configuration this process's environment gives; None: the backend takes none."""
+        return None
 
     @abstractmethod
     def open(self, root: str, options: Options | None, retry: RetryPolicy) -> Store:
