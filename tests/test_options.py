@@ -39,6 +39,8 @@ from actstore.options import (
     given_in_message,
     resolve,
 )
+from actstore.server.queries import QueryEngine
+from actstore.server.readers import Readers
 from actstore.server.requests import (
     EntropyQuery,
     LensQuery,
@@ -366,8 +368,9 @@ class _Called(Exception):
 
 
 class _Recorder:
-    """Stands in for the service and its rooms (`service.queries.entropy.entropy(...)`): records
-    the call by the method's name and stops there."""
+    """Stands in for the service and its parts (`service.captures.submit(...)`): records the call
+    by the method's name and stops there. Its query engine and readers resolve a request as the
+    real ones do (`_Engine`, `_Readers`), over recorded run checks."""
 
     def __init__(self, calls: list | None = None, name: str = ""):
         self.calls = [] if calls is None else calls
@@ -375,11 +378,19 @@ class _Recorder:
         self.settings = Settings(result_messages_kept=0)  # no kept replies: every call reaches the service
 
     def __getattr__(self, name):
-        return _Recorder(self.calls, name)
+        return {"queries": _Engine, "readers": _Readers}.get(name, _Recorder)(self.calls, name)
 
     def __call__(self, *args, **kwargs):
         self.calls.append((self.name, args, kwargs))
         raise _Called
+
+
+class _Engine(_Recorder):
+    answer = QueryEngine.answer  # the call resolved into its family's typed query: the runs checked first
+
+
+class _Readers(_Recorder):
+    batches = Readers.batches  # the request resolved into BatchOptions: the table, then the run
 
 
 def _call(servicer, method, request):

@@ -32,12 +32,11 @@ class DiagnosticsServicer(rpc.DiagnosticsServicer):
             outlier_sigmas=from_message(UNCERTAINTY, "outlier_sigmas", features),
             bootstrap_method=from_wire(UNCERTAINTY, "bootstrap_method", request.bootstrap_method),
             bootstrap_groups=from_message(UNCERTAINTY, "bootstrap_groups", request))
-        diagnostics = self.service.queries.diagnostics
-        return result_proto(diagnostics.similarity_stats(metric, query.run_a, query.run_b, list(query.layers_a),
-                                                         list(query.layers_b), center, query.refresh, options),
-                            self.service.queries.names)
+        return result_proto(self.service.diagnostics.similarity_stats(
+            metric, query.run_a, query.run_b, list(query.layers_a), list(query.layers_b), center, query.refresh,
+            options), self.service.names)
 
     def Outliers(self, request, context):
-        return result_proto(self.service.queries.diagnostics.outliers(
+        return result_proto(self.service.diagnostics.outliers(
             request.run, list(request.layers), from_message(UNCERTAINTY, "top_k", request),
-            from_message(UNCERTAINTY, "outlier_sigmas", request), request.refresh), self.service.queries.names)
+            from_message(UNCERTAINTY, "outlier_sigmas", request), request.refresh), self.service.names)

@@ -1,4 +1,4 @@
-"""The thin servicer of the Imports service: proto in, `ActStoreService.submit_import`, a Job out."""
+"""The thin servicer of the Imports service: proto in, `ImportJobs.submit` (`service.imports`), a Job out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class ImportsServicer(imports_pb2_grpc.ImportsServicer):
         self.service = service
 
     def SubmitImport(self, request, context):
-        return job_proto(self.service.submit_import(
+        return job_proto(self.service.imports.submit(
             ImportRequest(path=request.path, model=request.model, dataset=request.dataset, format=request.format,
                           pooling=request.pooling, dtype=request.dtype),
             principal=current_principal.get()))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from cachetools import LRUCache
 
 from actstore.errors import ActStoreError, Cancelled, DeadlineExceeded, ResourceExhausted, Unavailable
+from actstore.server import auth
 from actstore.store import disk
 from actstore.store.catalog import Catalog, JobRecord
 
@@ -343,8 +344,11 @@ class JobManager:
         with self._lock:
             return self._live.get(job_id) or self._finished.get(job_id)
 
-    def cancel(self, job_id: str) -> JobSnapshot:
-        """Ask a queued or running job to stop; a finished one is left as it is (its snapshot says so)."""
+    def cancel(self, job_id: str, principal: str | None = None, role: str | None = None) -> JobSnapshot:
+        """Ask a queued or running job to stop; a finished one is left as it is (its snapshot says so).
+        With auth (a `principal` and `role`), only its submitter or an admin may."""
+        if principal is not None and role is not None:
+            auth.check_owner(principal, role, self.snapshot(job_id).principal, f"job {job_id}")
         with self._lock:
             state = self._live.get(job_id)
         if state is None:

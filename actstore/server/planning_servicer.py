@@ -1,4 +1,4 @@
-"""Thin gRPC servicer of the dry runs (planning.proto): proto in, `ActStoreService.plan_*`, proto out."""
+"""Thin gRPC servicer of the dry runs (planning.proto): proto in, `CostPlanner` (`service.costs`), proto out."""
 
 from __future__ import annotations
 

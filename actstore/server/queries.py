@@ -3,9 +3,9 @@
 ``QueryEngine`` only composes: run checks (`runs`), the result cache (`results`), the Ray
 executor (`executor`) and CKA sizing (`tiling`), handed to the planners of the registered query
 families (`planners.families()`), one planner object per planner class. `answer(call)` resolves a
-metric call into its family's typed query and answers it; `planner(family)` is the method that
-answers a typed query. The diagnostics planner (`diagnostics`) serves its own RPCs. The matrix
-job uses the same parts.
+metric call into its family's typed query and answers it (the servicers' and the planners' one
+door for a metric); `planner(family)` is the method that answers a typed query. The matrix job
+and the diagnostics planner use the same parts.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from actstore.config import Settings
 from actstore.server.error_bounds import ErrorBounds
 from actstore.server.executor import Executor
 from actstore.server.planners import Planner, QueryParts, families, family
-from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.requests import MetricCall
 from actstore.server.results import MetricResult, ResultCache
 from actstore.server.run_names import RunNames
@@ -29,8 +28,9 @@ from actstore.store.handle import StoreHandle
 
 
 class QueryEngine:
-    def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings,
+    def __init__(self, catalog: Catalog, store: StoreHandle, settings: Settings, names: RunNames,
                  release_idle_gpus: Callable[[], None] = lambda: None) -> None:
+        """`names`: the runs' names in replies, forgotten with the rest (`forget`)."""
         arrays = store.open()
         executor = Executor(store, settings, release_idle_gpus)
         self.bounds = ErrorBounds(catalog, arrays, settings.run_cache_entries)  # over lossy runs
@@ -50,17 +50,21 @@ class QueryEngine:
         for registered in families():
             if registered.planner not in self._planners:
                 self._planners[registered.planner] = registered.planner(self.parts)
-        self.diagnostics = DiagnosticsPlanner(self.parts)
-        self.names = RunNames(catalog, settings.run_cache_entries)  # the runs' names in replies
+        self.names = names
 
     def planner(self, query: str) -> Callable[[Any], MetricResult]:
         """The planner method that answers a typed query of family `query` (`Measure.query`)."""
         registered = family(query)
         return getattr(self._planners[registered.planner], registered.method)
 
-    def answer(self, call: MetricCall) -> MetricResult:
-        """A metric call resolved into its family's typed query, once, and answered."""
+    def answer(self, call: MetricCall, require_bound: bool = False) -> MetricResult:
+        """A metric call resolved into its family's typed query, once, and answered; with
+        `require_bound`, refused before anything is computed over a lossy run whose answer this
+        metric cannot bound (`ErrorBounds.require`)."""
         query = family(call.spec.query).query.resolve(self.parts.checks, call)
+        if require_bound:
+            runs = [self.parts.checks.committed_run(run).run_key for run in (call.run_a, call.run_b) if run]
+            self.bounds.require(call.spec.identifier, runs, {"align": getattr(query, "align", "none")})
         return self.planner(call.spec.query)(query)
 
     def result(self, result_key: str) -> MetricResult:

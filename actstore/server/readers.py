@@ -1,6 +1,6 @@
-"""Data out while the server runs: a run as shuffled, rank-partitioned batches (the partition and
-the buffer are `store.batches`), where a run's arrays are (for readers opening Zarr themselves),
-and read-only SQL over the catalog (`store.catalog.sql`)."""
+"""Data out while the server runs: a layer's rows, a run as shuffled, rank-partitioned batches (the
+partition and the buffer are `store.batches`), where a run's arrays are (for readers opening Zarr
+themselves), and read-only SQL over the catalog (`store.catalog.sql`)."""
 
 from __future__ import annotations
 
@@ -82,8 +82,26 @@ class Readers:
         self.settings = settings
         self._sql = CatalogSql(catalog.cursor, settings.sql_memory_bytes)
 
+    # ---- a layer's rows -----------------------------------------------------------------------
+    def read_activations(self, run: str, layer: int, start: int, stop: int
+                         ) -> Iterator[tuple[int, np.ndarray, list[str]]]:
+        """Rows [start, stop) of one layer of a committed run (`stop` 0: to the end), as (first row,
+        values, sample ids) pieces of at most `read_chunk_bytes`."""
+        record = self.checks.committed_run(run)
+        self.checks.check_layers(record, [layer], "layer")
+        stop = stop or record.rows
+        if not 0 <= start < stop <= record.rows:
+            raise InvalidArgument(f"rows {start}..{stop} are outside 0..{record.rows} of run {record.run_key[:12]}")
+        step = max(1, self.settings.read_chunk_bytes // (record.width * READ_ITEMSIZE[record.dtype]))
+        ids = self.arrays.sample_ids(record.run_key) if record.pooling != "tokens" else []
+        for lo in range(start, stop, step):
+            hi = min(lo + step, stop)
+            yield lo, self.arrays.read_layers(record.run_key, [layer], lo, hi)[0], ids[lo:hi]
+
     # ---- batches ------------------------------------------------------------------------------
-    def batches(self, options: BatchOptions) -> Iterator[BatchPiece]:
+    def batches(self, request: Any) -> Iterator[BatchPiece]:
+        """A ReadBatches request's stream, the request resolved here once (`BatchOptions.resolve`)."""
+        options = BatchOptions.resolve(self.checks, request)
         record = options.record
         layout = self.arrays.layout(record.run_key)
         k = batches.effective_buffer_shards(options.buffer_shards, options.batch_size, layout.shard_rows)

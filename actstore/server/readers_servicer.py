@@ -11,7 +11,6 @@ from actstore._proto.actstore.v1 import readers_pb2_grpc as rpc
 from actstore.errors import ResourceExhausted
 from actstore.options import SQL, from_message
 from actstore.server.interceptors import current_role
-from actstore.server.readers import BatchOptions
 from actstore.server.runs import byte_size
 from actstore.server.service import ActStoreService
 from actstore.wire import to_ndarray
@@ -44,8 +43,7 @@ class ReadersServicer(rpc.ReadersServicer):
         self.service = service
 
     def ReadBatches(self, request, context):
-        readers = self.service.readers
-        for piece in readers.batches(BatchOptions.resolve(readers.checks, request)):
+        for piece in self.service.readers.batches(request):
             if not context.is_active():
                 return
             yield pb.BatchPart(batch=piece.batch, batch_rows=piece.batch_rows, offset=piece.offset,

@@ -1,11 +1,14 @@
-"""The service layer: the one object servicers call, composing the parts of the server.
+"""The service layer: the object servicers are given, composing the parts of the server.
 
 ``ActStoreService`` owns construction, close and resume: the catalog (single writer), the store
-handle, the job manager and the capture pool. Each operation lives in the module of its job
-(`registration`, `capture_job`, `training_job`, `cka_job`); the methods here route to them. Its
-rooms are attributes a servicer calls directly, with no alias in between: `queries` (the query
-engine, whose planners answer the metric queries), `costs` (dry runs), `readers` (batches, SQL,
-locations).
+handle, the job manager and the capture pool. A servicer calls the part that owns an operation,
+one attribute deep (`service.PART.METHOD(...)`, never a part's own parts): `registrar`
+(registration), `captures`, `imports`, `training`, `verifies` (the jobs of their modules), `jobs`
+(follow, list, cancel any job), `queries` (the query engine: `answer` for every metric call),
+`diagnostics` (its planner over the same parts), `names` (the runs' names in replies), `costs`
+(dry runs), `readers` (a layer's rows, batches, SQL, locations). The methods here are the
+operations no one part owns: the runs listed, described and deleted, the CKA matrix job, the
+catalog's listings and tokens, backups and garbage collection.
 """
 
 from __future__ import annotations
@@ -13,14 +16,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from actstore.config import Settings
-from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument
+from actstore.errors import ActStoreError, FailedPrecondition
 from actstore.options import duration_seconds
 from actstore.server import auth, cka_job
 from actstore.server.backup_schedule import BackupSchedule
@@ -30,14 +30,15 @@ from actstore.server.gc import GarbageCollector, GcReport
 from actstore.server.heap_upkeep import HeapUpkeep
 from actstore.server.import_job import ImportJobs, ImportRequest
 from actstore.server.jobs import JobManager, JobSnapshot
+from actstore.server.planners.diagnostics import DiagnosticsPlanner
 from actstore.server.planning import CostPlanner
 from actstore.server.queries import QueryEngine
 from actstore.server.readers import Readers
 from actstore.server.registration import DatasetSource, LabelsSource, Registrar
+from actstore.server.run_names import RunNames
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
 from actstore.store.catalog import backups
-from actstore.store.array_store import READ_ITEMSIZE
 from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
@@ -82,9 +83,13 @@ class ActStoreService:
         self.training = TrainingJobs(self.jobs, self.registrar, self.store)
         self.imports = ImportJobs(self.catalog, self.store, self.jobs, self.registrar, self.settings,
                                   self.captures.submissions)
-        self.queries = QueryEngine(self.catalog, self.store, self.settings, self.capture_pool.release_idle_gpus)
-        self.costs = CostPlanner(self.catalog, self.captures, self.queries.parts)  # dry runs
-        self.readers = Readers(self.catalog, self.arrays, self.queries.parts.checks, self.settings)
+        self.names = RunNames(self.catalog, self.settings.run_cache_entries)  # the runs' names in replies
+        self.queries = QueryEngine(self.catalog, self.store, self.settings, self.names,
+                                   self.capture_pool.release_idle_gpus)
+        parts = self.queries.parts
+        self.diagnostics = DiagnosticsPlanner(parts)
+        self.costs = CostPlanner(self.catalog, self.captures, parts)  # dry runs
+        self.readers = Readers(self.catalog, self.arrays, parts.checks, self.settings)
         self.verifies = VerifyJobs(self.catalog, self.store, self.jobs, self.settings, self.queries.forget)
         self.garbage = GarbageCollector(self.catalog, self.store, self.jobs, self.captures.submissions)
         if self.settings.resume_on_start:
@@ -139,16 +144,6 @@ class ActStoreService:
         return resumed
 
     # ---- catalog ------------------------------------------------------------------------------
-    def register_model(self, *, path: str | None = None, builtin: str | None = None,
-                       name: str | None = None, lineage: dict | None = None) -> ModelRecord:
-        return self.registrar.register_model(path=path, builtin=builtin, name=name, lineage=lineage)
-
-    def register_dataset(self, source: DatasetSource, name: str | None = None) -> DatasetRecord:
-        return self.registrar.register_dataset(source, name)
-
-    def register_labels(self, dataset: str, source: LabelsSource, name: str | None = None) -> LabelSetRecord:
-        return self.registrar.register_labels(dataset, source, name)
-
     def label_sets(self, dataset: str = "") -> list[LabelSetRecord]:
         """The label sets of one dataset (an alias or digest; empty: every dataset's)."""
         return self.catalog.label_sets.of(self.catalog.datasets.get(dataset).digest if dataset else None)
@@ -206,16 +201,7 @@ class ActStoreService:
             self.queries.forget()
         return report
 
-    # ---- jobs ---------------------------------------------------------------------------------
-    def submit_capture(self, request: CaptureRequest, principal: str | None = None) -> JobSnapshot:
-        return self.captures.submit(request, principal)
-
-    def submit_import(self, request: ImportRequest, principal: str | None = None) -> JobSnapshot:
-        return self.imports.submit(request, principal)
-
-    def submit_train(self, request: TrainRequest, principal: str | None = None) -> JobSnapshot:
-        return self.training.submit(request, principal)
-
+    # ---- the CKA matrix job -------------------------------------------------------------------
     def submit_cka_matrix(self, runs: list[str], refresh: bool = False, principal: str | None = None,
                           measure: str = "", options: dict | None = None, strict: bool = False) -> JobSnapshot:
         """The matrix job of linear CKA, or of a streamed `measure` with its `options` (`cka_job.plan`
@@ -230,28 +216,6 @@ class ActStoreService:
                                         lambda job: cka_job.run(self.queries.parts, job, records, key, planned),
                                         principal=principal)
         return replace(state.snapshot, joined=joined)
-
-    def submit_verify(self, runs: list[str], all_runs: bool = False, repair: bool = False,
-                      principal: str | None = None) -> JobSnapshot:
-        return self.verifies.submit(runs, all_runs, repair, principal)
-
-    def verify_report(self, job_id: str) -> dict:
-        return self.verifies.report(job_id)
-
-    def follow_job(self, job_id: str) -> Iterator[JobSnapshot]:
-        return self.jobs.follow(job_id)
-
-    def cancel_job(self, job_id: str, principal: str | None = None, role: str | None = None) -> JobSnapshot:
-        """Cancel a job; with auth (a principal and role), only its submitter or an admin may."""
-        if principal is not None and role is not None:
-            auth.check_owner(principal, role, self.jobs.snapshot(job_id).principal, f"job {job_id}")
-        return self.jobs.cancel(job_id)
-
-    def job(self, job_id: str) -> JobSnapshot:
-        return self.jobs.snapshot(job_id)
-
-    def list_jobs(self, status: str = "") -> list[JobSnapshot]:
-        return self.jobs.list(status or None)
 
     # ---- tokens -------------------------------------------------------------------------------
     def create_token(self, name: str, role: str) -> str:
@@ -271,20 +235,3 @@ class ActStoreService:
                     "administer the running server: create another admin token first (actstore token create "
                     "--name NAME --role admin), then revoke this one")
             self.catalog.principals.revoke(name)  # the next call with its token is refused: nothing is cached
-
-    # ---- queries: the planners' methods, bound in __init__ -----------------------------------
-    def read_activations(self, run: str, layer: int, start: int, stop: int
-                         ) -> Iterator[tuple[int, np.ndarray, list[str]]]:
-        checks = self.queries.parts.checks
-        record = checks.committed_run(run)
-        checks.check_layers(record, [layer], "layer")
-        stop = stop or record.rows
-        if not 0 <= start < stop <= record.rows:
-            raise InvalidArgument(f"rows {start}..{stop} are outside 0..{record.rows} of run {record.run_key[:12]}")
-        itemsize = READ_ITEMSIZE[record.dtype]
-        step = max(1, self.settings.read_chunk_bytes // (record.width * itemsize))
-        ids = self.arrays.sample_ids(record.run_key) if record.pooling != "tokens" else []
-        for lo in range(start, stop, step):
-            hi = min(lo + step, stop)
-            values = self.arrays.read_layers(record.run_key, [layer], lo, hi)[0]
-            yield lo, values, ids[lo:hi]

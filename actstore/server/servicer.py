@@ -1,4 +1,6 @@
-"""Thin gRPC servicers: proto in, a service-layer call, proto out. No logic lives here."""
+"""Thin gRPC servicers: proto in, a call of the service part that owns the operation
+(`service.PART.METHOD`, or the service's own method for what spans parts; `server/service.py`),
+proto out. No logic lives here."""
 
 from __future__ import annotations
 
@@ -26,10 +28,8 @@ from actstore.options import (
 )
 from actstore.server.interceptors import current_principal, current_role
 from actstore.server.jobs import JobSnapshot
-from actstore.server.planners import family
 from actstore.server.replies import KeptReplies
 from actstore.server.requests import MetricCall, options_from_json
-from actstore.server.results import MetricResult
 from actstore.server.service import ActStoreService, CaptureRequest, DatasetSource, LabelsSource, TrainRequest
 from actstore.store.catalog import DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
 from actstore.store.keys import site_of
@@ -144,7 +144,7 @@ class CatalogServicer(rpc.CatalogServicer):
 
     def RegisterModel(self, request, context):
         source = request.WhichOneof("source")
-        return model_proto(self.service.register_model(
+        return model_proto(self.service.registrar.register_model(
             path=request.path if source == "path" else None,
             builtin=request.builtin if source == "builtin" else None, name=request.name or None))
 
@@ -165,14 +165,14 @@ class CatalogServicer(rpc.CatalogServicer):
             augment_views=from_wire(DATASETS, "augment_views", request.augment_views, self.service.settings),
             augment_method=from_wire(DATASETS, "augment_method", request.augment_method),
         )
-        return dataset_proto(self.service.register_dataset(source, request.name or None))
+        return dataset_proto(self.service.registrar.register_dataset(source, request.name or None))
 
     def DeleteRun(self, request, context):
         return pb.DeleteRunResponse(run_key=self.service.delete_run(request.run))
 
     def RegisterLabels(self, request, context):
-        return label_set_proto(self.service.register_labels(request.dataset, labels_source(request),
-                                                            request.name or None))
+        return label_set_proto(self.service.registrar.register_labels(request.dataset, labels_source(request),
+                                                                      request.name or None))
 
     def ListLabelSets(self, request, context):
         found = self.service.label_sets(request.dataset)
@@ -184,23 +184,23 @@ class CaptureServicer(rpc.CaptureServicer):
         self.service = service
 
     def SubmitCapture(self, request, context):
-        return job_proto(self.service.submit_capture(capture_request(request), principal=current_principal.get()))
+        return job_proto(self.service.captures.submit(capture_request(request), principal=current_principal.get()))
 
     def WatchJob(self, request, context):
-        for snapshot in self.service.follow_job(request.job_id):
+        for snapshot in self.service.jobs.follow(request.job_id):
             if not context.is_active():
                 return
             kind = _EVENT_KIND.get(snapshot.status, pb.JobEvent.PROGRESS)
             yield pb.JobEvent(kind=kind, job=job_proto(snapshot), message=snapshot.message)
 
     def CancelJob(self, request, context):
-        return job_proto(self.service.cancel_job(request.job_id, current_principal.get(), current_role.get()))
+        return job_proto(self.service.jobs.cancel(request.job_id, current_principal.get(), current_role.get()))
 
     def GetJob(self, request, context):
-        return job_proto(self.service.job(request.job_id))
+        return job_proto(self.service.jobs.snapshot(request.job_id))
 
     def SubmitTrain(self, request, context):
-        return job_proto(self.service.submit_train(
+        return job_proto(self.service.training.submit(
             TrainRequest(recipe=request.recipe, method=from_wire(TRAIN, "method", request.method) or "",
                          seed=from_wire(TRAIN, "seed", request.seed),
                          steps=from_message(TRAIN, "steps", request) or 0, smoke=request.smoke,
@@ -209,7 +209,7 @@ class CaptureServicer(rpc.CaptureServicer):
             principal=current_principal.get()))
 
     def ListJobs(self, request, context):
-        return pb.ListJobsResponse(jobs=[job_proto(s) for s in self.service.list_jobs(request.status)])
+        return pb.ListJobsResponse(jobs=[job_proto(s) for s in self.service.jobs.list(request.status or None)])
 
 
 class QueryServicer(rpc.QueryServicer):
@@ -221,23 +221,15 @@ class QueryServicer(rpc.QueryServicer):
         # made on the first answer: the settings bound it
         queries = self.service.queries
         return KeptReplies(self.service.settings.result_messages_kept, queries.current_generation, queries.is_current,
-                           queries.names)
+                           self.service.names)
 
-    # Every query RPC becomes one MetricCall (server/requests.py), resolved here into its family's
-    # typed query, which the family's planner answers: the generic Measure RPC for any registered
-    # metric; the older RPCs from their fields, the options a metric does not use not read (as they
-    # always were).
-    def _resolved(self, call: MetricCall, require_bound: bool = False) -> MetricResult:
-        queries = self.service.queries
-        query = family(call.spec.query).query.resolve(queries.parts.checks, call)
-        if require_bound:  # refused before anything is computed
-            runs = [queries.parts.checks.committed_run(run).run_key for run in (call.run_a, call.run_b) if run]
-            queries.bounds.require(call.spec.identifier, runs, {"align": getattr(query, "align", "none")})
-        return queries.planner(call.spec.query)(query)
-
+    # Every query RPC becomes one MetricCall (server/requests.py), which the query engine resolves
+    # into its family's typed query and the family's planner answers (`QueryEngine.answer`): the
+    # generic Measure RPC for any registered metric; the older RPCs from their fields, the options a
+    # metric does not use not read (as they always were).
     def Similarity(self, request, context):
-        return self._replies.answer("Similarity", request, lambda: self._resolved(self._similarity_call(request),
-                                                                                  request.require_bound))
+        return self._replies.answer("Similarity", request, lambda: self.service.queries.answer(
+            self._similarity_call(request), request.require_bound))
 
     @staticmethod
     def _similarity_call(request) -> MetricCall:
@@ -255,15 +247,15 @@ class QueryServicer(rpc.QueryServicer):
         return MetricCall(spec, request.run_a, request.run_b, *layers, spec.taken(legacy), request.refresh)
 
     def Measure(self, request, context):
-        return self._replies.answer("Measure", request, lambda: self._resolved(MetricCall.of_request(request),
-                                                                               request.require_bound))
+        return self._replies.answer("Measure", request, lambda: self.service.queries.answer(
+            MetricCall.of_request(request), request.require_bound))
 
     def _answer(self, method: str, request, spec: measures.Measure, run_a: str, layers_a=(), run_b: str = "",
                 layers_b=(), options: Iterable[str] | None = None):
         """The reply of an older query RPC: kept, or `spec`'s answer to the call its fields make
         (`options`: the fields read as options; None: the spec's own)."""
         names = [option.name for option in spec.options] if options is None else options
-        return self._replies.answer(method, request, lambda: self._resolved(MetricCall(
+        return self._replies.answer(method, request, lambda: self.service.queries.answer(MetricCall(
             spec, run_a, run_b, tuple(layers_a), tuple(layers_b), given_in_message(request, names), request.refresh)))
 
     def Entropy(self, request, context):
@@ -297,8 +289,8 @@ class QueryServicer(rpc.QueryServicer):
         return self._replies.answer("GetResult", request, lambda: self.service.queries.result(request.result_key))
 
     def ReadActivations(self, request, context):
-        for start, values, ids in self.service.read_activations(request.run, request.layer, request.start,
-                                                                request.stop):
+        for start, values, ids in self.service.readers.read_activations(request.run, request.layer, request.start,
+                                                                        request.stop):
             yield pb.ActivationChunk(start=start, values=to_ndarray(values), sample_ids=ids)
 
 
@@ -329,15 +321,15 @@ class IntegrityServicer(rpc.IntegrityServicer):
         self.service = service
 
     def SubmitVerify(self, request, context):
-        return job_proto(self.service.submit_verify(list(request.runs), request.all,
-                                                    principal=current_principal.get()))
+        return job_proto(self.service.verifies.submit(list(request.runs), request.all, repair=False,
+                                                      principal=current_principal.get()))
 
     def SubmitRepair(self, request, context):
-        return job_proto(self.service.submit_verify(list(request.runs), request.all, repair=True,
-                                                    principal=current_principal.get()))
+        return job_proto(self.service.verifies.submit(list(request.runs), request.all, repair=True,
+                                                      principal=current_principal.get()))
 
     def GetVerifyReport(self, request, context):
-        return verify_report_proto(self.service.verify_report(request.job_id))
+        return verify_report_proto(self.service.verifies.report(request.job_id))
 
 
 class HousekeepingServicer(rpc.HousekeepingServicer):
