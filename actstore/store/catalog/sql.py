@@ -215,36 +215,46 @@ class CatalogSql:
 
 
 class _Watchdog:
-    """Interrupts every connection handed to it once `timeout` seconds have passed since it was made."""
+    """Interrupts every connection handed to it once `timeout` seconds have passed since it was made.
+
+    Once the time is up it interrupts them again every `REPEAT_SECONDS` until cancelled: DuckDB
+    clears a connection's interrupt when its next statement starts, so one interrupt that lands
+    between two statements (or before the first, on a loaded machine) would be lost, and an endless
+    query would run on."""
+
+    REPEAT_SECONDS = 0.05
 
     def __init__(self, timeout: float) -> None:
         self._connections: list[duckdb.DuckDBPyConnection] = []
         self._lock = threading.Lock()
-        self._fired = False
-        self._timer = threading.Timer(timeout, self._fire)
-        self._timer.start()
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(timeout,), name="sql-watchdog", daemon=True)
+        self._thread.start()
 
     @contextmanager
     def watching(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         """Interrupts `con` when the time is up, while the block runs (never once it is closed)."""
         with self._lock:
             self._connections.append(con)
-            if self._fired:
-                con.interrupt()
         try:
             yield
         finally:
             with self._lock:
                 self._connections.remove(con)
 
-    def _fire(self) -> None:
-        with self._lock:
-            self._fired = True
-            for con in self._connections:
-                con.interrupt()
+    def _watch(self, timeout: float) -> None:
+        if self._cancelled.wait(timeout):
+            return
+        while True:
+            with self._lock:
+                for con in self._connections:
+                    con.interrupt()
+            if self._cancelled.wait(self.REPEAT_SECONDS):
+                return
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        self._cancelled.set()
+        self._thread.join()
 
 
 def copy_tables(cur: duckdb.DuckDBPyConnection, names: list[str]) -> dict[str, tuple[str, Any]]:
