@@ -9,7 +9,7 @@ Modules (each importable on its own):
   ``find_head_module``, ``replaced_layer``.
 - ``pooling``: ``pool``, ``pool_tokens`` (the poolings of ``actstore.store.keys.POOLINGS``),
   ``token_positions`` (which tokens ``pool_tokens`` keeps).
-- ``lens_head``: ``describe_lens_head`` (a torch model's head as a ``metrics.lens.LensHead``) and
+- ``torch_lens``: ``describe_lens_head`` (a torch model's head as a ``metrics.lens.LensHead``) and
   ``TorchLensHead`` (that head applied in torch).
 - ``adapter``: ``ModelAdapter`` and ``Batch``.
 
@@ -46,7 +46,7 @@ __getattr__, _, _ = lazy_loader.attach(
         "sources": ["BUILTIN_MODELS", "BuiltinModel", "resolve_model_source"],
         "introspection": ["find_final_norm", "find_head_module", "model_digest"],
         "pooling": ["pool", "pool_tokens"],
-        "lens_head": ["TorchLensHead", "describe_lens_head"],
+        "torch_lens": ["TorchLensHead", "describe_lens_head"],
         "adapter": ["Batch", "ModelAdapter"],
     },
 )

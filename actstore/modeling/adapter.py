@@ -32,11 +32,11 @@ from actstore.errors import InvalidArgument
 from actstore.metrics.lens_head import LensHead
 from actstore.modeling import introspection
 from actstore.modeling.introspection import decide_kind, find_blocks, model_digest
-from actstore.modeling.lens_head import TorchLensHead, describe_lens_head
 from actstore.modeling.loading import load_folder
 from actstore.modeling.pooling import pool, pool_tokens
 from actstore.modeling.sites import RESID_POST, ResolvedSite, collected, resolve_site
 from actstore.modeling.tokens import token_layout
+from actstore.modeling.torch_lens import TorchLensHead, describe_lens_head
 
 __all__ = ["Batch", "ModelAdapter"]
 

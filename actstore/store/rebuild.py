@@ -24,10 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from actstore.errors import AlreadyExists, DataLoss, NotFound
-from actstore.store.catalog import backups
 from actstore.store.array_store import StoreUpkeep
 from actstore.store.atomic import FILE_MODE, fsync_path
-from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord
+from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord, backups
 from actstore.store.datasets import load_dataset
 from actstore.store.datasets.labels import label_set_record, load_label_set
 from actstore.store.files import RECORD_FILE

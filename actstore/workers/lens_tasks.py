@@ -17,7 +17,7 @@ import torch
 
 from actstore.metrics.lens import LensAccumulator
 from actstore.metrics.lens_head import LensHead
-from actstore.modeling.lens_head import TorchLensHead
+from actstore.modeling.torch_lens import TorchLensHead
 from actstore.store.damage import damaged
 from actstore.store.handle import StoreHandle
 from actstore.training import checkpoints

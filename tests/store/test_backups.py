@@ -12,8 +12,7 @@ import duckdb
 import pytest
 
 from actstore.errors import DataLoss, NotFound, Unavailable
-from actstore.store.catalog import backups
-from actstore.store.catalog import Catalog, ModelRecord
+from actstore.store.catalog import Catalog, ModelRecord, backups
 
 
 def _model(i: int) -> ModelRecord:

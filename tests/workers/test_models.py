@@ -16,8 +16,8 @@ from actstore.metrics.lens_head import LensHead
 from actstore.modeling import introspection, pooling, sources
 from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.introspection import model_digest
-from actstore.modeling.lens_head import TorchLensHead
 from actstore.modeling.sources import BUILTIN_MODELS, resolve_model_source
+from actstore.modeling.torch_lens import TorchLensHead
 from tests.factories import TEXTS, WORDS, build_tiny_model
 
 _build = build_tiny_model
@@ -562,3 +562,14 @@ def test_real_smollm2_dequantise_cache_and_lens(big_tmp):
     last = a.pool(hidden, batch.mask, "last")
     top = a.head_logits(last[-1]).argmax(-1)
     assert a.tokenizer.decode(top[0]).strip() == "Paris"
+
+
+def test_the_old_torch_lens_module_name_still_imports_with_a_warning(monkeypatch):
+    """`actstore.modeling.lens_head` was renamed `torch_lens` (beside `actstore.metrics.lens_head`)."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "actstore.modeling.lens_head", raising=False)
+    with pytest.warns(DeprecationWarning, match="actstore.modeling.torch_lens"):
+        old = importlib.import_module("actstore.modeling.lens_head")
+    assert old.TorchLensHead is TorchLensHead
