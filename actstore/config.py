@@ -53,7 +53,7 @@ class Settings(BaseSettings):
                                  "read chunks go first")
 
     # S3 answers SlowDown for seconds to minutes while a prefix scales up, and drops connections now
-    # and then: a call rides that out rather than failing a long capture (`store.retries`)
+    # and then: a call rides that out rather than failing a long capture (`store.backends.retries`)
     store_retry_attempts: int = Field(10, ge=1, description="with an s3:// store: tries of one object-store call "
                                       "that fails transiently (5xx, throttling, a timeout, a reset connection), "
                                       "the first included; then it fails UNAVAILABLE naming the store")

@@ -13,7 +13,7 @@ path after the forward, a task at a time, with the store's own functions:
   * the host's path, per shard, `workers.shard_writes.write_prepared`: chunk rows (crc32c per
     layer, summed once: an uncompressed inner chunk takes it as its codec's), the shard's encoding
     (Blosc lz4 + bitshuffle where the run compresses, crc32c, the shard index and trailer:
-    `store.codecs`) and the store's PUT (`ZarrArrayStore.write_shard`), with the shard's token ids
+    `store.format.codecs`) and the store's PUT (`ZarrArrayStore.write_shard`), with the shard's token ids
     (int64, as a text capture writes them)
   * `Catalog.chunks.insert` of the task's chunk rows, once per task, as the capture job records them
 
@@ -118,8 +118,9 @@ def instrument(stages: Stages) -> None:
 
     import crc32c
 
-    from actstore.store import codecs, zarr_spec
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format import zarr_spec
+    from actstore.store.format import codecs
+    from actstore.store.format.arrays import ZarrArrayStore
     from actstore.workers import capture, shard_writes
 
     shard_writes.chunk_rows = stages.wrap("chunk rows", shard_writes.chunk_rows)
@@ -163,7 +164,7 @@ class Writer:
         import pyarrow as pa
 
         from actstore.metrics.rounding import ErrorFigures
-        from actstore.store import quantised
+        from actstore.store.format import quantised
         from actstore.store.catalog import Catalog
         from actstore.store.handle import StoreHandle
         from actstore.workers.capture import prepare_shards, storage_array
@@ -233,8 +234,8 @@ class Writer:
         """The first shard read back through a fresh handle equals the values; every shard's rows are recorded."""
         import torch
 
-        from actstore.store import quantised
-        from actstore.store.arrays import ZarrArrayStore
+        from actstore.store.format import quantised
+        from actstore.store.format.arrays import ZarrArrayStore
 
         reader = ZarrArrayStore(job["root"])
         states, rows, first = values.shape[0], job["shard_rows"], job["first_shard"]
@@ -384,7 +385,7 @@ def measure(writers: Writers, sinks: Sinks, target: str, jobs: list[dict]) -> di
 def one_config(writers: Writers, sinks: Sinks, folder: Path, target: str, shape: str, dtype: str, args) -> list[dict]:
     from actstore.config import Settings
     from actstore.store.array_store import RunLayout, token_shard_rows
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format.arrays import ZarrArrayStore
 
     states, width = SHAPES[shape]
     settings = Settings()

@@ -119,7 +119,7 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     both see the same machine load (shared machines drift within seconds)."""
     import obstore
 
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format.arrays import ZarrArrayStore
     from actstore.store.backends.s3 import s3_store
 
     url = new_bucket("bench")
@@ -186,7 +186,7 @@ def main() -> None:
         args.shards, args.repeats = 8, 1
 
     process, endpoint = start_s3_server()
-    from actstore.store.arrays import RunLayout
+    from actstore.store.format.arrays import RunLayout
 
     info = machine()
     print(f"object store: {args.shards} shards of {args.rows} x {args.states} x {args.width} float16, "

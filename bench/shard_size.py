@@ -34,7 +34,7 @@ STATES, WIDTH = 7, 384
 
 def written_run(root: str, rows: int, shard_rows: int) -> tuple[str, object]:
     from actstore.store.array_store import RunLayout
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format.arrays import ZarrArrayStore
 
     store = ZarrArrayStore(root)
     layout = RunLayout(n=1, rows=rows, num_states=STATES, width=WIDTH, dtype="float16", pooling="tokens",
@@ -51,7 +51,7 @@ def written_run(root: str, rows: int, shard_rows: int) -> tuple[str, object]:
 
 def reads(root: str, key: str, rows: int, windows: np.ndarray) -> dict[str, float]:
     """Seconds of each read, through a fresh handle (no layout or codec kept from the writes)."""
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format.arrays import ZarrArrayStore
 
     store = ZarrArrayStore(root)
     store.layout(key)  # metadata once, as any reader opens a run

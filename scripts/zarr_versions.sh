@@ -2,7 +2,7 @@
 # Run tests/store/test_codecs.py against other zarr-python (and numcodecs) releases, each in a
 # throwaway virtual environment under ${ZARR_VENVS:-/tmp/actstore-zarr-versions}; the project's
 # own environment is not touched. The store writes and reads zarr's objects itself
-# (actstore/store/zarr_spec.py), so these are the releases whose objects it must match byte for
+# (actstore/store/format/zarr_spec.py), so these are the releases whose objects it must match byte for
 # byte, and which must read what it writes.
 #
 #   bash scripts/zarr_versions.sh                         the oldest supported release, with the

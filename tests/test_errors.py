@@ -122,7 +122,7 @@ def test_a_data_loss_keeps_what_is_damaged_apart_from_its_advice_through_picklin
     pickled to the server, and keeps it."""
     import pickle
 
-    from actstore.store.damage import damaged
+    from actstore.store.format.damage import damaged
 
     exc = damaged("a" * 64, "acts", "failed its crc32c check", shard=2, layer=1, rows=(512, 768))
     assert exc.damage == "shard 2 layer 1 of array 'acts' (rows 512..768) failed its crc32c check"

@@ -19,7 +19,7 @@ def _offline_settings(args):
 def _rebuild(args) -> int:
     from actstore.errors import AlreadyExists
     from actstore.store.handle import StoreHandle
-    from actstore.store.rebuild import rebuild_catalog_file
+    from actstore.store.upkeep.rebuild import rebuild_catalog_file
 
     settings = _offline_settings(args)
     path = settings.catalog_path

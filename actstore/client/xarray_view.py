@@ -12,7 +12,7 @@ multiply first, as the store decodes them); the layers its `exact` array names (
 max_cka_error kept them exact) are read from there instead, float32. xarray's own `open_zarr` is
 not used: Zarr v3 arrays need `dimension_names` metadata for it, which the store does not write.
 
-Layout read (store/arrays.py): `acts` (n, L+1, d) or `tokens` (T, L+1, d); `sample_ids` as UTF-8
+Layout read (store/format/arrays.py): `acts` (n, L+1, d) or `tokens` (T, L+1, d); `sample_ids` as UTF-8
 bytes with `sample_id_offsets`; `labels` (n,) where known; `offsets` (n+1,) for token-level runs.
 """
 

@@ -41,7 +41,7 @@ from actstore.store.catalog import (
 )
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import run_key, run_spec, site_of
-from actstore.store.quantised import is_one_byte
+from actstore.store.format.quantised import is_one_byte
 from actstore.workers.capture import CapturePlan
 
 log = logging.getLogger(__name__)

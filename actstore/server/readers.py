@@ -18,7 +18,7 @@ from actstore.store import batches
 from actstore.store.array_store import READ_ITEMSIZE, ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.catalog.sql import ADMIN_TABLES, READABLE_TABLES, CatalogSql, SqlAnswer
-from actstore.store.quantised import is_one_byte
+from actstore.store.format.quantised import is_one_byte
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import numpy as np
 from actstore.metrics.rounding import ErrorFigures
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
-from actstore.store.quantised import is_one_byte
+from actstore.store.format.quantised import is_one_byte
 
 log = logging.getLogger(__name__)
 EXACT_COLUMN = "exact"  # 1.0 for a layer the tolerance kept exact (float32), else 0.0

@@ -31,7 +31,7 @@ from actstore.store.array_store import RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import result_key
-from actstore.store.scrub import METADATA, WHOLE, check_run, created_once
+from actstore.store.upkeep.scrub import METADATA, WHOLE, check_run, created_once
 from actstore.workers import cluster
 from actstore.workers.metric_tasks import deal
 from actstore.workers.verify_tasks import verify_shards

@@ -1,7 +1,7 @@
 """The activation-array interface: a run's layout, the storage ABC every backend implements, in
 three faces its callers take as far as they use them (`RunReader`, `RunWriter`, `StoreUpkeep`;
 `ArrayStore` is all three; contract tests: tests/store/array_store_contract.py), and the decoding
-of stored values. The Zarr v3 implementation is in `store.arrays`."""
+of stored values. The Zarr v3 implementation is in `store.format.arrays`."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class RunReader(ABC):
     def read_layers(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of the given layers as stored numbers, shape (len(layers), rows, d).
         float16 stays float16 (callers upcast before products); bfloat16 comes back as float32, and
-        int8 codes decoded to float32 values (`store.quantised`)."""
+        int8 codes decoded to float32 values (`store.format.quantised`)."""
 
     @abstractmethod
     def read_stored(self, run_key: str, layers: list[int], start: int, stop: int) -> np.ndarray:
@@ -103,7 +103,7 @@ class RunReader(ABC):
     @abstractmethod
     def read_coded(self, run_key: str, layers: list[int], shard: int) -> tuple[np.ndarray, np.ndarray]:
         """An int8 run's shard as stored: its codes (len(layers), rows, d) int8 and their state
-        (2, len(layers), d) float32, decoded by `store.quantised.decode` (what a reader that decodes
+        (2, len(layers), d) float32, decoded by `store.format.quantised.decode` (what a reader that decodes
         elsewhere, a client, is sent: one byte a value). Not for layers kept exact."""
 
     @abstractmethod
@@ -187,7 +187,7 @@ class RunWriter(ABC):
         (`LayerStats.to_dict`). A shard is written with all of it or not at all. ``checksums``:
         the crc32c of each layer's stored bytes (C order), where the writer has summed them; a
         backend may store them instead of summing the bytes again. An int8 run's shard is its
-        codes with ``decoding``, their (2, L+1, d) float32 steps and offsets (`store.quantised`),
+        codes with ``decoding``, their (2, L+1, d) float32 steps and offsets (`store.format.quantised`),
         written with it; its sums and statistics are of the decoded values."""
 
     @abstractmethod

@@ -138,7 +138,7 @@ def write_file(path: Path, data) -> None:
     renamed over it, so a reader sees the old bytes or the new, never a part (no fsync, as
     LocalStore: a killed process loses nothing the kernel has; the store's writers rewrite what a
     crashed machine lost). The array store's fast path for a local store's objects, and the read
-    cache's copies (`store.store_calls`, `store.read_cache`)."""
+    cache's copies (`store.format.store_calls`, `store.backends.read_cache`)."""
     staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ from pathlib import Path
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition
 from actstore.store.array_store import ArrayStore
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.backends import Backend, Options, backend_for
-from actstore.store.files import StoreFiles
-from actstore.store.retries import Observer, RetryPolicy
+from actstore.store.backends.files import StoreFiles
+from actstore.store.backends.retries import Observer, RetryPolicy
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.
 _OPENED: dict[StoreHandle, ArrayStore] = {}
@@ -33,9 +33,9 @@ class StoreHandle:
     compressor: str = "lz4"
     local_dir: str = ""  # with a remote root: the server's own directory (the catalog)
     options: Options | None = field(default=None, repr=False)  # may hold credentials: never printed
-    read_cache: str = ""  # with a remote root: each node's directory of the chunks it read (`store.read_cache`)
+    read_cache: str = ""  # with a remote root: each node's directory of the chunks it read (`store.backends.read_cache`)
     read_cache_bytes: int = 0
-    retry: RetryPolicy = RetryPolicy()  # how an object store's calls are retried (`store.retries`)
+    retry: RetryPolicy = RetryPolicy()  # how an object store's calls are retried (`store.backends.retries`)
 
     @classmethod
     def from_settings(cls, settings: Settings, observer: Observer | None = None) -> StoreHandle:
@@ -82,7 +82,7 @@ class StoreHandle:
 
     @property
     def files(self) -> StoreFiles:
-        """The store's folders of models and datasets (`store.files`)."""
+        """The store's folders of models and datasets (`store.backends.files`)."""
         files = self.backend.files(self.root, self.options, self.retry)
         if files is None:
             raise FailedPrecondition(f"the store {self.root} has no files area for models, datasets and checkpoints: "

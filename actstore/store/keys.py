@@ -19,7 +19,7 @@ CANONICAL_SITES = (RESID_POST, "attn_out", "mlp_out")
 # The one list of poolings (part of the run key). "tokens" keeps every non-pad token; the others
 # give one vector per sample (actstore.modeling.pooling derives its names from this tuple).
 POOLINGS = ("cls", "last", "mean", "tokens")
-STORAGE_DTYPES = ("float16", "float32", "bfloat16", "int8")  # int8: one byte a value, scaled (store.quantised)
+STORAGE_DTYPES = ("float16", "float32", "bfloat16", "int8")  # int8: one byte a value, scaled (store.format.quantised)
 
 
 def canonical_json(value: Any) -> str:

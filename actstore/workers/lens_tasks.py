@@ -18,7 +18,7 @@ import torch
 from actstore.metrics.lens import LensAccumulator
 from actstore.metrics.lens_head import LensHead
 from actstore.modeling.torch_lens import TorchLensHead
-from actstore.store.damage import damaged
+from actstore.store.format.damage import damaged
 from actstore.store.handle import StoreHandle
 from actstore.training import checkpoints
 from actstore.workers.metric_tasks import task_device

@@ -1,8 +1,8 @@
-"""One-byte coding where the forward ran: the int8 codes of `store.quantised`, in torch, on the
+"""One-byte coding where the forward ran: the int8 codes of `store.format.quantised`, in torch, on the
 tensor's own device (a GPU replica codes on the GPU, so only one byte a value and the small
 per-channel state cross to the host; a CPU replica codes on the CPU with the same calls).
 
-The same operations in the same order as numpy's `store.quantised.quantise` (float32 min/max,
+The same operations in the same order as numpy's `store.format.quantised.quantise` (float32 min/max,
 step, offset, `(x - offset) / step`, round half to even, clamp), so both give the same bits; the
 decode is a float32 multiply then add, two kernels, never a fused multiply-add.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from actstore.store.quantised import CODE_LEVELS, CODE_MAX, CODE_MIN, CODE_SHIFT
+from actstore.store.format.quantised import CODE_LEVELS, CODE_MAX, CODE_MIN, CODE_SHIFT
 
 
 def quantise(part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ import numpy as np
 import ray
 
 from actstore.metrics.layer_stats import LayerStats
-from actstore.store import quantised
+from actstore.store.format import quantised
 from actstore.store.array_store import RunWriter, decode_stored
 from actstore.store.handle import StoreHandle
 
@@ -36,7 +36,7 @@ class PreparedShard:
     extremes: tuple[list, list]  # per layer the finite min and max of the stored numbers (NaN: none finite)
     counts: tuple[list, list]  # per layer the NaN and Inf counts
     stats: dict[str, list]  # the shard's `LayerStats.to_dict()`, of its finite numbers
-    decoding: np.ndarray | None = None  # int8 codes' (2, L+1, d) steps and offsets (`store.quantised`)
+    decoding: np.ndarray | None = None  # int8 codes' (2, L+1, d) steps and offsets (`store.format.quantised`)
 
     @property
     def stored(self) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The cluster's count of object-store retries and calls given up, for one server.
 
 Object-store calls are made in the server and in its Ray workers (capture writers, map tasks,
-imports), each retrying by the store's policy (`store.retries`). Every process tells `FaultTally`
+imports), each retrying by the store's policy (`store.backends.retries`). Every process tells `FaultTally`
 (the policy's observer, carried by the store handle) of each retry and give-up, and the tally keeps
 the server's totals in one small named actor, started by the first retry anywhere (none is started
 while nothing is retried). The server reads the totals for its jobs (the retries while a job ran,

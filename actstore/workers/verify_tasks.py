@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from actstore.records import Damage
 from actstore.store.handle import StoreHandle
-from actstore.store.scrub import check_shard
+from actstore.store.upkeep.scrub import check_shard
 
 
 def verify_shards(store: StoreHandle, run_key: str, checksums: dict[int, dict[int, int]],

@@ -180,7 +180,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     layer l+1 = layer l + noise (std 0.6) plus a growing term along the outlier dimensions. W_m and
     the outlier dimensions differ between runs.
 
-    Path: a RunLayout (actstore.store.arrays) and a RunRecord (catalog) with placeholder model
+    Path: a RunLayout (actstore.store.format.arrays) and a RunRecord (catalog) with placeholder model
     and dataset records (the query path reads only the run record and the arrays); each shard
     goes through `service.arrays.write_shard` with its float64 layer sums, its chunk metadata
     (`actstore.workers.shard_writes.chunk_metadata`: crc32c, min/max, NaN/Inf counts) into
@@ -194,7 +194,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     import torch
 
     from actstore.metrics.rounding import ErrorFigures
-    from actstore.store.arrays import RunLayout
+    from actstore.store.format.arrays import RunLayout
     from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
     from actstore.store.keys import run_key, run_spec
     from actstore.workers.capture import prepare_shards

@@ -13,7 +13,7 @@ from actstore.client.readers import RunLocation
 from actstore.client.xarray_view import open_run
 from actstore.errors import DataLoss
 from actstore.store.array_store import RunLayout
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.format.arrays import ZarrArrayStore
 
 KEY = "k" * 64
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from actstore.metrics.rounding import FIGURES, ROUNDING_ALLOWANCE, ErrorFigures, angle_bound
-from actstore.store import quantised
+from actstore.store.format import quantised
 from tests.formulas import cka_numpy, debiased_numpy
 
 STATES, ROWS, WIDTH = 3, 300, 12

@@ -19,7 +19,7 @@ from actstore.errors import DataLoss, PermissionDenied
 from actstore.server.app import start_server
 from actstore.server.auth import create_token
 from actstore.store.catalog import backups
-from actstore.store.arrays import COMMIT_MARKER
+from actstore.store.format.arrays import COMMIT_MARKER
 from tests.conftest import make_settings
 from tests.factories import sentences
 from tests.server.test_resume import _free_port, _in_process, _registered, _serve, _stop

@@ -93,7 +93,7 @@ def _as_written_before(url: str, run: str) -> None:
     beside it (through the store's writer for such runs, which a resumed capture of one takes)."""
     import zarr
 
-    from actstore.store.arrays import ZarrArrayStore
+    from actstore.store.format.arrays import ZarrArrayStore
 
     arrays = ZarrArrayStore(url)
     layout = arrays.layout(run)

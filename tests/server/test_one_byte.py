@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actstore.store import quantised
+from actstore.store.format import quantised
 from tests.conftest import serving
 from tests.server.captured import read_all, register_toy
 

@@ -345,7 +345,7 @@ def test_a_rebuilt_catalog_holds_the_label_sets(client, setup, module_server, tm
     name it was first registered with, and probes with it give the same answer."""
     from actstore.store.catalog import Catalog
     from actstore.store.handle import StoreHandle
-    from actstore.store.rebuild import rebuild_catalog_file
+    from actstore.store.upkeep.rebuild import rebuild_catalog_file
 
     settings = module_server.service.settings
     report = rebuild_catalog_file(StoreHandle.from_settings(settings), tmp_path / "rebuilt.duckdb")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store import quantised
+from actstore.store.format import quantised
 from actstore.store.array_store import ArrayStore, RunLayout
 
 # 11 rows in shards of 4: shards [0, 4), [4, 8) and the partial last shard [8, 11).
@@ -66,7 +66,7 @@ def make_values(layout: RunLayout, seed: int = 0) -> tuple[np.ndarray, np.ndarra
 
 def one_byte_values(layout: RunLayout, seed: int = 0) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """(codes, numbers, states) of an int8 run: each shard of `make_values`'s float32 numbers coded
-    alone (`store.quantised`), the numbers its codes decode to, and each shard's steps and offsets."""
+    alone (`store.format.quantised`), the numbers its codes decode to, and each shard's steps and offsets."""
     floats, _ = make_values(replace(layout, dtype="float32"), seed)
     floats[:, 1] = floats[:, 1] * 50 + 200  # a layer far from zero: the offsets matter
     codes = np.empty(floats.shape, np.int8)
@@ -456,7 +456,7 @@ class ArrayStoreContract:
         expected = [kept_with(run_key, layout, shard) for shard in (0, 2)]
         assert set(rows) == set(expected[0][0])
         assert all(same_cells(cells, expected[0][0][column] + expected[1][0][column]) for column, cells in rows.items())
-        assert store.shard_details(run_key, 1) == (None, None)
+        assert store.format.shard_details(run_key, 1) == (None, None)
         assert store.write_layer_stats(run_key) is None  # not every shard has statistics
         read_rows, read_stats = self.make_store(tmp_path).shard_details(run_key, 2)  # another handle
         assert all(same_cells(read_rows[c], expected[1][0][c]) for c in expected[1][0]) and read_rows.keys() == \
@@ -501,7 +501,7 @@ class ArrayStoreContract:
         assert not store.is_committed(run_key) and not store.shard_present(run_key, 1)
         assert store.shard_present(run_key, 0) and store.shard_present(run_key, 2)
         assert store.chunk_rows(run_key)["shard"] == [0] * layout.num_states + [2] * layout.num_states
-        assert store.shard_details(run_key, 1) == (None, None)
+        assert store.format.shard_details(run_key, 1) == (None, None)
         with pytest.raises(NotFound):
             store.means(run_key)
         with pytest.raises(DataLoss, match="shard 1 of array 'tokens'"):
@@ -520,7 +520,7 @@ class ArrayStoreContract:
                                       self.expected(numbers, every, *layout.shard_range(1)))
         np.testing.assert_array_equal(store.token_ids(run_key, 2, 10), ids[2:10])
 
-    # ---- one byte a value (store.quantised) ------------------------------------------------------
+    # ---- one byte a value (store.format.quantised) ------------------------------------------------------
     def test_int8_reads_decoded_values_and_keeps_its_codes_and_scales(self, store):
         run_key, layout = key("int8"), pooled_layout("int8")
         self.create(store, run_key, layout)

@@ -8,7 +8,7 @@ import pytest
 
 from actstore.store import batches
 from actstore.store.array_store import RunLayout
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.format.arrays import ZarrArrayStore
 
 SHARD_ROWS = 8
 N = 61  # 8 shards, the last of 5 rows

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from actstore.errors import DataLoss
-from actstore.store.arrays import ZarrArrayStore
-from actstore.store.scrub import check_run
+from actstore.store.format.arrays import ZarrArrayStore
+from actstore.store.upkeep.scrub import check_run
 from tests.store.array_store_contract import key, token_layout
 
 

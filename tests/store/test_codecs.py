@@ -1,4 +1,4 @@
-"""store.codecs codes zarr's objects from the Zarr v3 specification: what it writes is, byte for
+"""store.format.codecs codes zarr's objects from the Zarr v3 specification: what it writes is, byte for
 byte, the object zarr-python writes for the same values (zarr reads it), and it reads what zarr
 wrote (also shards zarr left inner chunks out of).
 
@@ -18,8 +18,8 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from actstore.store.codecs import ChunkCodec, FixedBlock
-from actstore.store.zarr_spec import morton_order
+from actstore.store.format.codecs import ChunkCodec, FixedBlock
+from actstore.store.format.zarr_spec import morton_order
 
 ROWS, STATES, WIDTH = 8, 3, 16
 # the store's dtypes: bfloat16 is kept as the upper 16 bits of float32, in a uint16 array

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from actstore.errors import DataLoss
-from actstore.store.arrays import ZarrArrayStore
-from actstore.store.scrub import check_run, check_shard
+from actstore.store.format.arrays import ZarrArrayStore
+from actstore.store.upkeep.scrub import check_run, check_shard
 from tests.store.array_store_contract import key, make_values, pooled_layout, shard_sums
 
 RUN = key("metadata")

@@ -1,4 +1,4 @@
-"""The read-through cache (`store.read_cache`) in front of the S3 server on loopback: the array-store
+"""The read-through cache (`store.backends.read_cache`) in front of the S3 server on loopback: the array-store
 contract through it, what it must never do (serve a rewritten or deleted object's old bytes, keep
 a damaged copy, grow past its limit), that a second read moves no object bytes, and the byte-level
 requests (whole, ranges, absent) answered as the object store answers them."""
@@ -15,10 +15,10 @@ from zarr.buffer import default_buffer_prototype
 from actstore.config import Settings
 from actstore.errors import DataLoss
 from actstore.event_loop import sync
-from actstore.store import read_cache
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.backends import read_cache
+from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from actstore.store.read_cache import ReadThroughCache
+from actstore.store.backends.read_cache import ReadThroughCache
 from tests.store import test_s3_array_store
 from tests.store.array_store_contract import key, make_values, pooled_layout
 

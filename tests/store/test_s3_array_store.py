@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from actstore.errors import DataLoss, FailedPrecondition, Unavailable
-from actstore.store.arrays import ZarrArrayStore
+from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
 from tests.store.array_store_contract import ArrayStoreContract, key, make_values, pooled_layout
 

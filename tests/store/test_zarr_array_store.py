@@ -13,11 +13,11 @@ import zarr
 from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store import shard_details
+from actstore.store.format import shard_details
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
-from actstore.store.arrays import ZarrArrayStore
-from actstore.store.scrub import check_shard
-from actstore.store.shard_details import COLUMNS
+from actstore.store.format.arrays import ZarrArrayStore
+from actstore.store.upkeep.scrub import check_shard
+from actstore.store.format.shard_details import COLUMNS
 from tests.store.array_store_contract import (
     NUM_STATES,
     SHARD_ROWS,
@@ -453,7 +453,7 @@ class TestZarrArrayStore(ArrayStoreContract):
                             mode="r")
         assert g["acts"].dtype == np.int8 and "decode" in g["scales"].attrs
         n, s = g["acts"].shape[0], g["acts"].shards[0]
-        # store.quantised's docstring, as written there
+        # store.format.quantised's docstring, as written there
         x = g["acts"][:] * np.repeat(g["scales"][:, 0], s, 0)[:n] + np.repeat(g["scales"][:, 1], s, 0)[:n]
         np.testing.assert_array_equal(x, numbers)
         np.testing.assert_array_equal(g["acts"][:], codes)

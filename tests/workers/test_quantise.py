@@ -1,4 +1,4 @@
-"""One-byte coding (`store.quantised`, `workers.quantise`): torch and numpy give the same bits,
+"""One-byte coding (`store.format.quantised`, `workers.quantise`): torch and numpy give the same bits,
 every value is within half a step of the exact one (a constant channel exactly), and an int8
 shard's reductions are of its decoded values, the numbers a reader gets."""
 
@@ -10,7 +10,7 @@ import torch
 
 from actstore.errors import FailedPrecondition
 from actstore.metrics.layer_stats import LayerStats
-from actstore.store import quantised
+from actstore.store.format import quantised
 from actstore.workers.capture import prepare_shards
 from actstore.workers.quantise import dequantise, quantise
 

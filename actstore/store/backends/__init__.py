@@ -1,4 +1,5 @@
-"""Storage backends, one module a scheme of store roots (as zarr-python's ``zarr/storage/``): `backend_for(root)`."""
+"""Storage backends, one module a scheme of store roots (as zarr-python's ``zarr/storage/``): `backend_for(root)`;
+what they share: retried calls (`retries`), a node's read-through cache (`read_cache`), the files area (`files`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ __all__ = ["Backend", "Options", "backend_for", "register", "schemes"]
 
 _BACKENDS: dict[str, Backend] = {}
 # Every other module of the package registers its backend when imported (`register`), so a new
-# scheme is one new module; these two are the ABC and the contract suite (it imports pytest).
-_NOT_BACKENDS = ("base", "testing")
+# scheme is one new module. These are not backends: the ABC, the contract suite (it imports
+# pytest), and what backends share (retries, the read-through cache, the files area).
+_NOT_BACKENDS = ("base", "testing", "retries", "read_cache", "files")
 
 
 def register(backend: Backend) -> Backend:

@@ -7,7 +7,7 @@ reads instead of testing a scheme or a zarr store's type:
 
     is_remote        the bytes are elsewhere (an object store): the catalog and the server's
                      files need a local server directory, chunks may be kept by a node's read-through
-                     cache (`store.read_cache`), and training runs in a scratch folder it uploads
+                     cache (`store.backends.read_cache`), and training runs in a scratch folder it uploads
     spans_processes  every process (a Ray worker on any node) that opens the root sees the same
                      bytes; a server, whose work runs in Ray workers, refuses a store without it
     errors           the exceptions of its byte store that `failure` turns into ours
@@ -21,8 +21,8 @@ from pathlib import Path
 from zarr.abc.store import Store
 
 from actstore.errors import ActStoreError, Unavailable
-from actstore.store.files import StoreFiles, default_cache_dir
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.files import StoreFiles, default_cache_dir
+from actstore.store.backends.retries import RetryPolicy
 
 # A backend's configuration, opaque to the rest of the store: read where a handle is made
 # (`Backend.options`), carried by the handle to every worker, so it is hashable and picklable
@@ -48,7 +48,7 @@ class Backend(ABC):
     @abstractmethod
     def open(self, root: str, options: Options | None, retry: RetryPolicy) -> Store:
         """The zarr store (get, ranged get, set, list, delete) of ``root``; ``options`` None: this
-        process's own (`options`); a remote one's calls retried by ``retry`` (`store.retries`)."""
+        process's own (`options`); a remote one's calls retried by ``retry`` (`store.backends.retries`)."""
 
     def directory(self, root: str) -> Path | None:
         """The local directory whose files are the root's keys (``<directory>/<key>``), for the
@@ -66,7 +66,7 @@ class Backend(ABC):
         return Unavailable(f"the store {root} did not answer ({first_line}): check that it is reachable, then retry")
 
     def files(self, root: str, options: Options | None, retry: RetryPolicy) -> StoreFiles | None:
-        """The root's files area (models, datasets, checkpoints: `store.files`); None: it has none."""
+        """The root's files area (models, datasets, checkpoints: `store.backends.files`); None: it has none."""
         return None
 
     def check(self, root: str, options: Options | None, retry: RetryPolicy) -> None:

@@ -10,8 +10,8 @@ from zarr.storage import LocalStore
 
 from actstore.store.backends import register
 from actstore.store.backends.base import Backend, Options
-from actstore.store.files import LocalFiles
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.files import LocalFiles
+from actstore.store.backends.retries import RetryPolicy
 
 
 class LocalBackend(Backend):

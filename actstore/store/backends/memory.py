@@ -11,7 +11,7 @@ from zarr.storage import MemoryStore
 from actstore.errors import InvalidArgument
 from actstore.store.backends import register
 from actstore.store.backends.base import Backend, Options
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.retries import RetryPolicy
 
 _STORES: dict[str, dict[str, Buffer]] = {}  # NAME -> its objects, for the life of the process
 

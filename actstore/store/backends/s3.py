@@ -30,8 +30,8 @@ from zarr.storage import ObjectStore, WrapperStore
 from actstore.errors import ActStoreError, FailedPrecondition, InvalidArgument, Unavailable
 from actstore.store.backends import register
 from actstore.store.backends.base import Backend
-from actstore.store.files import ObjectFiles
-from actstore.store.retries import RetryPolicy, obstore_retry
+from actstore.store.backends.files import ObjectFiles
+from actstore.store.backends.retries import RetryPolicy, obstore_retry
 
 # Bounded: a request that gets no answer fails within the policy's timeout and is retried.
 CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5)}

@@ -1,6 +1,6 @@
 """Writes tests/store/data/zarr-<version>/: small arrays written by plain zarr-python (the release
 that runs this), laid out as the store lays out its activations, which tests/store/test_codecs.py
-reads with the installed zarr and with store.codecs, and codes again. Run it in a throwaway
+reads with the installed zarr and with store.format.codecs, and codes again. Run it in a throwaway
 environment with the zarr release to record (zarr 3.2 and newer need Python >= 3.12):
 
     PYTHONPATH=. python tests/store/data/make_zarr_fixtures.py

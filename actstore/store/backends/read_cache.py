@@ -44,7 +44,7 @@ from zarr.storage import WrapperStore
 
 from actstore.errors import ResourceExhausted
 from actstore.store.atomic import write_file
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.retries import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class ReadThroughCache(WrapperStore[Store]):
         """An object's bytes (or the range of them asked for), from the local copy of its current
         version where there is one, else from the object store, keeping a copy; None: no object.
         Blocking, in the calling thread (object-store errors are obstore's), retried as a whole by
-        the store's policy (`store.retries`) where it fails transiently."""
+        the store's policy (`store.backends.retries`) where it fails transiently."""
         return self.policy.call(self.url, f"GET {key}", lambda: self._read(key, byte_range))
 
     def _read(self, key: str, byte_range: ByteRequest | None) -> memoryview | None:

@@ -38,8 +38,8 @@ from zarr.buffer.cpu import Buffer
 from actstore.event_loop import sync
 from actstore.store.atomic import write_file
 from actstore.store.backends import Backend
-from actstore.store.read_cache import ReadThroughCache
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.read_cache import ReadThroughCache
+from actstore.store.backends.retries import RetryPolicy
 
 # An object up to this size goes in one PUT; a larger one in parts of this size, several at once
 # (obstore's multipart upload): S3 serves parts of 8-16 MB at full speed per connection.
@@ -58,7 +58,7 @@ class StoreCalls:
     `ReadThroughCache` in front of it), ``self._objects`` (the obstore store under it, or None:
     `Backend.objects`), ``self._files_at`` (the directory whose files its keys are, or None:
     `Backend.directory`), ``self._cache`` (the read cache, or None), ``self._retry`` (how the
-    obstore calls made here are retried: `store.retries`; the zarr store's own calls retry
+    obstore calls made here are retried: `store.backends.retries`; the zarr store's own calls retry
     themselves) and ``self.root`` (named in errors)."""
 
     _backend: Backend

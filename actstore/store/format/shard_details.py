@@ -1,11 +1,11 @@
 """What a shard object carries besides its values: its layer sums, and its chunk rows and layer
 statistics (its "details"), as fixed-size checksummed blocks between its inner chunks and its
-index, where zarr does not look (`store.codecs`):
+index, where zarr does not look (`store.format.codecs`):
 
     [inner chunks][details (L+1, 12) float64 + crc32c][layer sums (L+1, d) float64 + crc32c][index]
 
 (an int8 run's shard also carries its steps and offsets, (2, L+1, d) float32 + crc32c, just before
-its details: a read decodes a shard from one object, `store.quantised`; its layer sums are float32,
+its details: a read decodes a shard from one object, `store.format.quantised`; its layer sums are float32,
 of the decoded values, summed in float64)
 
 so a capture writes a shard with everything the catalog and the commit need in one PUT, and a
@@ -35,15 +35,15 @@ from zarr.abc.store import SuffixByteRequest
 from actstore.metrics.layer_stats import LayerStats
 from actstore.store.array_store import RunLayout
 from actstore.store.catalog.schema import CHUNK_SCHEMA
-from actstore.store.codecs import ChunkCodec, FixedBlock
-from actstore.store.damage import DECODE_ERRORS, damaged, why_failed
-from actstore.store.quantised import is_one_byte
+from actstore.store.format.codecs import ChunkCodec, FixedBlock
+from actstore.store.format.damage import DECODE_ERRORS, damaged, why_failed
+from actstore.store.format.quantised import is_one_byte
 
 SUMS_ATTRIBUTE = "layer_sums"
 SUMS_WHERE = "in each shard object, between its inner chunks and its index"
 DETAILS_ATTRIBUTE = "shard_details"
 DETAILS_WHERE = "in each shard object, just before its layer sums"
-DECODING_ATTRIBUTE = "decoding"  # an int8 run's steps and offsets (store.quantised), the scales array's copy
+DECODING_ATTRIBUTE = "decoding"  # an int8 run's steps and offsets (store.format.quantised), the scales array's copy
 DECODING_WHERE = "in each shard object, just before its details: the shard's row of the scales array"
 # the chunk row's columns a details block stores (the rest are where the block lies) and which are integers
 ROW_COLUMNS = ("rows", "checksum", "min", "max", "nan_count", "inf_count")
@@ -66,7 +66,7 @@ def sums_block(layout: RunLayout, dtype: str | None = None) -> FixedBlock:
 
 
 def decoding_block(layout: RunLayout) -> FixedBlock:
-    """The steps and offsets an int8 run's shard object carries (`store.quantised`)."""
+    """The steps and offsets an int8 run's shard object carries (`store.format.quantised`)."""
     return FixedBlock.of((2, layout.num_states, layout.width), "float32")
 
 

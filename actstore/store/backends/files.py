@@ -19,7 +19,7 @@ from pathlib import Path
 
 from actstore.errors import ActStoreError, DataLoss, NotFound
 from actstore.store.atomic import atomic_directory, atomic_write_bytes
-from actstore.store.retries import RetryPolicy
+from actstore.store.backends.retries import RetryPolicy
 
 COMPLETE_MARKER = ".complete"
 RECORD_FILE = "record.json"  # a registered model's catalog record, kept in its folder
@@ -115,7 +115,7 @@ class ObjectFiles(StoreFiles):
         return self.objects()
 
     def _call(self, request: str, fn):
-        """``fn()``, retried where it fails transiently (`store.retries`)."""
+        """``fn()``, retried where it fails transiently (`store.backends.retries`)."""
         return self.retry.call(self.url, request, fn)
 
     def _names(self, store, prefix: str) -> list[str]:

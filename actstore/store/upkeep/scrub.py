@@ -19,9 +19,9 @@ import numpy as np
 from actstore.errors import DataLoss, NotFound
 from actstore.records import Damage
 from actstore.store.array_store import ArrayStore, RunLayout
-from actstore.store.damage import GROUP, metadata_key
-from actstore.store.one_byte_arrays import EXACT
-from actstore.store.quantised import SCALES, is_one_byte
+from actstore.store.format.damage import GROUP, metadata_key
+from actstore.store.format.one_byte_arrays import EXACT
+from actstore.store.format.quantised import SCALES, is_one_byte
 
 WHOLE = -1  # a finding about a whole array (or not about one layer)
 # run-wide arrays written once when the run is created: damage there cannot be repaired by
@@ -120,7 +120,7 @@ def check_run(arrays: ArrayStore, run_key: str, expected: RunLayout, committed: 
 
 
 def _named(exc: DataLoss, default: str) -> str:
-    """What a DataLoss names: a metadata object (`store.damage.metadata_damaged`: "group", or
+    """What a DataLoss names: a metadata object (`store.format.damage.metadata_damaged`: "group", or
     "<array>/zarr.json"), an array ("... array 'labels' ..."), else `default`."""
     text = exc.damage
     if text.startswith("metadata object runs/"):

@@ -1,5 +1,5 @@
 """One chunk or shard object of a zarr array, encoded and decoded in the calling thread, from the
-array's metadata document by the Zarr v3 specification (`store.zarr_spec`), not zarr-python's
+array's metadata document by the Zarr v3 specification (`store.format.zarr_spec`), not zarr-python's
 internals.
 
 Zarr's array calls (``array[a:b] = values``, ``array[a:b]``) run every request through its
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actstore.store import zarr_spec as spec
+from actstore.store.format import zarr_spec as spec
 
 if TYPE_CHECKING:
     import zarr

@@ -14,7 +14,7 @@ its own grid, and per shard a streaming writer needs no pass over the run before
 MiniLM-L6 and SmolLM2-135M less than one step per channel for the whole run, affine codes less
 than symmetric ones, and both far less than float8 e4m3).
 
-The run's arrays (`store.arrays`): the activation array (`acts` or `tokens`) holds the codes,
+The run's arrays (`store.format.arrays`): the activation array (`acts` or `tokens`) holds the codes,
 int8, chunked and checksummed as every dtype; beside it `scales`, float32 of shape
 (num_shards, 2, L+1, d), one chunk per shard with its crc32c: `scales[s, 0]` the steps and
 `scales[s, 1]` the offsets of shard s (rows [s * S, (s + 1) * S), S the activation array's shard

@@ -1,4 +1,4 @@
-"""Mixin of `ZarrArrayStore`: the arrays only a lossy (int8) run has. Its `scales` (`store.quantised`),
+"""Mixin of `ZarrArrayStore`: the arrays only a lossy (int8) run has. Its `scales` (`store.format.quantised`),
 read beside its shards and applied to their codes, and its `errors`: what the rounding did to each
 layer, measured at capture from the exact values (`metrics.rounding`), written at commit.
 
@@ -17,9 +17,9 @@ from zarr.abc.store import SuffixByteRequest
 from zarr.codecs import Crc32cCodec
 
 from actstore.store.array_store import RunLayout
-from actstore.store.codecs import ChunkCodec
-from actstore.store.damage import DECODE_ERRORS, damaged, reading_metadata, why_failed
-from actstore.store.quantised import SCALES, decode, is_one_byte
+from actstore.store.format.codecs import ChunkCodec
+from actstore.store.format.damage import DECODE_ERRORS, damaged, reading_metadata, why_failed
+from actstore.store.format.quantised import SCALES, decode, is_one_byte
 
 ERRORS = "errors"  # (L+1, len(columns)) float64, the columns named in its attributes
 EXACT = "exact"  # (rows, k, d) float32: the layers the tolerance keeps exact, named in its attributes

@@ -7,7 +7,7 @@ Layout of one run (DESIGN.md, Storage):
     runs/<run_key>/sample_ids  (n,)  and  labels (n,) where known
     runs/<run_key>/means       (L+1, d) float64, written at commit
     runs/<run_key>/scales      (shards, 2, L+1, d) float32: an int8 run's steps and offsets
-                               (`store.quantised`), one chunk per shard, written with it
+                               (`store.format.quantised`), one chunk per shard, written with it
     runs/<run_key>/errors      (L+1, figures) float64: an int8 run's error figures, at commit
     runs/<run_key>/exact       (rows, k, d) float32: an int8 run's layers kept exact (max_cka_error),
                                sharded like the activations; attribute `layers` names them
@@ -15,14 +15,14 @@ Inner chunks are (rows, 1, d) so one layer reads alone; shards are (rows, L+1, d
 always writes whole shards, because concurrent writes into one shard lose data.
 Each shard object also carries the float64 sums (L+1, d) of its rows, for the layer means, and
 its chunk rows and layer statistics: after its inner chunks, before its index, where zarr does
-not look (`store.shard_details`; the array's attributes describe them). One object per shard, so
+not look (`store.format.shard_details`; the array's attributes describe them). One object per shard, so
 a shard and all that is known of it are written together, in one request. Runs written before
 keep the rows and statistics in two JSON objects per shard, and the oldest their sums in a
 `layer_sums` array (shards, L+1, d), one chunk per shard; they are read and resumed that way.
 Every chunk carries a crc32c checksum: a corrupted chunk raises DataLoss, never returns numbers.
 Zarr opens the groups and arrays and codes the side arrays; a shard (and its token ids) moves as
-whole objects coded with the array's own zarr codecs (`store.codecs`), all objects of one call at
-once (`store.store_calls`).
+whole objects coded with the array's own zarr codecs (`store.format.codecs`), all objects of one call at
+once (`store.format.store_calls`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from actstore.errors import DataLoss, NotFound
 from actstore.event_loop import sync
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.backends import Options, backend_for
-from actstore.store.codecs import ChunkCodec
-from actstore.store.damage import (
+from actstore.store.format.codecs import ChunkCodec
+from actstore.store.format.damage import (
     DECODE_ERRORS,
     GROUP,
     damaged,
@@ -51,16 +51,16 @@ from actstore.store.damage import (
     reading_metadata,
     why_failed,
 )
-from actstore.store.one_byte_arrays import ERRORS, EXACT, SCALES_DECODE, OneByteShards
-from actstore.store.quantised import SCALES, is_one_byte
-from actstore.store.read_cache import ReadThroughCache
-from actstore.store.retries import RetryPolicy
-from actstore.store.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
-from actstore.store.store_calls import StoreCalls
+from actstore.store.format.one_byte_arrays import ERRORS, EXACT, SCALES_DECODE, OneByteShards
+from actstore.store.format.quantised import SCALES, is_one_byte
+from actstore.store.backends.read_cache import ReadThroughCache
+from actstore.store.backends.retries import RetryPolicy
+from actstore.store.format.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
+from actstore.store.format.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"
 # bfloat16 has no numpy dtype: it is kept as the upper 16 bits of float32, in a uint16 array;
-# int8 runs keep codes, decoded with their shards' steps and offsets (`store.quantised`)
+# int8 runs keep codes, decoded with their shards' steps and offsets (`store.format.quantised`)
 _ZARR_DTYPE = {"float16": "float16", "float32": "float32", "bfloat16": "uint16", "int8": "int8"}
 
 
@@ -70,7 +70,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
     `root` is any root a backend takes (`store.backends`), opened with its ``options`` (None:
     this process's); every read, write and check goes through the zarr store interface, so all
     behave alike, and its failures raise our errors (`Backend.failure`). ``read_cache``: a node's
-    directory of the chunks it read, with a backend's obstore store (`store.read_cache`)."""
+    directory of the chunks it read, with a backend's obstore store (`store.backends.read_cache`)."""
 
     def __init__(self, root: Path | str, compressor: str = "lz4", options: Options | None = None,
                  read_cache: str | Path | None = None, read_cache_bytes: int = 50 << 30,
@@ -87,7 +87,7 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
         # round trip each on an object store), so a capture or a map task opens each once, not
-        # once per shard; shards and their side chunks then move as whole objects (`store.codecs`)
+        # once per shard; shards and their side chunks then move as whole objects (`store.format.codecs`)
         self._coders: dict[tuple[str, str], ChunkCodec] = {}
         self._exact: dict[str, dict[int, int]] = {}  # an int8 run's layers kept exact, by their place in `exact`
         # threads that meet a run first at once (a map task's, a capture's writers) open it once:
@@ -245,8 +245,8 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         if is_one_byte(layout.dtype) != (decoding is not None):
             raise ValueError(f"shard {shard} of a {layout.dtype} run is written "
                              f"{'with' if is_one_byte(layout.dtype) else 'without'} its steps and offsets")
-        # whole objects, coded here and PUT together (`store.codecs`): the shard with its chunk rows,
-        # statistics and layer sums (`store.shard_details`; an older run's: objects of their own), its
+        # whole objects, coded here and PUT together (`store.format.codecs`): the shard with its chunk rows,
+        # statistics and layer sums (`store.format.shard_details`; an older run's: objects of their own), its
         # token ids. A known run's existence is not asked first (a round trip per shard): the service
         # deletes no run while its capture writes, and what a cancelled capture's last tasks write
         # after a delete lies in a folder without group metadata, which no read takes for a run
