@@ -118,8 +118,7 @@ def instrument(stages: Stages) -> None:
 
     import crc32c
 
-    from actstore.store.format import zarr_spec
-    from actstore.store.format import codecs
+    from actstore.store.format import codecs, zarr_spec
     from actstore.store.format.arrays import ZarrArrayStore
     from actstore.workers import capture, shard_writes
 
@@ -164,8 +163,8 @@ class Writer:
         import pyarrow as pa
 
         from actstore.metrics.rounding import ErrorFigures
-        from actstore.store.format import quantised
         from actstore.store.catalog import Catalog
+        from actstore.store.format import quantised
         from actstore.store.handle import StoreHandle
         from actstore.workers.capture import prepare_shards, storage_array
         from actstore.workers.shard_writes import write_prepared

@@ -119,8 +119,8 @@ def one_round(r: int, shards: list[np.ndarray], layout, concurrency: int, rng, m
     both see the same machine load (shared machines drift within seconds)."""
     import obstore
 
-    from actstore.store.format.arrays import ZarrArrayStore
     from actstore.store.backends.s3 import s3_store
+    from actstore.store.format.arrays import ZarrArrayStore
 
     url = new_bucket("bench")
     arrays = ZarrArrayStore(url, "lz4")

@@ -27,8 +27,8 @@ from tests.test_floors import INSTALL_CHECK_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-SERVER_MODULES = ("actstore.server.app", "actstore.store.format.arrays", "actstore.store.catalog", "ray", "zarr", "duckdb",
-                  "transformers", "torch")
+SERVER_MODULES = ("actstore.server.app", "actstore.store.format.arrays", "actstore.store.catalog", "ray", "zarr",
+                  "duckdb", "transformers", "torch")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(INSTALL_CHECK_TIMEOUT_S)]
 

@@ -39,9 +39,9 @@ from actstore.store.catalog import (
     ModelRecord,
     RunRecord,
 )
+from actstore.store.format.quantised import is_one_byte
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import run_key, run_spec, site_of
-from actstore.store.format.quantised import is_one_byte
 from actstore.workers.capture import CapturePlan
 
 log = logging.getLogger(__name__)

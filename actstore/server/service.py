@@ -38,8 +38,7 @@ from actstore.server.registration import DatasetSource, LabelsSource, Registrar
 from actstore.server.run_names import RunNames
 from actstore.server.training_job import TrainingJobs, TrainRequest
 from actstore.server.verify_job import VerifyJobs
-from actstore.store.catalog import backups
-from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord
+from actstore.store.catalog import Catalog, ChunkHealth, DatasetRecord, LabelSetRecord, ModelRecord, RunRecord, backups
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
 from actstore.workers import cluster

@@ -14,10 +14,10 @@ from pathlib import Path
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition
 from actstore.store.array_store import ArrayStore
-from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.backends import Backend, Options, backend_for
 from actstore.store.backends.files import StoreFiles
 from actstore.store.backends.retries import Observer, RetryPolicy
+from actstore.store.format.arrays import ZarrArrayStore
 
 # One ArrayStore per handle and process: it caches run layouts, and tasks of one worker share it.
 _OPENED: dict[StoreHandle, ArrayStore] = {}
@@ -33,7 +33,8 @@ class StoreHandle:
     compressor: str = "lz4"
     local_dir: str = ""  # with a remote root: the server's own directory (the catalog)
     options: Options | None = field(default=None, repr=False)  # may hold credentials: never printed
-    read_cache: str = ""  # with a remote root: each node's directory of the chunks it read (`store.backends.read_cache`)
+    # with a remote root: each node's directory of the chunks it read (`store.backends.read_cache`)
+    read_cache: str = ""
     read_cache_bytes: int = 0
     retry: RetryPolicy = RetryPolicy()  # how an object store's calls are retried (`store.backends.retries`)
 

@@ -59,7 +59,7 @@ def stored_checkpoints(store: StoreHandle, prefix: str) -> list[str]:
         from actstore.training.checkpoints import list_checkpoints
 
         return [f"{prefix}/{path.name}" for path in list_checkpoints(store.path / prefix)]
-    return [key for _, key in _numbered(store.backends.files, prefix, _STEP)]
+    return [key for _, key in _numbered(store.files, prefix, _STEP)]
 
 
 def read_progress(files: StoreFiles, prefix: str) -> dict | None:

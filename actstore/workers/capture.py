@@ -32,8 +32,8 @@ from actstore.modeling.adapter import Batch, ModelAdapter
 from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
-from actstore.store.handle import StoreHandle
 from actstore.store.format.quantised import is_one_byte
+from actstore.store.handle import StoreHandle
 from actstore.workers.cluster import unwrap
 from actstore.workers.quantise import dequantise, quantise
 from actstore.workers.reductions import reduce_shard, reduced_values

@@ -19,8 +19,8 @@ from actstore.errors import InvalidArgument
 from actstore.metrics.rounding import ErrorFigures
 from actstore.store.array_store import RunLayout
 from actstore.store.datasets import load_dataset
-from actstore.store.handle import StoreHandle
 from actstore.store.format.quantised import is_one_byte
+from actstore.store.handle import StoreHandle
 from actstore.workers.capture import ShardsWritten, store_shard
 from actstore.workers.importers import FLOAT_DTYPES, ImportSource, open_source, pool_blocks
 

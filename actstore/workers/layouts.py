@@ -29,8 +29,8 @@ from cachetools import LRUCache
 
 from actstore.errors import InvalidArgument
 from actstore.modeling.tokens import LOAD_HINT, load_tokenizer, token_layout
-from actstore.store.datasets import load_dataset
 from actstore.store.backends.files import COMPLETE_MARKER, RECORD_FILE, StoreFiles
+from actstore.store.datasets import load_dataset
 from actstore.store.handle import StoreHandle
 
 log = logging.getLogger(__name__)

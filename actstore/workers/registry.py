@@ -17,8 +17,8 @@ from actstore.metrics.lens_head import LensHead
 from actstore.modeling.adapter import ModelAdapter
 from actstore.modeling.sources import resolve_model_source
 from actstore.store.atomic import atomic_directory
-from actstore.store.catalog import ModelRecord
 from actstore.store.backends.files import RECORD_FILE
+from actstore.store.catalog import ModelRecord
 from actstore.store.handle import StoreHandle
 
 HEAD_FILE = "lens_head.npz"
@@ -69,7 +69,7 @@ def register_model(source: str, store: StoreHandle, stored: bool = False) -> Mod
     store it under its digest with its lens head, and return its catalog record (lineage: the
     source) for the caller to add."""
     if stored:
-        path = store.local(store.backends.files.ref(source))
+        path = store.local(store.files.ref(source))
         source = f"{store.root.rstrip('/')}/{source}" if store.is_remote else str(path)
     else:
         path = resolve_model_source(source, store.cache_dir / "builtin-models")
@@ -94,5 +94,5 @@ def register_model(source: str, store: StoreHandle, stored: bool = False) -> Mod
         except FileExistsError:
             pass  # a concurrent registration of the same digest won the race: same content
 
-    ref = store.backends.files.write_folder(f"models/{adapter.digest}", build)
+    ref = store.files.write_folder(f"models/{adapter.digest}", build)
     return ModelRecord(**description, path=ref)

@@ -22,8 +22,8 @@ import numpy as np
 import ray
 
 from actstore.metrics.layer_stats import LayerStats
-from actstore.store.format import quantised
 from actstore.store.array_store import RunWriter, decode_stored
+from actstore.store.format import quantised
 from actstore.store.handle import StoreHandle
 
 

@@ -25,7 +25,7 @@ def run_training(recipe: str, method: str, seed: int, steps: int | None, smoke: 
     `stop_at` ends after that step, checkpointed, as if the task were stopped there."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    files = store.backends.files
+    files = store.files
     scratch = None if not store.is_remote else stored.scratch_folder(prefix)
     written = [0.0]
 

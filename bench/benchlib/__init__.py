@@ -194,8 +194,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     import torch
 
     from actstore.metrics.rounding import ErrorFigures
-    from actstore.store.format.arrays import RunLayout
     from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
+    from actstore.store.format.arrays import RunLayout
     from actstore.store.keys import run_key, run_spec
     from actstore.workers.capture import prepare_shards
     from actstore.workers.shard_writes import chunk_metadata, write_prepared

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store.format import quantised
 from actstore.store.array_store import ArrayStore, RunLayout
+from actstore.store.format import quantised
 
 # 11 rows in shards of 4: shards [0, 4), [4, 8) and the partial last shard [8, 11).
 N = 11
@@ -456,7 +456,7 @@ class ArrayStoreContract:
         expected = [kept_with(run_key, layout, shard) for shard in (0, 2)]
         assert set(rows) == set(expected[0][0])
         assert all(same_cells(cells, expected[0][0][column] + expected[1][0][column]) for column, cells in rows.items())
-        assert store.format.shard_details(run_key, 1) == (None, None)
+        assert store.shard_details(run_key, 1) == (None, None)
         assert store.write_layer_stats(run_key) is None  # not every shard has statistics
         read_rows, read_stats = self.make_store(tmp_path).shard_details(run_key, 2)  # another handle
         assert all(same_cells(read_rows[c], expected[1][0][c]) for c in expected[1][0]) and read_rows.keys() == \
@@ -501,7 +501,7 @@ class ArrayStoreContract:
         assert not store.is_committed(run_key) and not store.shard_present(run_key, 1)
         assert store.shard_present(run_key, 0) and store.shard_present(run_key, 2)
         assert store.chunk_rows(run_key)["shard"] == [0] * layout.num_states + [2] * layout.num_states
-        assert store.format.shard_details(run_key, 1) == (None, None)
+        assert store.shard_details(run_key, 1) == (None, None)
         with pytest.raises(NotFound):
             store.means(run_key)
         with pytest.raises(DataLoss, match="shard 1 of array 'tokens'"):

@@ -9,9 +9,9 @@ import pytest
 
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition, InvalidArgument
-from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.backends import backend_for, schemes
 from actstore.store.backends.testing import BackendTests
+from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
 from tests.store.array_store_contract import ArrayStoreContract
 

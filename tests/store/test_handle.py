@@ -5,8 +5,8 @@ from __future__ import annotations
 import pickle
 
 from actstore.config import Settings
-from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.backends.files import LocalFiles, ObjectFiles
+from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
 
 

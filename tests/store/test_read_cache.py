@@ -16,9 +16,9 @@ from actstore.config import Settings
 from actstore.errors import DataLoss
 from actstore.event_loop import sync
 from actstore.store.backends import read_cache
+from actstore.store.backends.read_cache import ReadThroughCache
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from actstore.store.backends.read_cache import ReadThroughCache
 from tests.store import test_s3_array_store
 from tests.store.array_store_contract import key, make_values, pooled_layout
 

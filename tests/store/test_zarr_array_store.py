@@ -13,11 +13,11 @@ import zarr
 from zarr.storage import WrapperStore
 
 from actstore.errors import DataLoss, NotFound
-from actstore.store.format import shard_details
 from actstore.store.array_store import bf16_bits_to_float32, decode_stored
+from actstore.store.format import shard_details
 from actstore.store.format.arrays import ZarrArrayStore
-from actstore.store.upkeep.scrub import check_shard
 from actstore.store.format.shard_details import COLUMNS
+from actstore.store.upkeep.scrub import check_shard
 from tests.store.array_store_contract import (
     NUM_STATES,
     SHARD_ROWS,

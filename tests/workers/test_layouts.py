@@ -56,7 +56,7 @@ def test_a_layout_is_kept_in_the_store_and_read_back_by_model_and_by_tokenizer(s
     model, other, dataset = catalog.models.get("bert"), catalog.models.get("bert-other"), catalog.datasets.get("toy")
     assert model.digest != other.digest
     offsets, spans = TokenLayouts(store).rows(model.path, dataset.path, 64)
-    kept_offsets, kept_spans = stored_layout(store.backends.files, model_layout_key(model.path, dataset.path, 64, True))
+    kept_offsets, kept_spans = stored_layout(store.files, model_layout_key(model.path, dataset.path, 64, True))
     np.testing.assert_array_equal(kept_offsets, offsets)
     np.testing.assert_array_equal(kept_spans, spans)
 
@@ -65,7 +65,7 @@ def test_a_layout_is_kept_in_the_store_and_read_back_by_model_and_by_tokenizer(s
     assert not fresh._tokenizers  # never loaded a tokenizer: the layout came from the store
     np.testing.assert_array_equal(again[0], offsets)
     np.testing.assert_array_equal(again[1], spans)
-    assert stored_layout(store.backends.files, model_layout_key(other.path, dataset.path, 64, True)) is not None
+    assert stored_layout(store.files, model_layout_key(other.path, dataset.path, 64, True)) is not None
 
 
 def test_a_damaged_stored_layout_is_computed_again(server, client, tiny_models):
@@ -79,14 +79,14 @@ def test_a_damaged_stored_layout_is_computed_again(server, client, tiny_models):
     data = bytearray(stored.read_bytes())
     data[len(data) // 2] ^= 0x10  # inside the offsets or spans member: its CRC-32 no longer matches
     stored.write_bytes(bytes(data))
-    assert stored_layout(store.backends.files, key) is None and not store.backends.files.exists(key)  # removed, to be made again
+    assert stored_layout(store.files, key) is None and not store.files.exists(key)  # removed, to be made again
     ref = server.service.capture_pool.token_rows(model.path, dataset.path, 32)
     import ray
 
     recomputed = ray.get(ref)
     np.testing.assert_array_equal(recomputed[0], offsets)
     np.testing.assert_array_equal(recomputed[1], spans)
-    assert stored_layout(store.backends.files, key) is not None
+    assert stored_layout(store.files, key) is not None
 
 
 def test_a_server_lays_out_a_known_model_and_dataset_without_a_tokenizer_process(tmp_path, ray_cluster, tiny_models):

@@ -60,7 +60,7 @@ def test_a_task_resumes_from_the_newest_checkpoint_in_the_object_store(s3_bucket
     assert not (Path(tempfile.gettempdir()) / "actstore-training" / PREFIX.replace("/", "-")).exists()  # cleaned
 
     # killed while uploading step 4: its state complete, its step folder not
-    files = store.backends.files
+    files = store.files
     files.write_folder(f"{PREFIX}/state-4", lambda t: (t.mkdir(), (t / STATE_FILE).write_bytes(b"stale")))
     files.write(f"{PREFIX}/step-4", "config.json", b"{")
     assert stored.stored_checkpoints(store, PREFIX) == [f"{PREFIX}/step-2"]  # invisible until complete
@@ -90,4 +90,4 @@ def test_a_local_store_trains_in_place(tmp_path, tiny):
     assert sorted(p.name for p in run.iterdir()) == [".lock", "progress.json", "step-2", "step-4"]
     assert (run / "step-4" / STATE_FILE).is_file() and not (run / "step-2" / STATE_FILE).exists()
     assert stored.stored_checkpoints(store, PREFIX) == [f"{PREFIX}/step-2", f"{PREFIX}/step-4"]
-    assert stored.read_progress(store.backends.files, PREFIX)["step"] == 4
+    assert stored.read_progress(store.files, PREFIX)["step"] == 4

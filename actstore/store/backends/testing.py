@@ -23,9 +23,9 @@ from zarr.buffer.cpu import Buffer
 
 from actstore.event_loop import sync
 from actstore.store.array_store import RunLayout
-from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.backends import Backend, backend_for, schemes
 from actstore.store.backends.retries import RetryPolicy
+from actstore.store.format.arrays import ZarrArrayStore
 
 DATA = bytes(range(256)) * 4  # 1 kB, every byte value
 

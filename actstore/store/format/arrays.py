@@ -41,6 +41,8 @@ from actstore.errors import DataLoss, NotFound
 from actstore.event_loop import sync
 from actstore.store.array_store import ArrayStore, RunLayout, decode_stored
 from actstore.store.backends import Options, backend_for
+from actstore.store.backends.read_cache import ReadThroughCache
+from actstore.store.backends.retries import RetryPolicy
 from actstore.store.format.codecs import ChunkCodec
 from actstore.store.format.damage import (
     DECODE_ERRORS,
@@ -53,9 +55,14 @@ from actstore.store.format.damage import (
 )
 from actstore.store.format.one_byte_arrays import ERRORS, EXACT, SCALES_DECODE, OneByteShards
 from actstore.store.format.quantised import SCALES, is_one_byte
-from actstore.store.backends.read_cache import ReadThroughCache
-from actstore.store.backends.retries import RetryPolicy
-from actstore.store.format.shard_details import LEGACY_ROWS, LEGACY_STATS, ShardEnds, describe, details_values, shard_batches
+from actstore.store.format.shard_details import (
+    LEGACY_ROWS,
+    LEGACY_STATS,
+    ShardEnds,
+    describe,
+    details_values,
+    shard_batches,
+)
 from actstore.store.format.store_calls import StoreCalls
 
 COMMIT_MARKER = "committed.json"

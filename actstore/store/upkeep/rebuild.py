@@ -26,10 +26,10 @@ import pyarrow as pa
 from actstore.errors import AlreadyExists, DataLoss, NotFound
 from actstore.store.array_store import StoreUpkeep
 from actstore.store.atomic import FILE_MODE, fsync_path
+from actstore.store.backends.files import RECORD_FILE
 from actstore.store.catalog import Catalog, DatasetRecord, ModelRecord, RunRecord, backups
 from actstore.store.datasets import load_dataset
 from actstore.store.datasets.labels import label_set_record, load_label_set
-from actstore.store.backends.files import RECORD_FILE
 from actstore.store.handle import StoreHandle
 from actstore.store.keys import site_of
 
@@ -58,7 +58,7 @@ class RebuildReport:
 
 def rebuild_catalog(store: StoreHandle, catalog: Catalog) -> RebuildReport:
     report = RebuildReport()
-    files = store.backends.files
+    files = store.files
     for key in files.folders("models"):
         try:
             _add_model(catalog, files, key)
@@ -193,7 +193,7 @@ def _add_model(catalog: Catalog, files, key: str) -> None:
 
 
 def _add_dataset(catalog: Catalog, store: StoreHandle, key: str) -> None:
-    ref = store.backends.files.ref(key)
+    ref = store.files.ref(key)
     data = load_dataset(store.local(ref))
     digest = key.rsplit("/", 1)[-1]
     record = DatasetRecord(
@@ -207,7 +207,7 @@ def _add_dataset(catalog: Catalog, store: StoreHandle, key: str) -> None:
 
 
 def _add_label_set(catalog: Catalog, store: StoreHandle, key: str, known_datasets: set[str]) -> None:
-    ref = store.backends.files.ref(key)
+    ref = store.files.ref(key)
     labels, digest, name = load_label_set(store.local(ref))
     if labels.dataset_digest not in known_datasets:
         raise KeyError(f"its dataset {labels.dataset_digest[:12]} is not in the store")
