@@ -78,17 +78,11 @@ class _Replicas:
 class CapturePool:
     def __init__(self, store: StoreHandle, settings: Settings) -> None:
         self.store = store
-        self.start_seconds = settings.replica_start_seconds  # a replica loads its model before it answers where it runs
-        self.concurrent_shards = settings.capture_concurrent_shards
-        self.gpu_tasks = settings.gpu_capture_tasks
-        self.replicas_per_gpu = settings.capture_replicas_per_gpu
-        self.gpu_writes, self.gpu_writer_threads = settings.gpu_writes, settings.gpu_writer_threads
+        self.settings = settings  # replica_start_seconds, capture_actors, actor_idle_seconds, the gpu_* ...
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         tag = hashlib.sha256(store.root.encode()).hexdigest()[:8]
         self._prefix = f"capture-{tag}"
         self.layouts_name = f"token-layouts-{tag}"
-        self.replicas_per_model = settings.capture_actors
-        self.idle_seconds = settings.actor_idle_seconds
         self._lock = threading.Lock()
         self._pool: dict[str, _Replicas] = {}
         self._warm: set[str] = set()  # models whose replicas stay however long they idle
@@ -118,8 +112,8 @@ class CapturePool:
                 # no logical CPU for a GPU replica either: its writer threads (or one-CPU write tasks)
                 # use its node's CPUs while it works, and a warm replica holding them would keep
                 # metric tasks off the node while it idles
-                gpu = {"num_gpus": 1 / self.replicas_per_gpu, "num_cpus": 0}
-                group, placements = (None, [(gpu, None)] * (gpus * self.replicas_per_gpu)) if gpus \
+                gpu = {"num_gpus": 1 / self.settings.capture_replicas_per_gpu, "num_cpus": 0}
+                group, placements = (None, [(gpu, None)] * (gpus * self.settings.capture_replicas_per_gpu)) if gpus \
                     else self._cpu_placements(digest)
                 actors = [self._start(digest, i, model_path, resources, threads)
                           for i, (resources, threads) in enumerate(placements)]
@@ -161,9 +155,9 @@ class CapturePool:
 
         # a CPU replica computes each of its tasks at once on its share of the cores (ShardCapturer);
         # a GPU replica one at a time, and writes its shards on its node's other CPUs
-        forwards = min(self.concurrent_shards, threads) if threads else 1
+        forwards = min(self.settings.capture_concurrent_shards, threads) if threads else 1
         on_gpu = "num_gpus" in resources
-        writes, writers = (self.gpu_writes, self._writer_threads()) if on_gpu else ("inline", 1)
+        writes, writers = (self.settings.gpu_writes, self._writer_threads()) if on_gpu else ("inline", 1)
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
@@ -176,29 +170,32 @@ class CapturePool:
     def _writer_threads(self) -> int:
         """The threads a GPU replica writes with (`gpu_writer_threads`; 0: its share of the CPUs
         beside its GPU, less the thread launching the forward's kernels and one for the rest)."""
-        return self.gpu_writer_threads or max(1, cluster.cpus_per_gpu() // self.replicas_per_gpu - 2)
+        settings = self.settings
+        return settings.gpu_writer_threads or max(1, cluster.cpus_per_gpu() // settings.capture_replicas_per_gpu - 2)
 
     def tasks_per_replica(self, on_gpu: bool) -> int:
         """Capture tasks one replica works on at once (its actor's concurrency)."""
-        return self.gpu_tasks if on_gpu else self.concurrent_shards
+        return self.settings.gpu_capture_tasks if on_gpu else self.settings.capture_concurrent_shards
 
     def _await_free_gpus(self, digest: str, gpus: int) -> None:
-        """Wait, at most `start_seconds`, until Ray counts a GPU free for each replica to start; else
-        fail saying so. Other work may hold them (a training job, another server's replicas on the
+        """Wait, at most `replica_start_seconds`, until Ray counts a GPU free for each replica to start;
+        else fail saying so. Other work may hold them (a training job, another server's replicas on the
         same cluster), and a replica started then would wait in Ray's queue without a word."""
-        free = gpus_free_within(gpus, self.start_seconds)
+        seconds = self.settings.replica_start_seconds
+        free = gpus_free_within(gpus, seconds)
         if free < gpus:
             raise Unavailable(
-                f"capture replicas of model {digest[:12]} did not start within {self.start_seconds:g} s: no GPU "
+                f"capture replicas of model {digest[:12]} did not start within {seconds:g} s: no GPU "
                 f"came free ({free:g} of the cluster's {gpus} free now): other work holds them (a training job, "
                 "another actstore server on the same Ray cluster); let it finish or stop it, then submit the "
                 "capture again")
 
     def _await_gpu_replicas(self, digest: str, actors: list) -> None:
-        """Wait, at most `start_seconds`, until every GPU replica has loaded its model; else kill
-        them and fail saying so."""
+        """Wait, at most `replica_start_seconds`, until every GPU replica has loaded its model; else
+        kill them and fail saying so."""
+        seconds = self.settings.replica_start_seconds
         try:
-            ray.get([actor.node_id.remote() for actor in actors], timeout=self.start_seconds)
+            ray.get([actor.node_id.remote() for actor in actors], timeout=seconds)
             return
         except ray.exceptions.GetTimeoutError:
             pass
@@ -207,7 +204,7 @@ class CapturePool:
             return
         for actor in actors:
             ray.kill(actor)
-        raise Unavailable(f"capture replicas of model {digest[:12]} did not load it within {self.start_seconds:g} s "
+        raise Unavailable(f"capture replicas of model {digest[:12]} did not load it within {seconds:g} s "
                           "(or other work took their GPUs meanwhile): a larger ACTSTORE_REPLICA_START_SECONDS gives "
                           "them time; submit the capture again")
 
@@ -228,14 +225,15 @@ class CapturePool:
         share of its node's CPUs. CPU replicas reserve no logical CPU, so metric tasks always find
         room beside them."""
         nodes = dict(cluster.cpu_nodes())
-        count = max(self.replicas_per_model, len(nodes))
+        count = max(self.settings.capture_actors, len(nodes))
         group = placement_group([REPLICA_BUNDLE] * count, strategy="SPREAD", name=f"{self._prefix}-{digest[:12]}")
+        seconds = self.settings.replica_start_seconds
         try:
-            ray.get(group.ready(), timeout=self.start_seconds)
+            ray.get(group.ready(), timeout=seconds)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(group)
             raise Unavailable(f"Ray could not place the {count} capture replicas of model {digest[:12]} within "
-                              f"{self.start_seconds:g} s (ACTSTORE_REPLICA_START_SECONDS): check that the cluster's "
+                              f"{seconds:g} s (ACTSTORE_REPLICA_START_SECONDS): check that the cluster's "
                               "nodes are alive (`ray status`), then submit the capture again") from None
         on_node = placement_group_table(group)["bundles_to_node_id"]  # bundle index -> node id
         placements = []
@@ -281,7 +279,7 @@ class CapturePool:
                 if not ray.wait([ref], timeout=0)[0]:
                     return  # still tokenising
                 self._layouts_asked = (asked, None)  # the answer's object can go once its caller has it
-            if time.monotonic() - asked >= self.idle_seconds:
+            if time.monotonic() - asked >= self.settings.actor_idle_seconds:
                 ray.kill(self._layouts)
                 self._layouts = self._layouts_asked = None
 
@@ -328,9 +326,9 @@ class CapturePool:
             gpus_free_within(released, GPU_RELEASE_SECONDS)
 
     def _reap_forever(self) -> None:
-        while not self._stop.wait(min(5.0, self.idle_seconds)):
+        while not self._stop.wait(min(5.0, self.settings.actor_idle_seconds)):
             with self._lock:
-                self._release_idle(keep=None, older_than=self.idle_seconds)
+                self._release_idle(keep=None, older_than=self.settings.actor_idle_seconds)
             self._release_idle_layouts()
 
     def shutdown(self) -> None:

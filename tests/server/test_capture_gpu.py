@@ -46,7 +46,7 @@ with Client.embedded(store, shard_rows=8, capture_batch_size=8, replica_start_se
     ray.cancel(holder, force=True)
     # the same server, now given the time a loaded machine needs to load the model in a fresh
     # process (over 40 s seen): the pool reads it at each start of replicas
-    client._server.service.capture_pool.start_seconds = 300
+    client._server.service.capture_pool.settings.replica_start_seconds = 300
     run = client.capture("bert", "toy").run_key
     print("then:", client.describe(run).status)
     # the capture's replica now idles on the GPU; a metric job asking for a GPU share has it

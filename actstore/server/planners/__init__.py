@@ -40,16 +40,10 @@ class QueryParts:
 
 
 class Planner:
-    """A family's planner: the shared parts as attributes, nothing of its own state."""
+    """A family's planner: it holds the shared `parts` (`self.parts.checks`, ...), nothing of its own state."""
 
     def __init__(self, parts: QueryParts) -> None:
         self.parts = parts
-        self.catalog = parts.catalog
-        self.arrays = parts.arrays
-        self.checks = parts.checks
-        self.results = parts.results
-        self.executor = parts.executor
-        self.sizing = parts.sizing
 
 
 @dataclass(frozen=True)

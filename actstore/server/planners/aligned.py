@@ -36,19 +36,21 @@ class AlignedPlanner(Planner):
             raise InvalidArgument(f"COS compares one unit's vectors directly, so the widths must match "
                                   f"({a.width} != {b.width}): use CKA across widths")
         texts = self.units.same_texts(a, b)
-        self.checks.check_finite(a, la)
-        self.checks.check_finite(b, lb)
+        self.parts.checks.check_finite(a, la)
+        self.parts.checks.check_finite(b, lb)
         options = {"layers_a": la, "layers_b": lb, "align": units, "word_pool": word_pool}
         if metric == "cos":
             options["center"] = center
         name = {"cka": "linear_cka", "cos": "samplewise_cosine"}[metric]
-        return self.results.cached_or_compute(name, sim.DEFINITION_VERSION, options, [a.run_key, b.run_key],
-                                              refresh, lambda: self._compute(metric, a, b, la, lb, options, texts))
+        return self.parts.results.cached_or_compute(name, sim.DEFINITION_VERSION, options, [a.run_key, b.run_key],
+                                                    refresh,
+                                                    lambda: self._compute(metric, a, b, la, lb, options, texts))
 
     def _rows(self, units: str, a: RunRecord, b: RunRecord, texts: list[str]) -> tuple[dict, dict]:
         if units == "spans":
-            return align.span_rows(texts, self.units.spans(a), self.arrays.offsets(a.run_key), self.units.spans(b),
-                                   self.arrays.offsets(b.run_key))
+            offsets = self.parts.arrays.offsets
+            return align.span_rows(texts, self.units.spans(a), offsets(a.run_key), self.units.spans(b),
+                                   offsets(b.run_key))
         return self.units.word_rows(a, texts), self.units.word_rows(b, texts)
 
     def _compute(self, metric: str, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], options: dict,
@@ -60,8 +62,8 @@ class AlignedPlanner(Planner):
             raise FailedPrecondition(f"only {len(pairs)} {unit}s are common to both tokenizations: too few for "
                                      f"{metric.upper()}")
         n = len(pairs)
-        self.checks.check_memory(8 * n * (len(la) * a.width + len(lb) * b.width),
-                                 f"{n} aligned {unit} rows of {len(la)} + {len(lb)} layers")
+        self.parts.checks.check_memory(8 * n * (len(la) * a.width + len(lb) * b.width),
+                                       f"{n} aligned {unit} rows of {len(la)} + {len(lb)} layers")
         xs = self.units.pooled(a, la, rows_a, pairs, word_pool)
         ys = self.units.pooled(b, lb, rows_b, pairs, word_pool)
         skipped = max(len(rows_a), len(rows_b)) - n

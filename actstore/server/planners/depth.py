@@ -24,44 +24,44 @@ class DepthPlanner(Planner):
 
         def compute():
             read = [x for layer in chosen for x in (layer, layer + 1)]
-            total = self.executor.map_reduce(record.rows, [(record.run_key, read)],
-                                             lens.ResidualNormAccumulator(len(chosen)))
+            total = self.parts.executor.map_reduce(record.rows, [(record.run_key, read)],
+                                                   lens.ResidualNormAccumulator(len(chosen)))
             mean, quantiles = total.finalize()
             notes = ([f"{int(total.unchanged.sum())} samples had h_(l+1) == h_l (infinite ratio, excluded)"]
                      if total.unchanged.any() else [])
             return ({"mean": mean, "quantiles": quantiles, "quantile_levels": np.asarray(sim.QUANTILE_LEVELS)},
                     {"n": float(record.rows)}, notes)
 
-        return self.results.cached_or_compute("residual_norm_ratio", lens.DEFINITION_VERSION, options, [record.run_key],
-                                       query.refresh, compute)
+        return self.parts.results.cached_or_compute("residual_norm_ratio", lens.DEFINITION_VERSION, options,
+                                                    [record.run_key], query.refresh, compute)
 
     def lens(self, query: LensQuery) -> MetricResult:
         record, epsilon, taus, heads = query.run, query.epsilon, query.taus, query.heads
-        model = self.catalog.models.get(record.model_digest)
+        model = self.parts.catalog.models.get(record.model_digest)
         if not model.has_head:
             raise FailedPrecondition(f"model {model.digest[:12]} ({model.arch}) has no head to apply: the lens "
                                      "needs a final norm + classifier or unembedding (a *ForCausalLM or "
                                      "*ForSequence/ImageClassification model)")
-        if heads == "exits" and not (self.executor.store.local(model.path) / "exit_heads.safetensors").exists():
+        if heads == "exits" and not (self.parts.executor.store.local(model.path) / "exit_heads.safetensors").exists():
             raise FailedPrecondition(f"model {model.digest[:12]} has no exit heads: heads='exits' is for models "
                                      "trained with --method multi-exit")
-        self.checks.check_finite(record, list(range(record.num_layers + 1)))
+        self.parts.checks.check_finite(record, list(range(record.num_layers + 1)))
         next_token = model.kind == "causal-lm"
         if next_token and record.pooling != "tokens":
             raise InvalidArgument("the lens of a causal LM predicts each next token: capture with --pooling tokens")
         if not next_token and record.pooling not in ("cls", "last"):
             raise InvalidArgument(f"the classifier reads one position, but run {record.run_key[:12]} is pooled "
                                   f"'{record.pooling}': capture with the model's own pooling (cls for BERT/ViT)")
-        labels = None if next_token else self.checks.labels(record)
+        labels = None if next_token else self.parts.checks.labels(record)
         options = {"epsilon": epsilon, "taus": taus, "heads": heads}
 
         def compute():
             from actstore.workers.lens_tasks import LensPlan, lens_partial  # torch: only where it is needed
 
-            plan = LensPlan(self.executor.store, record.run_key, record.num_layers + 1, model.path, next_token,
+            plan = LensPlan(self.parts.executor.store, record.run_key, record.num_layers + 1, model.path, next_token,
                             heads == "exits")
-            groups = self.executor.row_groups(record.rows)
-            submit = self.executor.device_task(lens_partial)
+            groups = self.parts.executor.row_groups(record.rows)
+            submit = self.parts.executor.device_task(lens_partial)
             empty = lens.LensAccumulator(record.num_layers, np.asarray(taus))
             summary = merged(gather([submit(plan, g, labels, empty) for g in groups])).finalize()
             depth = {variant: float(lens.effective_depth(summary.accuracy, epsilon, variant))
@@ -80,12 +80,12 @@ class DepthPlanner(Planner):
             notes = ["next-token labels; each prompt's last token has none and is left out"] if next_token else []
             return arrays, scalars, notes
 
-        return self.results.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key],
-                                              query.refresh, compute)
+        return self.parts.results.cached_or_compute("logit_lens", lens.DEFINITION_VERSION, options, [record.run_key],
+                                                    query.refresh, compute)
 
     def neural_collapse(self, query: NeuralCollapseQuery) -> MetricResult:
         record, chosen, rcond = query.run, query.layers, query.rcond
-        labels = self.checks.labels(record)
+        labels = self.parts.checks.labels(record)
         classes = np.unique(labels)
         if classes.size < 2:
             raise FailedPrecondition(f"NC1 needs at least 2 classes (Sigma_B is over the class means); run "
@@ -95,12 +95,12 @@ class DepthPlanner(Planner):
 
         def compute():
             empty = PerLayer([lens.NC1Accumulator() for _ in chosen])
-            total = self.executor.map_reduce(record.rows, [(record.run_key, chosen)], empty, labels=labels)
+            total = self.parts.executor.map_reduce(record.rows, [(record.run_key, chosen)], empty, labels=labels)
             values = np.asarray([acc.finalize(rcond) for acc in total.accumulators], dtype=np.float64)
             return {"values": values}, {"n": float(record.rows), "classes": float(classes.size)}, []
 
-        return self.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key],
-                                              query.refresh, compute)
+        return self.parts.results.cached_or_compute("nc1", lens.DEFINITION_VERSION, options, [record.run_key],
+                                                    query.refresh, compute)
 
 
 register_family(Family("residual_norm", ResidualNormQuery, DepthPlanner, "residual_norm"))

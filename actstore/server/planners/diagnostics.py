@@ -64,9 +64,9 @@ def _interval(replicates: np.ndarray, ci: float, shape: tuple[int, int]) -> tupl
 class DiagnosticsPlanner(Planner):
 
     def outliers(self, run: str, layers: list[int], top_k: int, sigmas: float, refresh: bool) -> MetricResult:
-        record = self.checks.committed_run(run)
-        chosen = self.checks.check_layers(record, layers, "layer")
-        self.checks.check_finite(record, chosen)
+        record = self.parts.checks.committed_run(run)
+        chosen = self.parts.checks.check_layers(record, layers, "layer")
+        self.parts.checks.check_finite(record, chosen)
         top_k = min(top_k, record.width)
         options = {"layers": chosen, "top_k": top_k, "outlier_sigmas": sigmas}
 
@@ -87,11 +87,12 @@ class DiagnosticsPlanner(Planner):
             return arrays, {"n": float(record.rows)}, [f"{len(flagged)} outlier dimension(s) over {len(chosen)} "
                                                         f"layer(s) by the {sigmas}-sigma RMS rule"]
 
-        return self.results.cached_or_compute("outliers", STATS_VERSION, options, [record.run_key], refresh, compute)
+        return self.parts.results.cached_or_compute("outliers", STATS_VERSION, options, [record.run_key], refresh,
+                                                    compute)
 
     def similarity_stats(self, metric: str, run_a: str, run_b: str, layers_a: list[int], layers_b: list[int],
                          center: str, refresh: bool, opts: StatsOptions) -> MetricResult:
-        a, b, la, lb = self.checks.pair(run_a, run_b, layers_a, layers_b)
+        a, b, la, lb = self.parts.checks.pair(run_a, run_b, layers_a, layers_b)
         too_wide = [d for d in opts.exclude_dims if d >= min(a.width, b.width)]
         if too_wide:
             raise InvalidArgument(f"exclude_dims {too_wide[0]} is out of range: the layers have "
@@ -100,8 +101,8 @@ class DiagnosticsPlanner(Planner):
         if metric == "cka":
             plan = self._bootstrap_plan(a, b, la, lb, opts) if opts.bootstrap else None
             options = {"layers_a": la, "layers_b": lb, **opts.key(), **(plan.key() if plan else {})}
-            return self.results.cached_or_compute("linear_cka_stats", STATS_VERSION, options, run_keys, refresh,
-                                                  lambda: self._cka_stats(a, b, la, lb, opts, plan))
+            return self.parts.results.cached_or_compute("linear_cka_stats", STATS_VERSION, options, run_keys, refresh,
+                                                        lambda: self._cka_stats(a, b, la, lb, opts, plan))
         if metric == "cos":
             if a.width != b.width:
                 raise InvalidArgument(f"COS needs equal widths ({a.width} != {b.width}): use CKA across widths")
@@ -111,14 +112,14 @@ class DiagnosticsPlanner(Planner):
                 raise InvalidArgument("the grouped bootstrap is for CKA: COS's exact bootstrap is already streamed "
                                       "(ask COS with bootstrap_method auto or exact)")
             options = {"layers_a": la, "layers_b": lb, "center": center, **opts.key()}
-            return self.results.cached_or_compute("samplewise_cosine_stats", STATS_VERSION, options, run_keys,
-                                                  refresh, lambda: self._cos_stats(a, b, la, lb, center, opts))
+            return self.parts.results.cached_or_compute("samplewise_cosine_stats", STATS_VERSION, options, run_keys,
+                                                        refresh, lambda: self._cos_stats(a, b, la, lb, center, opts))
         raise InvalidArgument(f"similarity stats are for cka and cos, not {metric!r}")
 
     # ---- feature options ---------------------------------------------------------------------------
     def _moments(self, sources, rows: int, widths: list[int]) -> list[out.DimensionStats]:
         """Per-dimension moments of every block of `sources` (one pass)."""
-        return self.executor.map_reduce(rows, sources, out.DimensionMoments(widths)).finalize()
+        return self.parts.executor.map_reduce(rows, sources, out.DimensionMoments(widths)).finalize()
 
     def _transforms(self, sources, rows: int, widths: list[int], opts: StatsOptions, shared: bool
                     ) -> tuple[list[FeatureTransform] | None, list[np.ndarray]]:
@@ -166,8 +167,8 @@ class DiagnosticsPlanner(Planner):
         sources, ia, ib = pair_blocks(a, b, la, lb)
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
         return plan_bootstrap(opts.bootstrap_method, opts.bootstrap_groups, widths, [(i, j) for i in ia for j in ib],
-                              a.rows, opts.bootstrap, self.executor.settings.max_accumulator_bytes,
-                              self.executor.parts)
+                              a.rows, opts.bootstrap, self.parts.executor.settings.max_accumulator_bytes,
+                              self.parts.executor.parts)
 
     def _cka_stats(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], opts: StatsOptions,
                    plan: BootstrapPlan | None):
@@ -228,19 +229,19 @@ class DiagnosticsPlanner(Planner):
         widths = [a.width] * len(layer_of)
         transforms, dropped = self._transforms(sources, a.rows, widths, opts, shared=True)
         pairs = [(i, j) for i in ia for j in ib]
-        self.checks.check_memory(ResampledCosine.estimate_nbytes(len(pairs), replicates=opts.bootstrap)
-                                 * (self.executor.parts + 1), f"the COS histograms and bootstrap sums of "
-                                 f"{len(pairs)} layer pairs", "ask for fewer layer pairs or replicates")
+        self.parts.checks.check_memory(ResampledCosine.estimate_nbytes(len(pairs), replicates=opts.bootstrap)
+                                       * (self.parts.executor.parts + 1), f"the COS histograms and bootstrap sums of "
+                                       f"{len(pairs)} layer pairs", "ask for fewer layer pairs or replicates")
         centers = None
         if center == "global-mean" and not opts.standardize:  # z-scored features have mean 0 already
-            means = [self.arrays.means(run)[layer] for run, layers in sources for layer in layers]
+            means = [self.parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
             centers = [m if transforms is None else m[t.keep] for m, t in zip(means, transforms or [None] * len(means))]
         if transforms is not None:
             widths = [t.width for t in transforms]
         accumulator = ResampledCosine(pairs, widths, centers, opts.bootstrap, opts.seed)
         if transforms is not None:
             accumulator = TransformedAccumulator(accumulator, transforms)
-        result = self.executor.map_reduce(a.rows, sources, accumulator).finalize()
+        result = self.parts.executor.map_reduce(a.rows, sources, accumulator).finalize()
         shape = (len(la), len(lb))
         arrays = {
             "mean": result.stats.mean.reshape(shape),

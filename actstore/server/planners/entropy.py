@@ -48,8 +48,8 @@ class EntropyPlanner(Planner):
         }.get(metric)
         if compute is None:
             raise InvalidArgument(f"entropy metric {metric!r} is unknown")
-        return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
-                                       lambda: compute(metric, record, chosen, options))
+        return self.parts.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [record.run_key], refresh,
+                                                    lambda: compute(metric, record, chosen, options))
 
     def _preset(self, query: EntropyQuery) -> MetricResult:
         """A reference pipeline by name (`metrics.entropy_presets`), from a token-level run."""
@@ -69,7 +69,7 @@ class EntropyPlanner(Planner):
             raise InvalidArgument(f"preset {preset} fixes {', '.join(f'{k}={v}' for k, v in fixed.items())}; "
                                   f"drop {', '.join(differ)}")
         options = {"layers": layers, "preset": preset}
-        return self.results.cached_or_compute(
+        return self.parts.results.cached_or_compute(
             metric, ent.DEFINITION_VERSION, options, [record.run_key], query.refresh,
             lambda: self._preset_values(preset, metric, record, layers, fixed))
 
@@ -98,16 +98,17 @@ class EntropyPlanner(Planner):
 
     def _preset_values(self, preset: str, metric: str, run: RunRecord, layers: list[int], fixed: dict):
         if metric == "dataset_entropy":  # a d x d sum and at most d pooled rows per layer
-            self.checks.check_memory(2 * 8 * run.width**2 * len(layers),
-                                     f"{len(layers)} d x d scatter matrices and pooled rows (d={run.width})")
+            self.parts.checks.check_memory(2 * 8 * run.width**2 * len(layers),
+                                           f"{len(layers)} d x d scatter matrices and pooled rows (d={run.width})")
         make = {"dataset_entropy": lambda: presets.ReferenceDatasetEntropyAccumulator(run.width),
                 "prompt_entropy": lambda: ent.PromptEntropyAccumulator(fixed["alpha"], fixed["normalization"],
                                                                        fixed["clamp"]),
                 "curvature": presets.ReferenceCurvatureAccumulator}[metric]
-        offsets = self.arrays.offsets(run.run_key)
+        offsets = self.parts.arrays.offsets(run.run_key)
         # all three skip prompts of one token; dataset entropy needs two pooled prompts to compare
         self._check_prompts(f"preset {preset} {metric}", run, offsets, 2, 2 if metric == "dataset_entropy" else 1)
-        total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
+        total = self.parts.executor.map_prompts(offsets, run.run_key, layers,
+                                                lambda: PerLayer([make() for _ in layers]))
         first = total.accumulators[0]
         finish = ((lambda acc: acc.finalize(fixed["alpha"], fixed["normalization"])) if metric == "dataset_entropy"
                   else (lambda acc: acc.finalize()))
@@ -116,20 +117,20 @@ class EntropyPlanner(Planner):
                 {"prompts": float(first.n if metric == "dataset_entropy" else first.count)}, notes)
 
     def _dataset_entropy(self, metric: str, run: RunRecord, layers: list[int], options: dict):
-        means = self.arrays.means(run.run_key)
+        means = self.parts.arrays.means(run.run_key)
         clamp_small = options.get("clamp") and run.rows <= run.width
         if clamp_small:
-            self.checks.check_in_memory(run, 1, square=True)
+            self.parts.checks.check_in_memory(run, 1, square=True)
         else:
-            self.checks.check_memory(8 * run.width**2 * len(layers),
-                                     f"{len(layers)} d x d scatter matrices (d={run.width})")
+            self.parts.checks.check_memory(8 * run.width**2 * len(layers),
+                                           f"{len(layers)} d x d scatter matrices (d={run.width})")
         if clamp_small:  # the clamped n x n Gram cannot be streamed: n <= d keeps it small
             fn = partial(ent.dataset_entropy, alpha=options["alpha"], normalization=options["normalization"],
                          clamp=True)
-            values = self.executor.evaluate_layers(run.run_key, layers, fn)
+            values = self.parts.executor.evaluate_layers(run.run_key, layers, fn)
         else:
             accumulators = PerLayer([ent.DatasetEntropyAccumulator(means[layer]) for layer in layers])
-            total = self.executor.map_reduce(run.rows, [(run.run_key, layers)], accumulators)
+            total = self.parts.executor.map_reduce(run.rows, [(run.run_key, layers)], accumulators)
             if metric == "effective_rank":
                 values = [acc.effective_rank(options["convention"]) for acc in total.accumulators]
             else:
@@ -140,22 +141,23 @@ class EntropyPlanner(Planner):
     def _prompt_metric(self, metric: str, run: RunRecord, layers: list[int], options: dict):
         make = (lambda: ent.PromptEntropyAccumulator(options["alpha"], options["normalization"], options["clamp"])
                 ) if metric == "prompt_entropy" else (lambda: ent.CurvatureAccumulator(options["abs_cos"]))
-        offsets = self.arrays.offsets(run.run_key)
+        offsets = self.parts.arrays.offsets(run.run_key)
         accumulator = ent.PromptEntropyAccumulator if metric == "prompt_entropy" else ent.CurvatureAccumulator
         self._check_prompts(metric, run, offsets, accumulator.min_tokens, 1)
-        total = self.executor.map_prompts(offsets, run.run_key, layers, lambda: PerLayer([make() for _ in layers]))
+        total = self.parts.executor.map_prompts(offsets, run.run_key, layers,
+                                                lambda: PerLayer([make() for _ in layers]))
         first = total.accumulators[0]
         notes = [f"{first.skipped} prompts were too short and skipped"] if first.skipped else []
         return ({"values": np.asarray([acc.finalize() for acc in total.accumulators], dtype=np.float64)},
                 {"prompts": float(first.count)}, notes)
 
     def _invariance(self, metric: str, run: RunRecord, layers: list[int], options: dict):
-        data = load_dataset(self.executor.store.local(self.catalog.datasets.get(run.dataset_digest).path))
+        data = load_dataset(self.parts.executor.store.local(self.parts.catalog.datasets.get(run.dataset_digest).path))
         if data.groups is None:
             raise FailedPrecondition(
                 f"{metric} needs augmentation groups: register the dataset with --augment-views 2 (or a "
                 "--group-column), then capture it")
-        self.checks.check_in_memory(run, 1, square=metric != "lidar")
+        self.parts.checks.check_in_memory(run, 1, square=metric != "lidar")
         groups = np.asarray(data.groups)
         if metric == "lidar" and np.unique(groups).size < 2:
             raise FailedPrecondition(f"lidar needs at least 2 groups of views (Sigma_b is over the group means); "
@@ -168,7 +170,7 @@ class EntropyPlanner(Planner):
             first, second = _first_two_views(groups)
             notes = [f"views 0 and 1 of {len(first)} groups"]
             fn = partial(_paired_value, metric=metric, first=first, second=second, options=options)
-        values = self.executor.evaluate_layers(run.run_key, layers, fn)
+        values = self.parts.executor.evaluate_layers(run.run_key, layers, fn)
         if metric == "infonce":  # the score 1 - L/log n per layer, and the loss L itself
             return ({"values": np.asarray([v.score for v in values]), "loss": np.asarray([v.loss for v in values])},
                     {"n": float(run.rows)}, notes)

@@ -30,8 +30,8 @@ class MeasurePlanner(Planner):
         """The len(layers_a) x len(layers_b) matrix of the query's measure."""
         # a ROWS measure checks its memory before the cache is asked, as before
         compute = partial(self._streamed, query) if query.measure.needs == MOMENTS else self._in_memory(query)
-        return self.results.cached_or_compute(query.identifier, query.measure.version, query.result_options,
-                                              query.run_keys, query.refresh, compute)
+        return self.parts.results.cached_or_compute(query.identifier, query.measure.version, query.result_options,
+                                                    query.run_keys, query.refresh, compute)
 
     def _streamed(self, query: MeasureQuery):
         a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
@@ -39,11 +39,11 @@ class MeasurePlanner(Planner):
         values = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self.sizing.pair_tiles(a, b, la, lb, "feature", row_itemsize(a, b))
+        tiles = self.parts.sizing.pair_tiles(a, b, la, lb, "feature", row_itemsize(a, b))
         for tile_a, tile_b in tiles:
             sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
             widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
-            total = self.executor.map_reduce(a.rows, sources, sim.MomentMeasures(widths))
+            total = self.parts.executor.map_reduce(a.rows, sources, sim.MomentMeasures(widths))
             values[np.ix_([pos_a[x] for x in tile_a], [pos_b[x] for x in tile_b])] = total.finalize(measure, ia, ib)
         notes = [f"{query.identifier} from streamed second moments over {a.rows} rows in {len(tiles)} tile(s)"]
         if np.isnan(values).any():
@@ -63,14 +63,15 @@ class MeasurePlanner(Planner):
         width = max(a.width, b.width)
         per_layer = in_memory.nbytes_per_layer(pairwise, a.rows, width)
         working = in_memory.nbytes_working(pairwise, a.rows, width)
-        self.checks.check_memory(2 * per_layer + working, f"{query.measure.identifier} over two prepared layers of "
-                                 f"n={a.rows}", "use fewer samples, or a streamed measure")
+        self.parts.checks.check_memory(2 * per_layer + working,
+                                       f"{query.measure.identifier} over two prepared layers of n={a.rows}",
+                                       "use fewer samples, or a streamed measure")
         # B's layers are prepared once per group and held while A's layers go by: as many as fit
-        group = max(1, min(len(lb), (self.sizing.limit - working) // per_layer - 1))
+        group = max(1, min(len(lb), (self.parts.sizing.limit - working) // per_layer - 1))
 
         def compute():
-            values = np.hstack([self.executor.evaluate_pairs(a.run_key, la, b.run_key, part, pairwise.compare,
-                                                             pairwise.prepare) for part in chunks(lb, group)])
+            values = np.hstack([self.parts.executor.evaluate_pairs(a.run_key, la, b.run_key, part, pairwise.compare,
+                                                                   pairwise.prepare) for part in chunks(lb, group)])
             notes = [f"{query.identifier} over all {a.rows} samples in memory, B's layers in groups of {group}"]
             if np.isnan(values).any():
                 notes.append("NaN where a layer's dissimilarities or kernel are constant (undefined)")

@@ -159,20 +159,20 @@ class Targets:
 class ProbePlanner(Planner):
 
     def probe(self, query: ProbeQuery) -> MetricResult:
-        return self.results.cached_or_compute("probe", probes.DEFINITION_VERSION, query.result_options,
-                                              [query.run.run_key], query.refresh, lambda: self._compute(query))
+        return self.parts.results.cached_or_compute("probe", probes.DEFINITION_VERSION, query.result_options,
+                                                    [query.run.run_key], query.refresh, lambda: self._compute(query))
 
     # ---- the labels and folds -------------------------------------------------------------------
     def _targets(self, query: ProbeQuery) -> Targets:
         run, options = query.run, query.options
-        data = load_dataset(self.executor.store.local(self.catalog.datasets.get(run.dataset_digest).path))
-        ids = self.arrays.sample_ids(run.run_key)
+        data = load_dataset(self.parts.executor.store.local(self.parts.catalog.datasets.get(run.dataset_digest).path))
+        ids = self.parts.arrays.sample_ids(run.run_key)
         if query.labels is None:
-            codes = np.asarray(self.checks.labels(run), dtype=np.int64)
+            codes = np.asarray(self.parts.checks.labels(run), dtype=np.int64)
             names = data.label_names or [str(c) for c in range(int(codes.max()) + 1)]
             per_sample, kind, label_name = codes, "categorical", "the dataset's labels"
         else:
-            stored, _, _ = load_label_set(self.executor.store.local(query.labels.path))
+            stored, _, _ = load_label_set(self.parts.executor.store.local(query.labels.path))
             per_dataset_sample = stored.per_sample()
             if ids == data.sample_ids:
                 per_sample = per_dataset_sample
@@ -234,7 +234,7 @@ class ProbePlanner(Planner):
     def _compute(self, query: ProbeQuery):
         targets = self._targets(query)
         run, options = query.run, query.options
-        offsets = self.arrays.offsets(run.run_key) if run.pooling == "tokens" else None
+        offsets = self.parts.arrays.offsets(run.run_key) if run.pooling == "tokens" else None
         n = len(targets.fold)
         ranges = self._sample_ranges(run, offsets, n, options["folds"])
         shared = {"fold": ray.put(targets.fold), "offsets": ray.put(offsets)}
@@ -251,8 +251,8 @@ class ProbePlanner(Planner):
         a group's moments (folds x d^2 float64 a layer) would outweigh the float16 rows it reads
         (n / groups x d a layer): a function of the run and the folds, never of the cluster, so the
         same stored bytes give the same bits anywhere."""
-        shard_rows = self.arrays.layout(run.run_key).shard_rows
-        groups = max(1, min(self.executor.groups, 2 * n // (8 * folds * run.width)))
+        shard_rows = self.parts.arrays.layout(run.run_key).shard_rows
+        groups = max(1, min(self.parts.executor.groups, 2 * n // (8 * folds * run.width)))
         if offsets is None:
             return deal([(s, min(s + shard_rows, n)) for s in range(0, n, shard_rows)], groups)
         return deal(prompt_ranges(offsets, shard_rows), groups)
@@ -260,10 +260,11 @@ class ProbePlanner(Planner):
     def _layer_groups(self, run: RunRecord, layers: list[int], per_layer: int) -> list[list[int]]:
         """The layers in groups whose accumulators, one per map task in flight and the merged one,
         fit the limit."""
-        tasks = self.executor.parts + 1
-        self.checks.check_memory(per_layer * tasks, f"the probe's per-fold moments of one layer ({run.width} wide, "
-                                 f"x {tasks} tasks)", "ask for fewer --folds, or probe a narrower site")
-        size = max(1, self.executor.settings.max_accumulator_bytes // (per_layer * tasks))
+        tasks = self.parts.executor.parts + 1
+        self.parts.checks.check_memory(per_layer * tasks,
+                                       f"the probe's per-fold moments of one layer ({run.width} wide, x {tasks} tasks)",
+                                       "ask for fewer --folds, or probe a narrower site")
+        size = max(1, self.parts.executor.settings.max_accumulator_bytes // (per_layer * tasks))
         return [layers[i: i + size] for i in range(0, len(layers), size)]
 
     def _ridge(self, query: ProbeQuery, targets: Targets, ranges, shared):
@@ -271,9 +272,10 @@ class ProbePlanner(Planner):
         k, categorical = options["folds"], targets.categorical
         columns = targets.task.shape[1]
         width_t = (1 if len(targets.classes) <= 2 else len(targets.classes)) if categorical else 1
-        self.checks.check_memory(8 * len(targets.fold) * width_t * columns, f"the probe's targets ({width_t * columns} "
-                                 f"columns for {len(targets.classes)} classes x {len(targets.fold)} samples)",
-                                 "probe fewer classes (merge rare ones in the label set)")
+        self.parts.checks.check_memory(8 * len(targets.fold) * width_t * columns,
+                                       f"the probe's targets ({width_t * columns} columns for "
+                                       f"{len(targets.classes)} classes x {len(targets.fold)} samples)",
+                                       "probe fewer classes (merge rare ones in the label set)")
         if categorical:
             classes = len(targets.classes)
             side = np.hstack([probes.class_targets(targets.task[:, c], classes) for c in range(columns)])
@@ -282,13 +284,14 @@ class ProbePlanner(Planner):
         groups = [slice(c * width_t, (c + 1) * width_t) for c in range(columns)]
         side_ref = ray.put(side)
         pool = options["pool"]
-        submit = self.executor.device_task(accumulate_samples)
+        submit = self.parts.executor.device_task(accumulate_samples)
 
         def passed(accumulators: list, layers_of_pass: list[int], side_of_pass) -> PerLayer:
             """One pass over every range group, each layer's accumulator merged in group order."""
-            return self.executor.fold(lambda r: submit(self.executor.store, run.run_key, layers_of_pass, r, pool,
-                                                       shared["offsets"], shared["fold"], side_of_pass,
-                                                       PerLayer(accumulators)), ranges)
+            executor = self.parts.executor
+            return executor.fold(lambda r: submit(executor.store, run.run_key, layers_of_pass, r, pool,
+                                                  shared["offsets"], shared["fold"], side_of_pass,
+                                                  PerLayer(accumulators)), ranges)
 
         reduce = remote(finalize_ridge, num_cpus=1).remote
         fits: list = []
@@ -314,12 +317,13 @@ class ProbePlanner(Planner):
         if not targets.categorical:
             raise InvalidArgument("the logistic probe predicts classes; a continuous target takes --method ridge")
         labelled = int((targets.fold >= 0).sum())
-        self.checks.check_memory(8 * 3 * max(len(targets.fold), labelled) * run.width,
-                                 f"the logistic probe of one layer ({labelled} labelled rows x {run.width} in memory)",
-                                 "use --method ridge (streamed, any n), or probe fewer samples")
-        submit = self.executor.device_task(logistic_layer)
+        self.parts.checks.check_memory(8 * 3 * max(len(targets.fold), labelled) * run.width,
+                                       f"the logistic probe of one layer ({labelled} labelled rows x {run.width} in "
+                                       "memory)",
+                                       "use --method ridge (streamed, any n), or probe fewer samples")
+        submit = self.parts.executor.device_task(logistic_layer)
         codes_ref = ray.put(targets.task)
-        results = gather([submit(self.executor.store, run.run_key, layer, options["pool"], shared["offsets"],
+        results = gather([submit(self.parts.executor.store, run.run_key, layer, options["pool"], shared["offsets"],
                                  shared["fold"], codes_ref, len(targets.classes), query.features, options["C"],
                                  options["tol"], options["max_iter"]) for layer in layers])
         counts = np.stack([r.counts for r in results])  # (layers, groups, folds, C, C)

@@ -44,8 +44,8 @@ class SimilarityPlanner(Planner):
     def _cka(self, query: SimilarityQuery) -> MetricResult:
         a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
         options = {"layers_a": la, "layers_b": lb}
-        return self.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, query.run_keys,
-                                              query.refresh, lambda: self.tiled_cka(a, b, la, lb))
+        return self.parts.results.cached_or_compute("linear_cka", sim.DEFINITION_VERSION, options, query.run_keys,
+                                                    query.refresh, lambda: self.tiled_cka(a, b, la, lb))
 
     def _cos_query(self, query: SimilarityQuery) -> MetricResult:
         a, b, la, lb, center = query.a, query.b, query.layers_a, query.layers_b, query.center
@@ -54,11 +54,12 @@ class SimilarityPlanner(Planner):
                                   f"({a.width} != {b.width}): COS is for layers of one model or of models "
                                   "of equal width; use CKA across widths")
         pairs = len(la) * len(lb)  # each map task holds an accumulator, and the merge one more
-        self.checks.check_memory(sim.CosineAccumulator.estimate_nbytes(pairs) * (self.executor.parts + 1),
-                                 f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
+        self.parts.checks.check_memory(sim.CosineAccumulator.estimate_nbytes(pairs) * (self.parts.executor.parts + 1),
+                                       f"the COS histograms of {pairs} layer pairs", "ask for fewer layer pairs")
         options = {"layers_a": la, "layers_b": lb, "center": center}
-        return self.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options, query.run_keys,
-                                              query.refresh, lambda: self._cos(a, b, la, lb, center))
+        return self.parts.results.cached_or_compute("samplewise_cosine", sim.DEFINITION_VERSION, options,
+                                                    query.run_keys, query.refresh,
+                                                    lambda: self._cos(a, b, la, lb, center))
 
     def _minibatch_query(self, query: SimilarityQuery) -> MetricResult:
         a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
@@ -70,23 +71,23 @@ class SimilarityPlanner(Planner):
         if batch_size is None or batch_size > a.rows:
             raise InvalidArgument(f"batch_size {batch_size or 0!r} must be an int between {minimum} and n={a.rows}")
         options = {"layers_a": la, "layers_b": lb, "batch_size": batch_size, "remainder": remainder}
-        return self.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, query.run_keys,
-                                              query.refresh, lambda: self._minibatch(a, b, la, lb, batch_size,
+        return self.parts.results.cached_or_compute("minibatch_cka", sim.DEFINITION_VERSION, options, query.run_keys,
+                                                    query.refresh, lambda: self._minibatch(a, b, la, lb, batch_size,
                                                                                      remainder))
 
     def _knn_query(self, query: SimilarityQuery) -> MetricResult:
         a, b, la, lb, k = query.a, query.b, query.layers_a, query.layers_b, query.k
         if not SIMILARITY.k.minimum <= k < a.rows:
             raise InvalidArgument(f"k={k} must be between {SIMILARITY.k.minimum} and n-1={a.rows - 1}")
-        self.checks.check_in_memory(a, 2, square=True)
+        self.parts.checks.check_in_memory(a, 2, square=True)
         options = {"layers_a": la, "layers_b": lb, "k": k}
 
         def knn():
-            values = self.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
+            values = self.parts.executor.evaluate_pairs(a.run_key, la, b.run_key, lb, partial(sim.mutual_knn, k=k))
             return {"values": values}, {"n": float(a.rows), "k": float(k)}, []
 
-        return self.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, query.run_keys,
-                                              query.refresh, knn)
+        return self.parts.results.cached_or_compute("mutual_knn", sim.DEFINITION_VERSION, options, query.run_keys,
+                                                    query.refresh, knn)
 
     def _minibatch(self, a: RunRecord, b: RunRecord, la: list[int], lb: list[int], batch_size: int,
                    remainder: str):
@@ -95,12 +96,12 @@ class SimilarityPlanner(Planner):
         if short and remainder == "merge":
             stops[-1] = a.rows
         batches = list(zip([0, *stops[:-1]], stops))
-        parts = max(1, min(self.executor.groups, len(batches)))  # the cluster's size changes no sum
+        parts = max(1, min(self.parts.executor.groups, len(batches)))  # the cluster's size changes no sum
         groups = [batches[i::parts] for i in range(parts)]
         sources, ia, ib = pair_blocks(a, b, la, lb)
         widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
         pairs = [(i, j) for i in ia for j in ib]
-        total = self.executor.map_reduce(a.rows, sources, sim.MinibatchCKAAccumulator(pairs, widths), groups)
+        total = self.parts.executor.map_reduce(a.rows, sources, sim.MinibatchCKAAccumulator(pairs, widths), groups)
         outcome = "none" if not short else ("dropped" if remainder == "drop" else "merged")
         notes = [f"{len(batches)} batches of {batch_size} rows; the short final batch of {short} rows was "
                  f"{outcome}"] if short else [f"{len(batches)} batches of {batch_size} rows"]
@@ -125,18 +126,18 @@ class SimilarityPlanner(Planner):
 
         sources, _, _ = pair_blocks(a, b, la, lb)
         itemsize = row_itemsize(a, b) if transforms is None else 8
-        mode = self.sizing.mode(widths_of(sources), a.rows, itemsize)
+        mode = self.parts.sizing.mode(widths_of(sources), a.rows, itemsize)
         biased = np.empty((len(la), len(lb)))
         debiased = np.empty((len(la), len(lb)))
         pos_a = {layer: i for i, layer in enumerate(la)}
         pos_b = {layer: j for j, layer in enumerate(lb)}
-        tiles = self.sizing.pair_tiles(a, b, la, lb, mode, itemsize)
+        tiles = self.parts.sizing.pair_tiles(a, b, la, lb, mode, itemsize)
         constant: set[tuple[str, int]] = set()
         for tile_a, tile_b in tiles:
             sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
-            total = self.executor.map_reduce(a.rows, sources, accumulator(sources))
+            total = self.parts.executor.map_reduce(a.rows, sources, accumulator(sources))
             # the merged total is this query's own: its moments move to the mean in place
-            matrices = total.finalize(strip_map=self.executor.gram_strip_map, in_place=True)
+            matrices = total.finalize(strip_map=self.parts.executor.gram_strip_map, in_place=True)
             # a block's CKA with itself is 0/0 exactly when its centred rows are all zero
             constant.update(blocks_of(sources)[k] for k in np.flatnonzero(np.isnan(np.diag(matrices.biased))))
             rows = [pos_a[x] for x in tile_a]
@@ -158,9 +159,9 @@ class SimilarityPlanner(Planner):
         pairs = [(i, j) for i in ia for j in ib]
         centers = None
         if center == "global-mean":
-            centers = [self.arrays.means(run)[layer] for run, layers in sources for layer in layers]
+            centers = [self.parts.arrays.means(run)[layer] for run, layers in sources for layer in layers]
         widths = [a.width] * sum(len(layers) for _, layers in sources)
-        total = self.executor.map_reduce(a.rows, sources, sim.CosineAccumulator(pairs, widths, centers))
+        total = self.parts.executor.map_reduce(a.rows, sources, sim.CosineAccumulator(pairs, widths, centers))
         stats = total.finalize()
         shape = (len(la), len(lb))
         arrays = {

@@ -16,11 +16,11 @@ STITCH_VERSION = 1
 class StitchPlanner(Planner):
 
     def stitch(self, query: StitchQuery) -> MetricResult:
-        checks, a, b, layer_a, layer_b = self.checks, query.a, query.b, query.layer_a, query.layer_b
+        checks, a, b, layer_a, layer_b = self.parts.checks, query.a, query.b, query.layer_a, query.layer_b
         test_fraction, seed, tune_steps, tune_lr = query.test_fraction, query.seed, query.tune_steps, query.tune_lr
         if a.pooling != "tokens" or b.pooling != "tokens":
             raise InvalidArgument("stitching feeds every token of A into B: capture both runs with --pooling tokens")
-        model_b = self.catalog.models.get(b.model_digest)
+        model_b = self.parts.catalog.models.get(b.model_digest)
         if not model_b.has_head:
             raise FailedPrecondition(f"run B's model {model_b.digest[:12]} ({model_b.arch}) has no head: the "
                                      "stitching penalty is B's task loss, which needs a final norm + classifier or "
@@ -32,10 +32,10 @@ class StitchPlanner(Planner):
         options = query.result_options
 
         def compute():
-            plan = StitchPlan(self.executor.store, a.run_key, layer_a, b.run_key, layer_b, model_b.path,
-                              self.catalog.datasets.get(b.dataset_digest).path, b.max_len, test_fraction, seed,
+            plan = StitchPlan(self.parts.executor.store, a.run_key, layer_a, b.run_key, layer_b, model_b.path,
+                              self.parts.catalog.datasets.get(b.dataset_digest).path, b.max_len, test_fraction, seed,
                               tune_steps=tune_steps, tune_lr=tune_lr)
-            scalars = get_or_raise(self.executor.device_task(stitch_penalty)(plan),
+            scalars = get_or_raise(self.parts.executor.device_task(stitch_penalty)(plan),
                                    lambda cause: Unavailable(f"the stitching task failed: {cause}"))
             notes = [f"least-squares affine map fitted on {int(scalars['train_prompts'])} prompts, penalty measured "
                      f"on {int(scalars['test_prompts'])} held-out prompts (seed {seed})"]
@@ -44,8 +44,8 @@ class StitchPlanner(Planner):
                              "training prompts: tuned_penalty")
             return {}, scalars, notes
 
-        return self.results.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key],
-                                              query.refresh, compute)
+        return self.parts.results.cached_or_compute("stitch", STITCH_VERSION, options, [a.run_key, b.run_key],
+                                                    query.refresh, compute)
 
 
 register_family(Family("stitch", StitchQuery, StitchPlanner, "stitch"))

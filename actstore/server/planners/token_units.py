@@ -28,7 +28,7 @@ class TokenUnits:
     needs: the store's texts, spans and offsets, and the pooling task."""
 
     def __init__(self, parts: QueryParts) -> None:
-        self.catalog, self.arrays, self.executor = parts.catalog, parts.arrays, parts.executor
+        self.parts = parts
 
     def require_tokens(self, flag: str, *runs: RunRecord) -> None:
         """INVALID_ARGUMENT unless every run is token-level (`--pooling tokens`)."""
@@ -38,7 +38,8 @@ class TokenUnits:
                                   f"{pooled.run_key[:12]} is pooled '{pooled.pooling}': capture with --pooling tokens")
 
     def texts(self, run: RunRecord) -> list[str]:
-        return list(load_dataset(self.executor.store.local(self.catalog.datasets.get(run.dataset_digest).path)).texts)
+        folder = self.parts.catalog.datasets.get(run.dataset_digest).path
+        return list(load_dataset(self.parts.executor.store.local(folder)).texts)
 
     def same_texts(self, a: RunRecord, b: RunRecord) -> list[str]:
         """The texts both runs cover: one dataset, or the same sample ids with the same texts;
@@ -46,7 +47,8 @@ class TokenUnits:
         texts = self.texts(a)
         if a.dataset_digest == b.dataset_digest:
             return texts
-        for name, mine, theirs in [("sample", self.arrays.sample_ids(a.run_key), self.arrays.sample_ids(b.run_key)),
+        sample_ids = self.parts.arrays.sample_ids
+        for name, mine, theirs in [("sample", sample_ids(a.run_key), sample_ids(b.run_key)),
                                    ("text of sample", texts, self.texts(b))]:
             if mine != theirs:
                 first = next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine), len(theirs)))
@@ -58,7 +60,7 @@ class TokenUnits:
 
     def spans(self, run: RunRecord) -> np.ndarray:
         """The run's per-token character spans, or FAILED_PRECONDITION when it has none."""
-        spans = self.arrays.char_spans(run.run_key)
+        spans = self.parts.arrays.char_spans(run.run_key)
         if spans is None:
             raise FailedPrecondition(f"run {run.run_key[:12]} has no character spans (captured before they were "
                                      "stored, or its tokenizer gives no offsets): delete it and capture it again "
@@ -67,12 +69,12 @@ class TokenUnits:
 
     def word_rows(self, run: RunRecord, texts: list[str]) -> dict:
         """{(sample, word): token rows} of the run (`alignment.word_rows`)."""
-        return align.word_rows(texts, self.spans(run), self.arrays.offsets(run.run_key))
+        return align.word_rows(texts, self.spans(run), self.parts.arrays.offsets(run.run_key))
 
     def pooled(self, run: RunRecord, layers: list[int], rows: dict, units: list[tuple[int, int]], how: str,
                then: Callable | None = None) -> list:
         """Per layer, the (len(units), d) float64 matrix of the units' vectors (`how`: mean or last
         of their tokens), or `then` of it, computed in one task next to the data."""
         pooling = align.pooling_matrix(rows, units, how)
-        return self.executor.evaluate_layers(run.run_key, layers, partial(_pool_then, pooling=pooling,
-                                                                          n_rows=len(units), then=then))
+        return self.parts.executor.evaluate_layers(run.run_key, layers, partial(_pool_then, pooling=pooling,
+                                                                                n_rows=len(units), then=then))

@@ -55,13 +55,13 @@ class WordEntropyPlanner(Planner):
                                   "augmented views of pooled prompts): drop --align")
         self.units.require_tokens("--align words", run)
         options = {**options, "align": "words", "word_pool": word_pool}
-        return self.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [run.run_key], refresh,
-                                              lambda: self._compute(metric, run, layers, options))
+        return self.parts.results.cached_or_compute(metric, ent.DEFINITION_VERSION, options, [run.run_key], refresh,
+                                                    lambda: self._compute(metric, run, layers, options))
 
     def _compute(self, metric: str, run: RunRecord, layers: list[int], options: dict):
         rows = self.units.word_rows(run, self.units.texts(run))
         words = sorted(rows)  # (sample, word) in text order
-        texts = len(self.arrays.offsets(run.run_key)) - 1
+        texts = len(self.parts.arrays.offsets(run.run_key)) - 1
         offsets = align.unit_offsets(words, texts)
         n = len(words)
         least = PER_TEXT.get(metric, 2)
@@ -71,8 +71,8 @@ class WordEntropyPlanner(Planner):
             raise FailedPrecondition(f"{metric} over words needs {what}; run {run.run_key[:12]} has {n} words in "
                                      f"{texts} texts")
         gram = 8 * n * n if metric == "dataset_entropy" and n <= run.width else 0
-        self.checks.check_memory(8 * run.width * (run.rows + 2 * n) + gram,
-                                 f"a layer of {run.rows} token rows and its {n} word rows")
+        self.parts.checks.check_memory(8 * run.width * (run.rows + 2 * n) + gram,
+                                       f"a layer of {run.rows} token rows and its {n} word rows")
         values = self.units.pooled(run, layers, rows, words, options["word_pool"],
                              then=partial(_word_value, metric=metric, offsets=offsets, options=options))
         notes = [f"{n} words of {texts} texts ({options['word_pool']} of each word's tokens)"]
