@@ -1,6 +1,6 @@
 """The activation-array interface: a run's layout, the storage ABC every backend implements, in
 three faces its callers take as far as they use them (`RunReader`, `RunWriter`, `StoreUpkeep`;
-`ArrayStore` is all three; contract tests: tests/store/array_store_contract.py), and the decoding
+`ArrayStore` is all three; contract tests: `store.testing.ArrayStoreContract`), and the decoding
 of stored values. The Zarr v3 implementation is in `store.format.arrays`."""
 
 from __future__ import annotations
@@ -273,4 +273,4 @@ class StoreUpkeep(ABC):
 class ArrayStore(RunReader, RunWriter, StoreUpkeep):
     """What the rest of actstore needs from activation storage: the three faces above, which each
     caller takes only as far as it uses them. A backend subclasses this, and its tests subclass
-    the contract suite (tests/store/array_store_contract.py)."""
+    the contract suite (`store.testing.ArrayStoreContract`, shipped in the package)."""

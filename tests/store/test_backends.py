@@ -1,4 +1,4 @@
-"""The backend contract (`actstore.store.backends.testing.BackendTests`) for every registered
+"""The backend contract (`actstore.store.testing.BackendTests`) for every registered
 scheme, the array-store contract over memory://, and the registry's refusals."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import pytest
 from actstore.config import Settings
 from actstore.errors import FailedPrecondition, InvalidArgument
 from actstore.store.backends import backend_for, schemes
-from actstore.store.backends.testing import BackendTests
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from tests.store.array_store_contract import ArrayStoreContract
+from actstore.store.testing import ArrayStoreContract, BackendTests
 
 
 class TestLocalBackend(BackendTests):

@@ -8,8 +8,8 @@ import pytest
 
 from actstore.errors import DataLoss
 from actstore.store.format.arrays import ZarrArrayStore
+from actstore.store.testing import key, token_layout
 from actstore.store.upkeep.scrub import check_run
-from tests.store.array_store_contract import key, token_layout
 
 
 def test_char_spans_round_trip_and_are_checksummed(tmp_path):

@@ -12,8 +12,8 @@ import pytest
 
 from actstore.errors import DataLoss
 from actstore.store.format.arrays import ZarrArrayStore
+from actstore.store.testing import key, make_values, pooled_layout, shard_sums
 from actstore.store.upkeep.scrub import check_run, check_shard
-from tests.store.array_store_contract import key, make_values, pooled_layout, shard_sums
 
 RUN = key("metadata")
 OBJECTS = ["zarr.json", "acts/zarr.json", "labels/zarr.json", "means/zarr.json", "sample_ids/zarr.json",

@@ -11,7 +11,7 @@ import pytest
 from actstore.errors import DataLoss, FailedPrecondition, Unavailable
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from tests.store.array_store_contract import ArrayStoreContract, key, make_values, pooled_layout
+from actstore.store.testing import ArrayStoreContract, key, make_values, pooled_layout
 
 
 class TestS3ArrayStore(ArrayStoreContract):

@@ -17,8 +17,7 @@ from actstore.store.array_store import bf16_bits_to_float32, decode_stored
 from actstore.store.format import shard_details
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.format.shard_details import COLUMNS
-from actstore.store.upkeep.scrub import check_shard
-from tests.store.array_store_contract import (
+from actstore.store.testing import (
     NUM_STATES,
     SHARD_ROWS,
     WIDTH,
@@ -32,6 +31,7 @@ from tests.store.array_store_contract import (
     shard_sums,
     token_layout,
 )
+from actstore.store.upkeep.scrub import check_shard
 
 
 class TestZarrArrayStore(ArrayStoreContract):

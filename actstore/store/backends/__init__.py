@@ -14,9 +14,9 @@ __all__ = ["Backend", "Options", "backend_for", "register", "schemes"]
 
 _BACKENDS: dict[str, Backend] = {}
 # Every other module of the package registers its backend when imported (`register`), so a new
-# scheme is one new module. These are not backends: the ABC, the contract suite (it imports
-# pytest), and what backends share (retries, the read-through cache, the files area).
-_NOT_BACKENDS = ("base", "testing", "retries", "read_cache", "files")
+# scheme is one new module. These are not backends: the ABC and what backends share (retries,
+# the read-through cache, the files area).
+_NOT_BACKENDS = ("base", "retries", "read_cache", "files")
 
 
 def register(backend: Backend) -> Backend:

@@ -1,0 +1,37 @@
+"""Contract suites a backend's tests subclass (as zarr-python's ``zarr.testing.store.StoreTests``):
+`ArrayStoreContract` for an `ArrayStore` (`runs`, `upkeep`), `BackendTests` for a byte-store
+backend (`backends`). They import pytest (and torch): only tests import this package."""
+
+from actstore.store.testing.backends import BackendTests
+from actstore.store.testing.runs import (
+    NUM_STATES,
+    SHARD_ROWS,
+    WIDTH,
+    N,
+    RunContract,
+    kept_with,
+    key,
+    make_values,
+    pooled_layout,
+    same_cells,
+    shard_sums,
+    token_layout,
+)
+from actstore.store.testing.upkeep import ArrayStoreContract
+
+__all__ = [
+    "ArrayStoreContract",
+    "BackendTests",
+    "N",
+    "NUM_STATES",
+    "RunContract",
+    "SHARD_ROWS",
+    "WIDTH",
+    "kept_with",
+    "key",
+    "make_values",
+    "pooled_layout",
+    "same_cells",
+    "shard_sums",
+    "token_layout",
+]
