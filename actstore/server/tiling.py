@@ -7,6 +7,10 @@ into groups, and every pair of groups is one tile whose accumulator fits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from actstore.config import Settings
 from actstore.errors import ResourceExhausted
 from actstore.metrics import similarity as sim
@@ -82,3 +86,22 @@ def pair_blocks(a: RunRecord, b: RunRecord, la: list[int], lb: list[int]
         return [(a.run_key, union)], [where[x] for x in la], [where[x] for x in lb]
     return ([(a.run_key, la), (b.run_key, lb)], list(range(len(la))),
             [len(la) + j for j in range(len(lb))])
+
+
+def fill_tiles(a: RunRecord, b: RunRecord, la: list[int], lb: list[int], tiles: list[tuple[list[int], list[int]]],
+               names: tuple[str, ...],
+               compute: Callable[[list[tuple[str, list[int]]], list[int], list[int]], dict[str, np.ndarray]]
+               ) -> dict[str, np.ndarray]:
+    """The len(la) x len(lb) matrices ``names`` of a tiled query, filled tile by tile
+    (`CkaSizing.pair_tiles`): ``compute(sources, ia, ib)`` gives each one's block over one tile, its
+    rows the tile's A layers and its columns its B layers (``sources``, ``ia``, ``ib``: `pair_blocks`
+    of the tile)."""
+    matrices = {name: np.empty((len(la), len(lb))) for name in names}
+    pos_a = {layer: i for i, layer in enumerate(la)}
+    pos_b = {layer: j for j, layer in enumerate(lb)}
+    for tile_a, tile_b in tiles:
+        sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
+        where = np.ix_([pos_a[x] for x in tile_a], [pos_b[x] for x in tile_b])
+        for name, block in compute(sources, ia, ib).items():
+            matrices[name][where] = block
+    return matrices

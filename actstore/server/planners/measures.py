@@ -22,7 +22,7 @@ from actstore.metrics.similarity import in_memory_measures as in_memory
 from actstore.server.planners import Family, Planner, register_family
 from actstore.server.requests import MeasureQuery
 from actstore.server.results import MetricResult
-from actstore.server.tiling import chunks, pair_blocks, row_itemsize
+from actstore.server.tiling import chunks, fill_tiles, row_itemsize
 
 
 class MeasurePlanner(Planner):
@@ -36,15 +36,14 @@ class MeasurePlanner(Planner):
     def _streamed(self, query: MeasureQuery):
         a, b, la, lb = query.a, query.b, query.layers_a, query.layers_b
         measure = query.measure.build(query.options)
-        values = np.empty((len(la), len(lb)))
-        pos_a = {layer: i for i, layer in enumerate(la)}
-        pos_b = {layer: j for j, layer in enumerate(lb)}
         tiles = self.parts.sizing.pair_tiles(a, b, la, lb, "feature", row_itemsize(a, b))
-        for tile_a, tile_b in tiles:
-            sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
+
+        def tile(sources, ia, ib):
             widths = [a.width if run == a.run_key else b.width for run, layers in sources for _ in layers]
             total = self.parts.executor.map_reduce(a.rows, sources, sim.MomentMeasures(widths))
-            values[np.ix_([pos_a[x] for x in tile_a], [pos_b[x] for x in tile_b])] = total.finalize(measure, ia, ib)
+            return {"values": total.finalize(measure, ia, ib)}
+
+        values = fill_tiles(a, b, la, lb, tiles, ("values",), tile)["values"]
         notes = [f"{query.identifier} from streamed second moments over {a.rows} rows in {len(tiles)} tile(s)"]
         if np.isnan(values).any():
             notes.append("NaN where a layer is constant over the samples (the measure is undefined)")

@@ -15,7 +15,7 @@ from actstore.server.planners import Family, Planner, register_family
 from actstore.server.planners.aligned import AlignedPlanner
 from actstore.server.requests import SimilarityQuery
 from actstore.server.results import MetricResult
-from actstore.server.tiling import pair_blocks, row_itemsize
+from actstore.server.tiling import fill_tiles, pair_blocks, row_itemsize
 from actstore.store.catalog import RunRecord
 
 
@@ -127,23 +127,19 @@ class SimilarityPlanner(Planner):
         sources, _, _ = pair_blocks(a, b, la, lb)
         itemsize = row_itemsize(a, b) if transforms is None else 8
         mode = self.parts.sizing.mode(widths_of(sources), a.rows, itemsize)
-        biased = np.empty((len(la), len(lb)))
-        debiased = np.empty((len(la), len(lb)))
-        pos_a = {layer: i for i, layer in enumerate(la)}
-        pos_b = {layer: j for j, layer in enumerate(lb)}
         tiles = self.parts.sizing.pair_tiles(a, b, la, lb, mode, itemsize)
         constant: set[tuple[str, int]] = set()
-        for tile_a, tile_b in tiles:
-            sources, ia, ib = pair_blocks(a, b, tile_a, tile_b)
+
+        def tile(sources, ia, ib):
             total = self.parts.executor.map_reduce(a.rows, sources, accumulator(sources))
             # the merged total is this query's own: its moments move to the mean in place
             matrices = total.finalize(strip_map=self.parts.executor.gram_strip_map, in_place=True)
             # a block's CKA with itself is 0/0 exactly when its centred rows are all zero
             constant.update(blocks_of(sources)[k] for k in np.flatnonzero(np.isnan(np.diag(matrices.biased))))
-            rows = [pos_a[x] for x in tile_a]
-            cols = [pos_b[x] for x in tile_b]
-            biased[np.ix_(rows, cols)] = matrices.biased[np.ix_(ia, ib)]
-            debiased[np.ix_(rows, cols)] = matrices.debiased[np.ix_(ia, ib)]
+            return {"biased": matrices.biased[np.ix_(ia, ib)], "debiased": matrices.debiased[np.ix_(ia, ib)]}
+
+        filled = fill_tiles(a, b, la, lb, tiles, ("biased", "debiased"), tile)
+        biased, debiased = filled["biased"], filled["debiased"]
         notes = [f"computed in {mode} space over {a.rows} rows in {len(tiles)} tile(s)"]
         if constant:
             notes.append(constant_layers_note(list(constant), a.rows))
