@@ -8,7 +8,7 @@ import pytest
 
 from actstore.errors import DataLoss
 from actstore.store.format.arrays import ZarrArrayStore
-from actstore.store.testing import key, token_layout
+from actstore.store.testing.runs import key, token_layout
 from actstore.store.upkeep.scrub import check_run
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from actstore.errors import DataLoss
 from actstore.store.format.arrays import ZarrArrayStore
-from actstore.store.testing import key, make_values, pooled_layout, shard_sums
+from actstore.store.testing.runs import key, make_values, pooled_layout, shard_sums
 from actstore.store.upkeep.scrub import check_run, check_shard
 
 RUN = key("metadata")

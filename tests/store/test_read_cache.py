@@ -19,7 +19,7 @@ from actstore.store.backends import read_cache
 from actstore.store.backends.read_cache import ReadThroughCache
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from actstore.store.testing import key, make_values, pooled_layout
+from actstore.store.testing.runs import key, make_values, pooled_layout
 from tests.store import test_s3_array_store
 
 

@@ -11,7 +11,8 @@ import pytest
 from actstore.errors import DataLoss, FailedPrecondition, Unavailable
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.handle import StoreHandle
-from actstore.store.testing import ArrayStoreContract, key, make_values, pooled_layout
+from actstore.store.testing import ArrayStoreContract
+from actstore.store.testing.runs import key, make_values, pooled_layout
 
 
 class TestS3ArrayStore(ArrayStoreContract):

@@ -17,11 +17,11 @@ from actstore.store.array_store import bf16_bits_to_float32, decode_stored
 from actstore.store.format import shard_details
 from actstore.store.format.arrays import ZarrArrayStore
 from actstore.store.format.shard_details import COLUMNS
-from actstore.store.testing import (
+from actstore.store.testing import ArrayStoreContract
+from actstore.store.testing.runs import (
     NUM_STATES,
     SHARD_ROWS,
     WIDTH,
-    ArrayStoreContract,
     N,
     kept_with,
     key,

@@ -4,7 +4,7 @@ One process owns it (the server, or the embedded client's in-process server): Du
 single writer. `Catalog` owns the file's one connection and its lock; the statements of each table
 family are in their own module, reached as attributes: `catalog.models`, `.datasets`, `.runs`,
 `.label_sets`, `.chunks`, `.results`, `.jobs`, `.principals`, `.audit` (`store.catalog.models` and so on). The
-records they return are defined in `store.catalog.schema` and importable from here.
+records they return are defined in `store.catalog.schema` and importable from the package (`store.catalog`).
 """
 
 from __future__ import annotations
@@ -29,19 +29,7 @@ from actstore.store.catalog.models import Models
 from actstore.store.catalog.principals import Principals
 from actstore.store.catalog.results import Results
 from actstore.store.catalog.runs import Runs
-from actstore.store.catalog.schema import (
-    CHUNK_SCHEMA,
-    SCHEMA,
-    ChunkHealth,
-    DatasetRecord,
-    JobRecord,
-    LabelSetRecord,
-    ModelRecord,
-    RunRecord,
-)
-
-__all__ = ["CHUNK_SCHEMA", "Catalog", "ChunkHealth", "DatasetRecord", "JobRecord", "LabelSetRecord", "ModelRecord",
-           "RunRecord"]
+from actstore.store.catalog.schema import SCHEMA
 
 # DuckDB's file starts with its main header and two alternating database headers, 4 KiB each
 DUCKDB_HEADER_BYTES = 3 * 4096

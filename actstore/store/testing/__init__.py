@@ -3,35 +3,7 @@
 backend (`backends`). They import pytest (and torch): only tests import this package."""
 
 from actstore.store.testing.backends import BackendTests
-from actstore.store.testing.runs import (
-    NUM_STATES,
-    SHARD_ROWS,
-    WIDTH,
-    N,
-    RunContract,
-    kept_with,
-    key,
-    make_values,
-    pooled_layout,
-    same_cells,
-    shard_sums,
-    token_layout,
-)
+from actstore.store.testing.runs import RunContract
 from actstore.store.testing.upkeep import ArrayStoreContract
 
-__all__ = [
-    "ArrayStoreContract",
-    "BackendTests",
-    "N",
-    "NUM_STATES",
-    "RunContract",
-    "SHARD_ROWS",
-    "WIDTH",
-    "kept_with",
-    "key",
-    "make_values",
-    "pooled_layout",
-    "same_cells",
-    "shard_sums",
-    "token_layout",
-]
+__all__ = ["ArrayStoreContract", "BackendTests", "RunContract"]
