@@ -86,11 +86,12 @@ class ZarrArrayStore(OneByteShards, ShardEnds, StoreCalls, ArrayStore):
         self.compressor = compressor
         self._retry = retry or RetryPolicy()
         self._backend = backend_for(root)
-        self._zarr = self._backend.open(str(root), options, self._retry)
-        self._objects, self._files_at = self._backend.objects(self._zarr), self._backend.directory(str(root))
-        self._cache = ReadThroughCache(self._zarr, self._objects, Path(read_cache).expanduser(), read_cache_bytes,
+        opened = self._backend.open(str(root), options, self._retry)
+        self._objects, self._files_at = self._backend.objects(opened), self._backend.directory(str(root))
+        # a node's read-through cache only in front of an object store
+        self._cache = ReadThroughCache(opened, self._objects, Path(read_cache).expanduser(), read_cache_bytes,
                                        str(root), self._retry) if read_cache and self._objects is not None else None
-        self._zarr = self._cache if self._cache is not None else self._zarr
+        self._zarr = opened if self._cache is None else self._cache
         self._layouts: dict[str, RunLayout] = {}  # a created run's layout never changes
         # the codecs of opened arrays of runs with a known layout: opening one reads metadata (a
         # round trip each on an object store), so a capture or a map task opens each once, not
