@@ -42,9 +42,9 @@ from tests.test_install import OTHER_PYTHONS, _interpreter
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # A whole install check, not the suite's 600 s a test: each step has its own subprocess timeout
-# (the 3.5 GB CUDA torch install up to 1200 s), and .ci/run runs these beside the suite, whose load
-# slows every step: the 3.12 check ran past 600 s on CI while deleting its venv (measured alone
-# here: 303-310 s).
+# (the 3.5 GB CUDA torch install up to 1200 s). .ci/run runs them after the suite: beside it, its load
+# slowed every step (the 3.12 check ran past 600 s on CI while deleting its venv, measured alone
+# here: 303-310 s; the floors install ran past 600 s, alone 167 s).
 INSTALL_CHECK_TIMEOUT_S = 2400
 
 
