@@ -272,7 +272,7 @@ def run_files(client, run: str) -> list[Path]:
     """The run's activation shard files in the store (what a query decompresses)."""
     service = client._server.service
     layout = service.arrays.layout(run)
-    return sorted(p for p in (service.arrays.root / "runs" / run / layout.array_name).rglob("*") if p.is_file())
+    return sorted(p for p in (Path(service.arrays.root) / "runs" / run / layout.array_name).rglob("*") if p.is_file())
 
 
 def read_files(paths: list[Path], block: int = 8 << 20) -> tuple[int, float]:
