@@ -35,7 +35,11 @@ def backend_for(root: object) -> Backend:
     scheme = urlparse(str(root)).scheme if "://" in str(root) else "file"
     backend = _BACKENDS.get(scheme)
     if backend is None:
-        raise InvalidArgument(f"store {root} has the scheme {scheme!r}; the store takes {schemes()}")
+        # a server's store is one its Ray workers reach too (`spans_processes`): those are what to suggest
+        served = [f"{name}://" for name, known in sorted(_BACKENDS.items()) if known.spans_processes]
+        raise InvalidArgument(f"store {root}: no storage backend takes the scheme '{scheme}://' (the schemes "
+                              f"known: {', '.join(f'{name}://' for name in schemes())}); give a directory or a "
+                              f"root of {' or '.join(served)} (--store, ACTSTORE_STORE)")
     return backend
 
 
