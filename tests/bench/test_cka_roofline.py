@@ -5,6 +5,8 @@ run of the bench showed it."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +14,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cka_roofline_runs_on_a_tiny_run():
+def test_cka_roofline_runs_on_a_tiny_run(tmp_path):
     proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning:actstore", "bench/cka_roofline.py",
                            "--sizes", "512", "--states", "3", "--width", "16", "--shard-rows", "128"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=REPO, env={**os.environ, "BENCH_OUT_DIR": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "n=512: cka wall" in proc.stdout and "wall / roofline" in proc.stdout, proc.stdout
+    # its result where it was sent, not over bench/out's real one
+    assert json.loads((tmp_path / "cka_roofline.json").read_text())["sizes"] == [512]

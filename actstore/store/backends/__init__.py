@@ -36,9 +36,10 @@ def backend_for(root: object) -> Backend:
     backend = _BACKENDS.get(scheme)
     if backend is None:
         # a server's store is one its Ray workers reach too (`spans_processes`): those are what to suggest
-        served = [f"{name}://" for name, known in sorted(_BACKENDS.items()) if known.spans_processes]
+        known = schemes()
+        served = [f"{name}://" for name in known if _BACKENDS[name].spans_processes]
         raise InvalidArgument(f"store {root}: no storage backend takes the scheme '{scheme}://' (the schemes "
-                              f"known: {', '.join(f'{name}://' for name in schemes())}); give a directory or a "
+                              f"known: {', '.join(f'{name}://' for name in known)}); give a directory or a "
                               f"root of {' or '.join(served)} (--store, ACTSTORE_STORE)")
     return backend
 
