@@ -174,7 +174,7 @@ class Writer:
             self.data = None  # the last configuration's tensors go first
             values = task_values(*key)
             # the floor's bytes: what the store writes (int8: the codes, coded once here, untimed)
-            host = quantised.quantise(values.numpy())[0] if job["dtype"] == "int8" else storage_array(values)
+            host = quantised.quantise(values.numpy(), seed=0)[0] if job["dtype"] == "int8" else storage_array(values)
             self.data = (key, values, host, np.arange(job["task_rows"], dtype=np.int64))
         _, values, host, token_ids = self.data
         arrays = StoreHandle(job["root"]).open()
@@ -206,7 +206,8 @@ class Writer:
             if job["side"] == "store":
                 before = clock()
                 figures = ErrorFigures(values.shape[0], values.shape[2]) if dtype == "int8" else None  # as a task does
-                prepared = prepare(values.transpose(0, 1), bounds, dtype, figures)  # the (rows, L+1, d) view it passes
+                seeds = [quantised.rounding_seed(run_key, shard + i) for i in range(len(bounds))]
+                prepared = prepare(values.transpose(0, 1), bounds, dtype, figures, seeds)  # the (rows, L+1, d) view
                 device_cpu += clock() - before
                 tables = []
                 for part, (lo, hi) in zip(prepared, bounds):
@@ -240,8 +241,12 @@ class Writer:
         states, rows, first = values.shape[0], job["shard_rows"], job["first_shard"]
         back = reader.read_layers(job["run_key"], list(range(states)), first * rows, (first + 1) * rows)
         expected = values[:, :rows].to(torch.float32).numpy()
-        if job["dtype"] == "int8":  # the codes of the shard's own steps and offsets, decoded
-            expected = quantised.decode(*quantised.quantise(expected))
+        if job["dtype"] == "int8":  # the codes of the shard's own steps, offsets and draws, decoded
+            from actstore.workers.quantise import dequantise, quantise, rounding_draws
+
+            exact = torch.from_numpy(expected)
+            draws = rounding_draws(exact.shape, quantised.rounding_seed(job["run_key"], first), exact.device)
+            expected = dequantise(*quantise(exact, draws)).numpy()
         if not np.array_equal(back, expected):
             raise AssertionError(f"shard {first} does not read back as written")
         written = set(range(first, first + job["tasks"] * len(range(0, job["task_rows"], rows))))

@@ -128,7 +128,8 @@ class Queries:
         word the mean (word_pool="mean") or last of its tokens; align="spans": rows = the finest
         character spans both tokenizations share (docs/metrics.md, Cross-tokenizer alignment).
         Over a lossy (int8) run, `bound_biased` / `bound_debiased` bound each entry's distance from
-        the CKA of the exact values (`provenance.error_bound` the largest; docs/one-byte-storage.md)."""
+        the CKA of the exact values, each with probability >= 99.9% over the capture's stochastic
+        rounding (`provenance.error_bound` the largest; the notes say it; docs/one-byte-storage.md)."""
         answer = self._similarity(pb.SimilarityRequest.CKA, run_a, run_b, layers_a, layers_b, "", refresh,
                                   align=align, word_pool=word_pool)
         options = answer.provenance.options

@@ -80,7 +80,9 @@ class LayerHealth:
 @dataclass(frozen=True)
 class LayerRounding:
     """What a lossy storage dtype did to one layer, measured at capture from the exact values:
-    `angle_biased` / `angle_debiased` bound every (biased / debiased) CKA answer with the layer."""
+    `bound_biased` / `bound_debiased` bound every (biased / debiased) CKA answer with the layer, with
+    probability >= 99.95% over the capture's stochastic rounding (`metrics.rounding.SIDE_CONFIDENCE`);
+    `angle_biased` / `angle_debiased` are the sure bounds, never smaller."""
 
     layer: int
     stored: str
@@ -91,11 +93,13 @@ class LayerRounding:
     cka_debiased: float
     angle_biased: float
     angle_debiased: float
+    bound_biased: float
+    bound_debiased: float
 
     @staticmethod
     def from_proto(r: pb.LayerRounding) -> LayerRounding:
         return LayerRounding(r.layer, r.stored, r.rows, r.rel_frobenius, r.max_abs, r.cka_biased, r.cka_debiased,
-                             r.angle_biased, r.angle_debiased)
+                             r.angle_biased, r.angle_debiased, r.bound_biased, r.bound_debiased)
 
 
 @dataclass(frozen=True)

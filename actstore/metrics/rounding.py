@@ -9,15 +9,21 @@ Per layer, over all n rows:
   (the unbiased HSIC of Song et al. 2007), from the streaming feature-space moments of the two
   blocks [X, Xhat] (`similarity.FeatureMoments`: X^T X, Xhat^T Xhat, X^T Xhat, the row norms and
   cross sums, float64);
-* `angle_biased`, `angle_debiased` = arccos of those, the deterministic bound: linear CKA is the
-  cosine of the angle between the centred Gram matrices, an angle in [0, pi/2] that obeys the
-  triangle inequality, so |CKA(Xhat, Y) - CKA(X, Y)| <= angle(X, Xhat) for every Y, and the sum
-  of both sides' angles when both are stored lossily; debiased CKA is a cosine in the U-centred
-  inner product (Szekely and Rizzo 2014), and the same holds for it. Each angle is taken at a
-  cosine lowered by `ROUNDING_ALLOWANCE` n (float64 accumulation over n rows), so rounding in
-  the moments never makes the bound smaller than the true angle. A layer stored exactly has
-  CKA 1 and angle 0; otherwise an angle is NaN where its CKA is undefined (n < 4 for the
-  debiased one), and so is any bound with it.
+* `angle_biased`, `angle_debiased` = arccos of those, the sure (deterministic) bound: linear CKA
+  is the cosine of the angle between the centred Gram matrices, an angle in [0, pi/2] that obeys
+  the triangle inequality, so |CKA(Xhat, Y) - CKA(X, Y)| <= angle(X, Xhat) for every Y; debiased
+  CKA is a cosine in the U-centred inner product (Szekely and Rizzo 2014), and the same holds for
+  it. Each angle is taken at a cosine lowered by `ROUNDING_ALLOWANCE` n (float64 accumulation
+  over n rows), so rounding in the moments never makes the bound smaller than the true angle. A
+  layer stored exactly has CKA 1 and angle 0; an angle is NaN where its CKA is undefined (n < 4
+  for the debiased one), and so is any bound with it;
+* `bound_biased`, `bound_debiased`: the statistical bound (`statistical_bound`), for any Y that
+  does not depend on this layer's rounding draws, with probability at least `SIDE_CONFIDENCE`
+  over them, and never above the angle (the smaller of two bounds is a bound). It rests on the
+  stochastic rounding of `store.format.quantised` (errors of mean zero, independent given X,
+  each in an interval one step wide) and shrinks like 1 / sqrt(n) where the angle does not
+  shrink at all. With both sides of an answer stored lossily (independent draws), the sum of the
+  two sides' bounds holds with probability at least `CONFIDENCE`.
 """
 
 from __future__ import annotations
@@ -30,8 +36,72 @@ from .similarity.cka import cka_matrix
 from .similarity.inputs import MIN_HSIC_SAMPLES
 from .similarity.moments import FeatureMoments
 
-FIGURES = ("rows", "rel_frobenius", "max_abs", "cka_biased", "cka_debiased", "angle_biased", "angle_debiased")
+CODE_REACH = 128  # |code| <= 128: with the offset, a bound of a decoded value's magnitude
+
+FIGURES = ("rows", "rel_frobenius", "max_abs", "cka_biased", "cka_debiased", "angle_biased", "angle_debiased",
+           "bound_biased", "bound_debiased")
 ROUNDING_ALLOWANCE = 8 * np.finfo(np.float64).eps  # on the cosine, per row accumulated
+CONFIDENCE = 0.999  # of an answer's bound, for each entry: both of its sides at once
+SIDE_CONFIDENCE = 1 - (1 - CONFIDENCE) / 2  # of one side's bound (a union bound over the two sides)
+# The float32 coding's own departures from ideal stochastic rounding, per value (store.format.quantised):
+# a rounding probability off by 2^-24 plus fl((x - offset) / step) off by < 2^-16 codes shift the mean
+# by < 2^-15 steps; the decode's multiply and add move a value by < 2^-22 of its magnitude bound.
+DRAW_BIAS_STEPS = 2.0**-15
+DECODE_ULPS = 2.0**-22
+
+
+def statistical_bound(centred_grams: np.ndarray, cross_sq: np.ndarray, hsic: np.ndarray | None, n: int,
+                      half_steps: np.ndarray, magnitudes: np.ndarray) -> tuple[float, float]:
+    """(biased, debiased) bounds on |CKA(Xhat, Y) - CKA(X, Y)| of one layer, each holding with
+    probability >= `SIDE_CONFIDENCE` over the rounding draws for any fixed Y independent of them.
+
+    ``centred_grams`` is the (2d, 2d) centred Gram of [X, Xhat] (blocks G = Xc^T Xc, Xc^T Xhat_c,
+    Xhat_c^T Xhat_c), ``cross_sq`` and ``hsic`` the 2 x 2 `FeatureMoments.pairwise_statistics` of
+    the pair, ``half_steps`` D_j = max over shards of step_j / 2 and ``magnitudes`` A_j = max over
+    shards of |offset_j| + 128 step_j (a bound of |xhat|), per channel.
+
+    With K = X X^T, Khat = K + Delta, Delta = X E^T + E X^T + E E^T (E = Xhat - X) and k_Y the
+    centred (biased) or U-centred (debiased, Szekely and Rizzo 2014) Gram of Y at unit Frobenius
+    norm, in the matching inner product (U-centring is an orthogonal projection, so it drops out
+    of <Delta, k_Y>):
+
+        CKA(Xhat, Y) - CKA(X, Y) = CKA(X, Y) (rho - 1) + <Delta, k_Y> / N,
+
+    N = ||centred Khat||_F (biased) or sqrt(n (n - 3) HSIC_u(Xhat, Xhat)) (debiased), rho the same
+    norm of K over N. Then, term by term (|CKA| <= 1, ||k_Y||_op <= ||k_Y||_F = 1, and k_Y 1 = 0,
+    so only centred X and E enter):
+
+    * |rho - 1|: measured;
+    * <E E^T, k_Y> = tr(Ec^T k_Y Ec) <= ||Ec^T Ec||_F = F: measured (Ec^T Ec from the blocks);
+    * <X E^T + E X^T, k_Y> = 2 sum_rj (k_Y Xc)_rj e_rj. Split e = z + b with z of mean zero (given
+      X) and |b_rj| <= b_j = DRAW_BIAS_STEPS 2 D_j + DECODE_ULPS A_j: the b part is at most
+      2 ||Xc||_F ||b||_F, and the z part is a sum of independent variables each in an interval of
+      width 2 D_j + 2 DECODE_ULPS A_j = 2 D'_j, so by Hoeffding's inequality it exceeds t with
+      probability <= 2 exp(-t^2 / (2 V)), V = sum_rj (k_Y Xc)_rj^2 D'_j^2
+      = tr(k_Y^2 Xc D'^2 Xc^T) <= ||k_Y^2||_F ||D' G D'||_F <= ||D' G D'||_F, whatever Y. So
+      t = sqrt(2 V log(2 / (1 - SIDE_CONFIDENCE))).
+
+    bound = |rho - 1| + (2 t + 2 sqrt(tr G) ||b||_F + F) / N + ROUNDING_ALLOWANCE n; NaN where N
+    is zero or undefined (the debiased one needs n >= 4)."""
+    width = len(half_steps)
+    exact, cross, stored = (centred_grams[:width, :width], centred_grams[:width, width:],
+                            centred_grams[width:, width:])
+    error_gram = stored - cross - cross.T + exact  # Ec^T Ec
+    spread = half_steps + DECODE_ULPS * magnitudes
+    variance = float(np.linalg.norm(spread[:, None] * exact * spread[None, :]))
+    t = math.sqrt(2 * variance * math.log(2 / (1 - SIDE_CONFIDENCE)))
+    bias = math.sqrt(n * float(np.sum((DRAW_BIAS_STEPS * 2 * half_steps + DECODE_ULPS * magnitudes) ** 2)))
+    numerator = 2 * t + 2 * math.sqrt(max(float(np.trace(exact)), 0.0)) * bias + float(np.linalg.norm(error_gram))
+    norms = [(cross_sq[0, 0], cross_sq[1, 1], 1.0)]
+    norms.append((hsic[0, 0], hsic[1, 1], n * (n - 3)) if hsic is not None else (math.nan, math.nan, 1.0))
+    bounds = []
+    for exact_sq, stored_sq, scale in norms:
+        if not (stored_sq > 0 and exact_sq >= 0):
+            bounds.append(math.nan)
+            continue
+        rho = math.sqrt(exact_sq / stored_sq)
+        bounds.append(abs(rho - 1) + numerator / math.sqrt(scale * stored_sq) + ROUNDING_ALLOWANCE * n)
+    return bounds[0], bounds[1]
 
 
 def angle_bound(cosine: float, n: int) -> float:
@@ -42,9 +112,10 @@ def angle_bound(cosine: float, n: int) -> float:
 
 
 class ErrorFigures:
-    """The rounding of L+1 layers of `width` columns: `update(exact, stored)` with a shard's
-    (L+1, rows, width) exact and stored values (numpy, or torch tensors on any one device: the
-    products then run there in float64), `merge` another's, `finalize` the figures per layer.
+    """The rounding of L+1 layers of `width` columns: `update(exact, stored, state)` with a shard's
+    (L+1, rows, width) exact and stored values and its (2, L+1, width) steps and offsets (numpy, or
+    torch tensors on any one device: the products then run there in float64), `merge` another's,
+    `finalize` the figures per layer.
 
     Memory: one `FeatureMoments` of two blocks a layer, (2 width)^2 float64 each (4.7 MB at width
     384, 10.6 MB at 576), whatever n."""
@@ -55,13 +126,16 @@ class ErrorFigures:
         self.error_squares = np.zeros(num_states)
         self.exact_squares = np.zeros(num_states)
         self.max_abs = np.zeros(num_states)
+        self.half_steps = np.zeros((num_states, width))  # max over shards of step / 2
+        self.magnitudes = np.zeros((num_states, width))  # max over shards of |offset| + 128 step
 
     @staticmethod
     def estimate_nbytes(num_states: int, width: int) -> int:
         return num_states * FeatureMoments.estimate_nbytes((width, width))
 
-    def update(self, exact, stored) -> None:
+    def update(self, exact, stored, state) -> None:
         if isinstance(exact, np.ndarray):
+            steps, offsets = state[0].astype(np.float64), state[1].astype(np.float64)
             error = stored.astype(np.float64) - exact.astype(np.float64)
             self.error_squares += np.einsum("lrd,lrd->l", error, error)
             exact64 = exact.astype(np.float64)
@@ -70,14 +144,17 @@ class ErrorFigures:
                 self.max_abs = np.maximum(self.max_abs, np.abs(error).max(axis=(1, 2)))
             for layer, moments in enumerate(self.moments):
                 moments.add_blocks([exact[layer], stored[layer]])
-            return
-        error = stored.double() - exact.double()
-        self.error_squares += (error * error).sum(dim=(1, 2)).cpu().numpy()
-        self.exact_squares += (exact.double() ** 2).sum(dim=(1, 2)).cpu().numpy()
-        if error.shape[1]:
-            self.max_abs = np.maximum(self.max_abs, error.abs().amax(dim=(1, 2)).cpu().numpy())
-        for layer, moments in enumerate(self.moments):
-            moments.add_tensors([exact[layer], stored[layer]])
+        else:
+            steps, offsets = (part.double().cpu().numpy() for part in state)
+            error = stored.double() - exact.double()
+            self.error_squares += (error * error).sum(dim=(1, 2)).cpu().numpy()
+            self.exact_squares += (exact.double() ** 2).sum(dim=(1, 2)).cpu().numpy()
+            if error.shape[1]:
+                self.max_abs = np.maximum(self.max_abs, error.abs().amax(dim=(1, 2)).cpu().numpy())
+            for layer, moments in enumerate(self.moments):
+                moments.add_tensors([exact[layer], stored[layer]])
+        self.half_steps = np.maximum(self.half_steps, steps / 2)
+        self.magnitudes = np.maximum(self.magnitudes, np.abs(offsets) + CODE_REACH * steps)
 
     def merge(self, other: ErrorFigures) -> ErrorFigures:
         for mine, theirs in zip(self.moments, other.moments):
@@ -85,6 +162,8 @@ class ErrorFigures:
         self.error_squares += other.error_squares
         self.exact_squares += other.exact_squares
         self.max_abs = np.maximum(self.max_abs, other.max_abs)
+        self.half_steps = np.maximum(self.half_steps, other.half_steps)
+        self.magnitudes = np.maximum(self.magnitudes, other.magnitudes)
         return self
 
     def finalize(self) -> dict[str, list[float]]:
@@ -92,16 +171,26 @@ class ErrorFigures:
         figures: dict[str, list[float]] = {name: [] for name in FIGURES}
         for layer, moments in enumerate(self.moments):
             n = moments.n
-            cross_sq, hsic = moments.pairwise_statistics(with_hsic=n >= MIN_HSIC_SAMPLES)
+            centred = moments.centred()
+            cross_sq, hsic = centred.pairwise_statistics(with_hsic=n >= MIN_HSIC_SAMPLES, in_place=True)
             biased = float(cka_matrix(cross_sq)[0, 1])
             debiased = float(cka_matrix(hsic)[0, 1]) if hsic is not None else math.nan
-            if self.error_squares[layer] == 0:  # stored exactly (a constant layer, say): no angle at all
-                biased = debiased = 1.0
             exact = self.exact_squares[layer]
             rel = math.sqrt(self.error_squares[layer] / exact) if exact > 0 else math.sqrt(self.error_squares[layer])
-            for name, value in zip(FIGURES, (n, rel, float(self.max_abs[layer]), biased, debiased,
-                                             angle_bound(biased, n), angle_bound(debiased, n))):
+            if self.error_squares[layer] == 0:  # stored exactly (a constant layer, say): no error at all
+                biased = debiased = 1.0
+                angles = bounds = (0.0, 0.0)
+            else:
+                angles = (angle_bound(biased, n), angle_bound(debiased, n))
+                found = statistical_bound(centred.cross_products.matrix(), cross_sq, hsic, n,
+                                          self.half_steps[layer], self.magnitudes[layer])
+                bounds = tuple(_smaller(bound, angle) for bound, angle in zip(found, angles))
+            for name, value in zip(FIGURES, (n, rel, float(self.max_abs[layer]), biased, debiased, *angles, *bounds)):
                 figures[name].append(float(value))
-        for name in ("angle_biased", "angle_debiased"):  # exactly stored: 0, not the allowance
-            figures[name] = [0.0 if e == 0 else a for e, a in zip(self.error_squares, figures[name])]
         return figures
+
+
+def _smaller(bound: float, angle: float) -> float:
+    """The smaller of two bounds (either may be NaN: undefined, so not a bound)."""
+    finite = [value for value in (bound, angle) if math.isfinite(value)]
+    return min(finite) if finite else math.nan

@@ -41,7 +41,7 @@ from actstore.store.catalog import (
 )
 from actstore.store.format.quantised import is_one_byte
 from actstore.store.handle import StoreHandle
-from actstore.store.keys import run_key, run_spec, site_of
+from actstore.store.keys import rounding_key, run_key, run_spec, site_of
 from actstore.workers.capture import CapturePlan
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,9 @@ class CaptureJobs:
                                                                                                 for o in opened]))]
         plan = CapturePlan(run_key=first.record.run_key, dataset_path=first.dataset.path, max_len=first.record.max_len,
                            batch_size=self.settings.capture_batch_size, layout=layout,
-                           sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened))
+                           sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened),
+                           rounding_keys=tuple((o.record.run_key, rounding_key(o.record.spec)) for o in opened
+                                               if "max_cka_error" in o.record.spec))
         started = time.perf_counter()
         actors, tasks_per_replica = self.pool.acquire(first.model.digest, first.model.path)
         ready = time.perf_counter()

@@ -1,13 +1,17 @@
 """The error bound every answer over a lossy (int8) run carries (METRICS.md, "Error bounds of lossy
 storage"; the figures: `metrics.rounding`, measured at capture and stored with the run).
 
-Linear CKA is the cosine of the angle between the centred Gram matrices, and angles obey the
-triangle inequality, so for any Y: |CKA(Xhat, Y) - CKA(X, Y)| <= angle(X, Xhat) = arccos CKA(X,
-Xhat); with both sides stored lossily the bound is the sum of their angles (debiased CKA alike, in
-the U-centred inner product, with the debiased angles). A layer stored exactly has angle 0. So the
-bound of each entry of a CKA answer is angle_a[layer_a] + angle_b[layer_b], from nothing but the
-stored figures: no query pays for it, and every route to a CKA answer (one run, two runs, the
-matrix job, a cached result) gets the same bound.
+Each layer of a lossy run has a bound per variant (biased, debiased) on |CKA(Xhat, Y) - CKA(X, Y)|
+that holds for every Y independent of its rounding draws: the statistical one of
+`metrics.rounding.statistical_bound` (probability >= `SIDE_CONFIDENCE` over the draws), never above
+the sure angle arccos CKA(X, Xhat). By the triangle inequality, |CKA(Xhat, Yhat) - CKA(X, Y)| <=
+|CKA(Xhat, Yhat) - CKA(X, Yhat)| + |CKA(X, Yhat) - CKA(X, Y)|, and each side's draws are independent
+of the other side's values, so the bound of an entry is bound_a[layer_a] + bound_b[layer_b], with
+probability >= `CONFIDENCE` (a union over both sides). A layer stored exactly adds 0; a run whose
+figures predate the statistical bound (no `bound_*` columns: rounded to nearest) adds its angle,
+which is sure. So every entry's bound comes from nothing but the stored figures: no query pays for
+it, and every route to a CKA answer (one run, two runs, the matrix job, a cached result) gets the
+same bound.
 
 Which answers are bounded: linear CKA ("linear_cka", biased and debiased, over the runs' own rows)
 and the CKA matrix job ("linear_cka_matrix"). Everything else over a lossy run (COS, minibatch
@@ -30,6 +34,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from actstore.errors import FailedPrecondition
+from actstore.metrics.rounding import CONFIDENCE
 from actstore.records import MetricAnswer
 from actstore.store.array_store import RunReader
 from actstore.store.catalog import Catalog
@@ -70,12 +75,16 @@ class ErrorBounds:
             self._figures[run_key] = found
         return found
 
-    def _angles(self, run_key: str, variant: str) -> np.ndarray:
-        """Each layer's angle of a run (zeros for a run stored exactly)."""
+    def _sides(self, run_key: str, variant: str) -> np.ndarray:
+        """Each layer's bound of a run (zeros for a run stored exactly; its angles for a run whose
+        figures have no statistical bound)."""
         figures = self.figures(run_key)
         if figures is None:
             return np.zeros(self.catalog.runs.get(run_key).num_layers + 1)
-        return np.asarray(figures[f"angle_{variant}"], dtype=np.float64)
+        return np.asarray(figures.get(f"bound_{variant}", figures[f"angle_{variant}"]), dtype=np.float64)
+
+    def _statistical(self, run_keys: list[str]) -> bool:
+        return any("bound_biased" in (self.figures(key) or {}) for key in run_keys)
 
     def require(self, identifier: str, run_keys: list[str], options: dict) -> None:
         """FailedPrecondition when a bound is asked of an answer that cannot have one (a metric
@@ -99,22 +108,29 @@ class ErrorBounds:
             return self._not_bounded(answer, lossy)
         if p.metric == "linear_cka":
             key_a, key_b = p.run_keys[0], p.run_keys[-1]
-            bounds = {name: np.add.outer(self._angles(key_a, variant)[p.options["layers_a"]],
-                                         self._angles(key_b, variant)[p.options["layers_b"]])
+            bounds = {name: np.add.outer(self._sides(key_a, variant)[p.options["layers_a"]],
+                                         self._sides(key_b, variant)[p.options["layers_b"]])
                       for variant, name in BOUND_ARRAYS.items()}
         else:  # the matrix job: every layer of every run, block by block
             runs, layers = answer.arrays["block_run"], answer.arrays["block_layer"]
             bounds = {}
             for variant, name in BOUND_ARRAYS.items():
-                angles = [self._angles(key, variant) for key in p.run_keys]
-                block = np.array([angles[run][layer] for run, layer in zip(runs, layers)])
+                sides = [self._sides(key, variant) for key in p.run_keys]
+                block = np.array([sides[run][layer] for run, layer in zip(runs, layers)])
                 bounds[name] = np.add.outer(block, block)
         largest = max(_largest(bound) for bound in bounds.values())
+        runs = f"run{'s' if len(lossy) > 1 else ''} {', '.join(key[:12] for key in lossy)} stored lossily"
+        if self._statistical(lossy):
+            confidence = CONFIDENCE
+            how = (f"with probability >= {CONFIDENCE:.1%} for each entry, over the capture's seeded stochastic "
+                   "rounding (Hoeffding; never above the sure angle arccos CKA(exact, stored))")
+        else:
+            confidence = 1.0
+            how = "sure (the angles arccos CKA(exact, stored) measured at capture)"
         note = (f"error bound: every entry is within bound_biased / bound_debiased (largest {largest:.3g}) of the "
-                "CKA of the exact values; deterministic (the angles arccos CKA(exact, stored) measured at capture, "
-                f"added over both sides; METRICS.md): run{'s' if len(lossy) > 1 else ''} "
-                f"{', '.join(key[:12] for key in lossy)} stored lossily")
-        return replace(answer, arrays={**answer.arrays, **bounds}, scalars={**answer.scalars, "error_bound": largest},
+                f"CKA of the exact values, {how}, added over both sides (METRICS.md): {runs}")
+        scalars = {**answer.scalars, "error_bound": largest, "error_bound_confidence": confidence}
+        return replace(answer, arrays={**answer.arrays, **bounds}, scalars=scalars,
                        notes=[*answer.notes, note], provenance=replace(p, error_bound=largest))
 
     def _not_bounded(self, answer: MetricAnswer, lossy: list[str]) -> MetricAnswer:

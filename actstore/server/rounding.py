@@ -10,7 +10,8 @@ in the job that commits it: a lossy run that an earlier job left unfinished (a c
 cancellation, a failed task) has its stored shards dropped and captured again, in full, by the job
 that resumes it. Exact dtypes resume as before, from the shards they have.
 
-A tolerance: a layer whose bound (the larger of its biased and debiased angle; NaN counts as over)
+A tolerance: a layer whose bound (the larger of its biased and debiased bound, `metrics.rounding`:
+the statistical one, never above the angle; NaN counts as over)
 is over the run's `max_cka_error` is not committed as int8. The job's second pass computes the
 shards again and writes those layers exactly, float32, into the run's `exact` array; the run's
 figures then say `stored: float32` with angle 0 for them, and their means are of the exact values.
@@ -80,7 +81,7 @@ class JobFigures:
                 continue
             figures = self._figures[record.run_key].finalize()
             bounds = [max(b, d) if not (math.isnan(b) or math.isnan(d)) else math.inf
-                      for b, d in zip(figures["angle_biased"], figures["angle_debiased"])]
+                      for b, d in zip(figures["bound_biased"], figures["bound_debiased"])]
             over = [layer for layer, bound in enumerate(bounds) if bound > tolerance]
             if over:
                 self._kept[record.run_key] = over
@@ -95,7 +96,7 @@ class JobFigures:
         figures = self._figures[run_key].finalize()
         kept = set(self._kept.get(run_key, ()))
         exact = {"rel_frobenius": 0.0, "max_abs": 0.0, "cka_biased": 1.0, "cka_debiased": 1.0,
-                 "angle_biased": 0.0, "angle_debiased": 0.0}
+                 "angle_biased": 0.0, "angle_debiased": 0.0, "bound_biased": 0.0, "bound_debiased": 0.0}
         for name, value in exact.items():
             figures[name] = [value if layer in kept else v for layer, v in enumerate(figures[name])]
         figures[EXACT_COLUMN] = [float(layer in kept) for layer in range(len(figures["rows"]))]

@@ -77,12 +77,14 @@ def labels_source(request: pb.RegisterLabelsRequest) -> LabelsSource:
 
 
 def rounding_proto(figures: dict | None, dtype: str) -> list[pb.LayerRounding]:
-    """A lossy run's error figures (`metrics.rounding.FIGURES`, one value per layer each), one message a layer."""
+    """A lossy run's error figures (`metrics.rounding.FIGURES`, one value per layer each), one message a layer
+    (a run captured before the statistical bound: its angles in the bound fields, as its answers use them)."""
     if not figures:
         return []
     exact = figures.get("exact") or [0.0] * len(figures["rows"])  # layers a max_cka_error kept exact
     return [pb.LayerRounding(layer=layer, stored="float32" if exact[layer] else dtype, rows=int(figures["rows"][layer]),
-                             **{name: float(figures[name][layer]) for name in FIGURES if name != "rows"})
+                             **{name: float(figures.get(name, figures[name.replace("bound", "angle")])[layer])
+                                for name in FIGURES if name != "rows"})
             for layer in range(len(figures["rows"]))]
 
 

@@ -73,6 +73,14 @@ def run_key(spec: dict[str, Any]) -> str:
     return sha256_hex(spec)
 
 
+def rounding_key(spec: dict[str, Any]) -> str:
+    """The key a lossy run's rounding draws are seeded from (`store.format.quantised.rounding_seed`):
+    its run key without the tolerance, so that a `max_cka_error` changes which layers are kept
+    exact and never the codes of the others (runs of different models, data, sites or dtypes
+    still draw independently)."""
+    return run_key({name: value for name, value in spec.items() if name != "max_cka_error"})
+
+
 def result_key(
     metric: str, definition_version: int, options: dict[str, Any], run_keys: list[str]
 ) -> str:

@@ -32,10 +32,10 @@ from actstore.modeling.adapter import Batch, ModelAdapter
 from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
-from actstore.store.format.quantised import is_one_byte
+from actstore.store.format.quantised import is_one_byte, rounding_seed
 from actstore.store.handle import StoreHandle
 from actstore.workers.cluster import unwrap
-from actstore.workers.quantise import dequantise, quantise
+from actstore.workers.quantise import dequantise, quantise, rounding_draws
 from actstore.workers.reductions import reduce_shard, reduced_values
 from actstore.workers.shard_writes import PreparedShard, reduced_on_host, write_prepared, write_remotely
 
@@ -56,6 +56,9 @@ class CapturePlan:
     # (run key, layers): write only these layers of these runs, float32, into their `exact` arrays (an int8
     # run's layers whose bound was over its max_cka_error; their codes are stored already)
     exact: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # (run key, rounding key) of a lossy run whose draws are seeded from another key than its own
+    # (`store.keys.rounding_key`: a run with a max_cka_error draws as the run without it)
+    rounding_keys: tuple[tuple[str, str], ...] = ()
 
     @property
     def runs(self) -> tuple[tuple[str, str], ...]:
@@ -75,7 +78,7 @@ def storage_array(cast: torch.Tensor) -> np.ndarray:
 
 
 def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: str,
-                   figures: ErrorFigures | None = None) -> list[PreparedShard]:
+                   figures: ErrorFigures | None = None, seeds: list[int] | None = None) -> list[PreparedShard]:
     """The part of storing shards that runs where their forward pass ran: the cast and every
     reduction of the shards at rows [lo, hi) of ``values`` (rows, L+1, d), for each of ``bounds``.
     The rest of a shard's write (checksums and the PUT) is `shard_writes.write_prepared`.
@@ -85,11 +88,13 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
     in one piece instead of copying it out of interleaved rows. On a GPU the reductions run there
     (`workers.reductions`) and only the storage dtype's bytes and a few numbers a layer come to
     the host (`_to_host`); a CPU replica reduces them with numpy (`reduced_on_host`). An int8
-    run's shards are coded here too (`prepare_one_byte`), and what the coding did measured into
-    ``figures``."""
+    run's shards are coded here too (`prepare_one_byte`, each shard's rounding drawn from its one of
+    ``seeds``: `quantised.rounding_seed`), and what the coding did measured into ``figures``."""
     by_layer = values.transpose(0, 1).to(_TORCH_STORAGE[dtype]).contiguous()  # (L+1, rows, d)
     if is_one_byte(dtype):
-        return prepare_one_byte(by_layer, bounds, figures)
+        if seeds is None or len(seeds) != len(bounds):
+            raise ValueError("an int8 shard's rounding needs its seed: one for each of bounds")
+        return prepare_one_byte(by_layer, bounds, seeds, figures)
     if by_layer.device.type != "cpu":
         return _to_host(by_layer, bounds)
     parts = [by_layer[:, lo:hi] for lo, hi in bounds]
@@ -105,8 +110,8 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
             for (lo, hi), shard_sums, low, high in zip(bounds, sums, lows, highs)]
 
 
-def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]], figures: ErrorFigures | None = None
-                     ) -> list[PreparedShard]:
+def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[int],
+                     figures: ErrorFigures | None = None) -> list[PreparedShard]:
     """`prepare_shards` of an int8 run: each shard of the exact float32 values ``exact``
     (L+1, rows, d) coded on its device (`workers.quantise`), and reduced from its decoded values,
     the numbers a reader gets; only the codes, the steps and offsets and the reductions come to
@@ -119,15 +124,16 @@ def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]], figures
         raise FailedPrecondition(f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} of this "
                                  "model's activations hold NaN or Inf, which int8 codes cannot store: capture "
                                  "with --dtype float32 (or float16, where they fit)")
-    coded = [quantise(exact[:, lo:hi]) for lo, hi in bounds]
+    coded = [quantise(exact[:, lo:hi], rounding_draws(exact[:, lo:hi].shape, seed, exact.device))
+             for (lo, hi), seed in zip(bounds, seeds)]
     codes = torch.cat([c for c, _ in coded], dim=1)
     numbers = torch.cat([dequantise(c, state) for c, state in coded], dim=1)
     states = torch.stack([state for _, state in coded])
     on_host = exact.device.type == "cpu"
     if figures is not None:  # on the host through BLAS (numpy's arrays share the tensors' memory)
-        for lo, hi in bounds:
+        for (lo, hi), (_, state) in zip(bounds, coded):
             part, stored = exact[:, lo:hi], numbers[:, lo:hi]
-            figures.update(*((part.numpy(), stored.numpy()) if on_host else (part, stored)))
+            figures.update(*((part.numpy(), stored.numpy(), state.numpy()) if on_host else (part, stored, state)))
     if not on_host:
         prepared = _to_host(codes, bounds, numbers)
         states = states.cpu().numpy()
@@ -381,7 +387,10 @@ class ShardCapturer:
                 return self._write_exact(plan, wanted, values, shards, bounds)
             figures = {site: ErrorFigures(layout.num_states, layout.width) for site in sites
                        if is_one_byte(layout.dtype)}
-            prepared = {site: prepare_shards(values[site], bounds, layout.dtype, figures.get(site)) for site in sites}
+            drawn_as = dict(plan.rounding_keys)
+            prepared = {site: prepare_shards(values[site], bounds, layout.dtype, figures.get(site),
+                                             [rounding_seed(drawn_as.get(key, key), shard) for shard in shards])
+                        for site, key in wanted}
         computed = time.perf_counter()
         del values, batches
         writes = [(key, shard, prepared[site][i], None if token_ids is None else token_ids[lo:hi])
@@ -427,7 +436,7 @@ def store_shard(arrays: ArrayStore, run_key: str, shard: int, dtype: str, values
     layer sums and running layer statistics, token ids and kept chunk rows; returns the rows the
     catalog records (a capture's and an import's shards take this one path). A lossy dtype's
     rounding is measured into ``figures``."""
-    prepared = prepare_shards(values, [(0, len(values))], dtype, figures)[0]
+    prepared = prepare_shards(values, [(0, len(values))], dtype, figures, [rounding_seed(run_key, shard)])[0]
     return write_prepared(arrays, run_key, shard, prepared, token_ids)
 
 

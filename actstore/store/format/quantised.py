@@ -7,8 +7,18 @@ Each shard of an int8 run stores, per layer and channel, an affine code of the e
 with `step` and `offset` fixed per (shard, layer, channel) from that shard's own rows, by the
 writer, where the forward ran: `step = (hi - lo) / 255`, `offset = lo + 128 * step` (lo, hi the
 least and largest exact value of the channel in the shard), so the 256 codes span the shard's
-range of the channel and every value is off by at most step / 2; a channel constant in the shard
-has step 0 and offset its value, exactly. Scaling per channel puts a massive outlier dimension on
+range of the channel; a channel constant in the shard has step 0 and offset its value, exactly.
+
+The rounding is stochastic (Gupta et al. 2015, "Deep learning with limited numerical precision"):
+a value between two codes takes the upper one with probability its distance from the lower one,
+in steps, drawn from uniforms seeded per (run, shard) (`rounding_seed`), so every value is off by
+less than one step, its error has mean zero, and the errors of all values are independent of
+each other given the exact values. That error model is what the statistical bound of
+`metrics.rounding` rests on (Hoeffding's inequality for the sum of independent variables each in
+an interval one step wide); round to nearest would halve the error of each value but make it a
+function of the value, for which only the deterministic bound holds. The draws are 24-bit
+uniforms, so a rounding probability is off by at most 2^-24 (and the float32 coding by an ulp):
+`metrics.rounding` counts both as a bias. Scaling per channel puts a massive outlier dimension on
 its own grid, and per shard a streaming writer needs no pass over the run before it writes
 (measured on real activations, docs/one-byte-storage.md: a step per channel and shard rounds
 MiniLM-L6 and SmolLM2-135M less than one step per channel for the whole run, affine codes less
@@ -24,10 +34,13 @@ rows). Plain zarr reads both; the values are
 
 (`decode` below, for any rows). The multiply and the add are two float32 operations, in that
 order, never fused: every reader (numpy, torch on any device) gets the same bits, the ones the
-capture measured its error figures on.
+capture measured its error figures on. A reader needs no draws: they choose the codes, not what
+a code means.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -50,22 +63,34 @@ def decoding_state(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.stack([step, offset])
 
 
-def encode(layers: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """int8 codes of the exact float32 ``layers`` (L+1, rows, d) with ``state`` (2, L+1, d)."""
+def rounding_seed(run_key: str, shard: int) -> int:
+    """The seed of a shard's rounding draws: 63 bits of blake2b of the run key and the shard, so
+    runs and shards draw independently, and a shard written again (a retried task) gets the same
+    bits as before."""
+    digest = hashlib.blake2b(f"{run_key}/{shard}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def encode(layers: np.ndarray, state: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """int8 codes of the exact float32 ``layers`` (L+1, rows, d) with ``state`` (2, L+1, d),
+    rounded stochastically by ``draws`` (float32 uniforms in [0, 1), the shape of ``layers``)."""
     step, offset = state[0][:, None], state[1][:, None]
     safe = np.where(step > 0, step, np.float32(1))
     scaled = (layers.astype(np.float32) - offset) / safe
-    codes = np.clip(np.rint(scaled), CODE_MIN, CODE_MAX)
+    below = np.floor(scaled)
+    codes = below + (draws < scaled - below)  # the fraction is exact in float32 (Sterbenz)
+    codes = np.clip(codes, CODE_MIN, CODE_MAX)
     return np.where(step > 0, codes, 0).astype(np.int8)
 
 
-def quantise(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantise(layers: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 (L+1, rows, d), state (2, L+1, d) float32) of one shard's exact values
     (L+1, rows, d), numpy's version of the capture's torch coding (`workers.quantise`): the same
-    bits for the same float32 values."""
+    bits for the same float32 values and draws; numpy draws its own (from ``seed``)."""
     values = np.asarray(layers, np.float32)
     state = decoding_state(values.min(axis=1), values.max(axis=1))
-    return encode(values, state), state
+    draws = np.random.default_rng(seed).random(values.shape, dtype=np.float32)
+    return encode(values, state, draws), state
 
 
 def decode(codes: np.ndarray, state: np.ndarray, layer_axis: int = 0, out: np.ndarray | None = None) -> np.ndarray:

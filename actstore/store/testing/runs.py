@@ -77,7 +77,7 @@ def one_byte_values(layout: RunLayout, seed: int = 0) -> tuple[np.ndarray, np.nd
     states = []
     for shard in range(layout.num_shards):
         start, stop = layout.shard_range(shard)
-        shard_codes, state = quantised.quantise(floats[start:stop].transpose(1, 0, 2))
+        shard_codes, state = quantised.quantise(floats[start:stop].transpose(1, 0, 2), seed=shard)
         codes[start:stop] = shard_codes.transpose(1, 0, 2)
         numbers[start:stop] = quantised.decode(shard_codes, state).transpose(1, 0, 2)
         states.append(state)

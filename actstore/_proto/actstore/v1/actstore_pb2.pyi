@@ -176,8 +176,9 @@ Global___LayerHealth: typing_extensions.TypeAlias = LayerHealth
 @typing.final
 class LayerRounding(google.protobuf.message.Message):
     """What a lossy storage dtype (int8) did to one layer, measured at capture from the exact values
-    (METRICS.md, "Error bounds of lossy storage"). angle_* bound every CKA answer with the layer:
-    |CKA(Xhat, Y) - CKA(X, Y)| <= angle, the two sides' angles added when both are lossy.
+    (METRICS.md, "Error bounds of lossy storage"). bound_* bound every CKA answer with the layer:
+    |CKA(Xhat, Y) - CKA(X, Y)| <= bound with probability >= 99.95% over the capture's stochastic
+    rounding (never above angle_*, the sure bound); both sides' bounds add when both are lossy.
     """
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
@@ -191,6 +192,8 @@ class LayerRounding(google.protobuf.message.Message):
     CKA_DEBIASED_FIELD_NUMBER: builtins.int
     ANGLE_BIASED_FIELD_NUMBER: builtins.int
     ANGLE_DEBIASED_FIELD_NUMBER: builtins.int
+    BOUND_BIASED_FIELD_NUMBER: builtins.int
+    BOUND_DEBIASED_FIELD_NUMBER: builtins.int
     layer: builtins.int
     stored: builtins.str
     """the layer's storage: int8, or float32 where max_cka_error kept it exact"""
@@ -206,6 +209,9 @@ class LayerRounding(google.protobuf.message.Message):
     """arccos CKA(X, Xhat): the bound on biased CKA answers"""
     angle_debiased: builtins.float
     """NaN where debiased CKA is undefined"""
+    bound_biased: builtins.float
+    """the statistical bound on biased CKA answers (angle_biased for older runs)"""
+    bound_debiased: builtins.float
     def __init__(
         self,
         *,
@@ -218,8 +224,10 @@ class LayerRounding(google.protobuf.message.Message):
         cka_debiased: builtins.float = ...,
         angle_biased: builtins.float = ...,
         angle_debiased: builtins.float = ...,
+        bound_biased: builtins.float = ...,
+        bound_debiased: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["angle_biased", b"angle_biased", "angle_debiased", b"angle_debiased", "cka_biased", b"cka_biased", "cka_debiased", b"cka_debiased", "layer", b"layer", "max_abs", b"max_abs", "rel_frobenius", b"rel_frobenius", "rows", b"rows", "stored", b"stored"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["angle_biased", b"angle_biased", "angle_debiased", b"angle_debiased", "bound_biased", b"bound_biased", "bound_debiased", b"bound_debiased", "cka_biased", b"cka_biased", "cka_debiased", b"cka_debiased", "layer", b"layer", "max_abs", b"max_abs", "rel_frobenius", b"rel_frobenius", "rows", b"rows", "stored", b"stored"]) -> None: ...
 
 Global___LayerRounding: typing_extensions.TypeAlias = LayerRounding
 
