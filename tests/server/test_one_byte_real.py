@@ -76,8 +76,8 @@ def test_the_bound_holds_on_every_layer_pair_within_a_run(real, model, pooling):
     largest_error, bound = _holds(lossy, exact)
     rows = client.describe(runs[model, pooling, "int8"]).rows
     print(f"\n{model} {pooling} ({rows} rows): largest |CKA int8 - CKA float32| {largest_error:.3g}, largest bound "
-          f"{bound:.3g}, per layer (biased angle) "
-          + " ".join(f"{r.angle_biased:.2g}" for r in client.describe(runs[model, pooling, "int8"]).rounding))
+          f"{bound:.3g}, per layer (biased bound, one side) "
+          + " ".join(f"{r.bound_biased:.2g}" for r in client.describe(runs[model, pooling, "int8"]).rounding))
     assert 0 < bound < 0.1
 
 
