@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from actstore.store.array_store import (MIN_GROWN_SHARE, MIN_SHARDS_A_RUN, SHARD_ROW_STEP, RunLayout,
-                                       balanced_shard_rows, token_shard_rows)
+from actstore.store.array_store import (
+    MIN_GROWN_SHARE,
+    MIN_SHARDS_A_RUN,
+    SHARD_ROW_STEP,
+    RunLayout,
+    balanced_shard_rows,
+    token_shard_rows,
+)
 
 
 @pytest.mark.parametrize("row_bytes", [7 * 384 * 2, 13 * 768 * 2, 33 * 4096 * 2, 4 * 32 * 2])
