@@ -353,7 +353,7 @@ CAPTURE = Table(
     Option("max_cka_error", float, None, minimum=0, maximum=1, exclusive=True,
            help="int8: the largest CKA error bound a layer may have; a layer over it is stored exactly (float32) "
                 "instead, with a second pass over the data", default_text="none: every layer int8",
-           hint="a bound is an angle in radians between 0 and pi/2, e.g. 1e-2"),
+           hint="a bound on |CKA - the exact values' CKA|, each layer's side of it, e.g. 1e-3"),
     Option("max_len", int, None, minimum=2, help="token limit",
            default_text="the server's default_max_len, 128 unless configured"),
     Option("site", str, ("resid_post",), many=True, split=True,

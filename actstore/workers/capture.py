@@ -113,7 +113,8 @@ def prepare_shards(values: torch.Tensor, bounds: list[tuple[int, int]], dtype: s
 def prepare_one_byte(exact: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[int],
                      figures: ErrorFigures | None = None) -> list[PreparedShard]:
     """`prepare_shards` of an int8 run: each shard of the exact float32 values ``exact``
-    (L+1, rows, d) coded on its device (`workers.quantise`), and reduced from its decoded values,
+    (L+1, rows, d) coded on its device (`workers.quantise`), rounded stochastically by draws from
+    its one of ``seeds`` (`quantised.rounding_seed`), and reduced from its decoded values,
     the numbers a reader gets; only the codes, the steps and offsets and the reductions come to
     the host. ``figures`` measures each shard's exact values against its decoded ones, on the same
     device, in the same pass (`metrics.rounding`). FailedPrecondition for NaN or Inf, which no

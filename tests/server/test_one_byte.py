@@ -355,7 +355,7 @@ def test_a_tolerated_runs_cka_bound_holds_and_is_zero_on_the_exact_layers(module
 
 
 @pytest.mark.parametrize(("tolerance", "message"), [
-    (0.0, r"max_cka_error 0.0 must be in \(0, 1\): a bound is an angle"),
+    (0.0, r"max_cka_error 0.0 must be in \(0, 1\): a bound on \|CKA - the exact values. CKA\|"),
     (1.0, r"max_cka_error 1.0 must be in \(0, 1\)"),
     (-1e-3, r"max_cka_error -0.001 must be in \(0, 1\)"),
 ])
