@@ -159,6 +159,7 @@ def write_int8_run(arrays, run: str, shards: list[np.ndarray], layout):
 
     import torch
 
+    from actstore.store.format.quantised import rounding_seed
     from actstore.workers.capture import prepare_shards
     from actstore.workers.shard_writes import write_prepared
 
@@ -167,7 +168,8 @@ def write_int8_run(arrays, run: str, shards: list[np.ndarray], layout):
     values = np.concatenate(shards).astype(np.float32)
     for shard in range(coded.num_shards):
         lo, hi = coded.shard_range(shard)
-        write_prepared(arrays, run, shard, prepare_shards(torch.from_numpy(values[lo:hi]), [(0, hi - lo)], "int8")[0])
+        write_prepared(arrays, run, shard, prepare_shards(torch.from_numpy(values[lo:hi]), [(0, hi - lo)], "int8",
+                                                          seeds=[rounding_seed(run, shard)])[0])
     return run, coded
 
 

@@ -197,6 +197,7 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     from actstore.metrics.rounding import ErrorFigures
     from actstore.store.catalog import DatasetRecord, ModelRecord, RunRecord
     from actstore.store.format.arrays import RunLayout
+    from actstore.store.format.quantised import rounding_seed
     from actstore.store.keys import run_key, run_spec
     from actstore.workers.capture import prepare_shards
     from actstore.workers.shard_writes import chunk_metadata, write_prepared
@@ -245,7 +246,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
                 values[:, layer] = (values[:, layer - 1] + drift
                                     + 0.6 * noise_rng.standard_normal((stop - start, width), dtype=np.float32))
             if figures is not None:  # the capture's own coding and measurement
-                prepared = prepare_shards(torch.from_numpy(values), [(0, stop - start)], dtype, figures)[0]
+                prepared = prepare_shards(torch.from_numpy(values), [(0, stop - start)], dtype, figures,
+                                          [rounding_seed(key, shard)])[0]
                 rows = write_prepared(service.arrays, key, shard, prepared)
             else:
                 stored = values.astype(np.float16)
