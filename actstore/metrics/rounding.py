@@ -190,6 +190,12 @@ class ErrorFigures:
         return figures
 
 
+def completed(figures: dict[str, list]) -> dict[str, list]:
+    """Stored figures with every name of `FIGURES`: a run captured before the statistical bound
+    (rounded to nearest: no `bound_*` columns) takes its sure angles as its bounds."""
+    return {**{f"bound_{variant}": figures[f"angle_{variant}"] for variant in ("biased", "debiased")}, **figures}
+
+
 def _smaller(bound: float, angle: float) -> float:
     """The smaller of two bounds (either may be NaN: undefined, so not a bound)."""
     finite = [value for value in (bound, angle) if math.isfinite(value)]

@@ -34,7 +34,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from actstore.errors import FailedPrecondition
-from actstore.metrics.rounding import CONFIDENCE
+from actstore.metrics.rounding import CONFIDENCE, completed
 from actstore.records import MetricAnswer
 from actstore.store.array_store import RunReader
 from actstore.store.catalog import Catalog
@@ -81,7 +81,7 @@ class ErrorBounds:
         figures = self.figures(run_key)
         if figures is None:
             return np.zeros(self.catalog.runs.get(run_key).num_layers + 1)
-        return np.asarray(figures.get(f"bound_{variant}", figures[f"angle_{variant}"]), dtype=np.float64)
+        return np.asarray(completed(figures)[f"bound_{variant}"], dtype=np.float64)
 
     def _statistical(self, run_keys: list[str]) -> bool:
         return any("bound_biased" in (self.figures(key) or {}) for key in run_keys)

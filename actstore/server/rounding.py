@@ -46,6 +46,7 @@ class JobFigures:
         self._figures: dict[str, ErrorFigures] = {}
         self._exact_sums: dict[str, dict[int, np.ndarray]] = {}
         self._kept: dict[str, list[int]] = {}
+        self._finalized: dict[str, dict[str, list]] = {}  # per run, until a task's figures change it
         self._lock = threading.Lock()
 
     def restart(self, recorded: list[set[int]]) -> list[set[int]]:
@@ -65,6 +66,7 @@ class JobFigures:
         """Merge what a task measured (`ShardsWritten`: its rounding per run, its exact layers' sums)."""
         with self._lock:  # a task's figures come as Ray's read-only buffers: merged into a state of ours
             for run_key, part in (written.figures or {}).items():
+                self._finalized.pop(run_key, None)
                 if run_key not in self._figures:
                     self._figures[run_key] = ErrorFigures(len(part.moments), part.width)
                 self._figures[run_key].merge(part)
@@ -79,7 +81,7 @@ class JobFigures:
             tolerance = record.spec.get("max_cka_error")
             if tolerance is None:
                 continue
-            figures = self._figures[record.run_key].finalize()
+            figures = self._final(record.run_key)
             bounds = [max(b, d) if not (math.isnan(b) or math.isnan(d)) else math.inf
                       for b, d in zip(figures["bound_biased"], figures["bound_debiased"])]
             over = [layer for layer, bound in enumerate(bounds) if bound > tolerance]
@@ -93,7 +95,7 @@ class JobFigures:
         """A run's figures per layer (None for an exact dtype); a layer kept exact has no error."""
         if not self.lossy:
             return None
-        figures = self._figures[run_key].finalize()
+        figures = dict(self._final(run_key))
         kept = set(self._kept.get(run_key, ()))
         exact = {"rel_frobenius": 0.0, "max_abs": 0.0, "cka_biased": 1.0, "cka_debiased": 1.0,
                  "angle_biased": 0.0, "angle_debiased": 0.0, "bound_biased": 0.0, "bound_debiased": 0.0}
@@ -101,6 +103,14 @@ class JobFigures:
             figures[name] = [value if layer in kept else v for layer, v in enumerate(figures[name])]
         figures[EXACT_COLUMN] = [float(layer in kept) for layer in range(len(figures["rows"]))]
         return figures
+
+    def _final(self, run_key: str) -> dict[str, list]:
+        """A run's finalized figures, made once (the moments' (2d)^2 copies and norms per layer):
+        the tolerance and the commit both read them, and a second pass adds no figures."""
+        with self._lock:
+            if run_key not in self._finalized:
+                self._finalized[run_key] = self._figures[run_key].finalize()
+            return self._finalized[run_key]
 
     def means(self, run_key: str) -> dict[int, np.ndarray] | None:
         """The layers kept exact: their means, of the exact values (None when there are none)."""

@@ -13,7 +13,7 @@ from actstore._proto.actstore.v1 import actstore_pb2 as pb
 from actstore._proto.actstore.v1 import actstore_pb2_grpc as rpc
 from actstore._proto.actstore.v1 import tokens_pb2, tokens_pb2_grpc
 from actstore.errors import InvalidArgument
-from actstore.metrics.rounding import FIGURES
+from actstore.metrics.rounding import FIGURES, completed
 from actstore.options import (
     CAPTURE,
     DATASETS,
@@ -81,10 +81,10 @@ def rounding_proto(figures: dict | None, dtype: str) -> list[pb.LayerRounding]:
     (a run captured before the statistical bound: its angles in the bound fields, as its answers use them)."""
     if not figures:
         return []
+    figures = completed(figures)
     exact = figures.get("exact") or [0.0] * len(figures["rows"])  # layers a max_cka_error kept exact
     return [pb.LayerRounding(layer=layer, stored="float32" if exact[layer] else dtype, rows=int(figures["rows"][layer]),
-                             **{name: float(figures.get(name, figures[name.replace("bound", "angle")])[layer])
-                                for name in FIGURES if name != "rows"})
+                             **{name: float(figures[name][layer]) for name in FIGURES if name != "rows"})
             for layer in range(len(figures["rows"]))]
 
 

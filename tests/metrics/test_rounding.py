@@ -193,3 +193,10 @@ def test_the_statistical_bound_shrinks_with_n_where_the_angle_does_not():
         angles_small, angles_large = (np.array(figures[n][f"angle_{variant}"]) for n in (2000, 8000))
         np.testing.assert_allclose(angles_large, angles_small, rtol=0.25)
         assert np.all(large < angles_large / 4)
+
+
+def test_figures_stored_before_the_statistical_bound_take_their_angles_as_bounds():
+    old = {"rows": [10.0], "angle_biased": [0.02], "angle_debiased": [0.03]}
+    assert completed(old) == {**old, "bound_biased": [0.02], "bound_debiased": [0.03]}
+    new = {**old, "bound_biased": [1e-3], "bound_debiased": [2e-3]}
+    assert completed(new) == new
