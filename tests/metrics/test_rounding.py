@@ -20,6 +20,7 @@ from actstore.metrics.rounding import (
     SIDE_CONFIDENCE,
     ErrorFigures,
     angle_bound,
+    completed,
 )
 from actstore.store.format import quantised
 from tests.formulas import cka_numpy, debiased_numpy, hsic_u_numpy
