@@ -6,12 +6,14 @@ that holds for every Y independent of its rounding draws: the statistical one of
 `metrics.rounding.statistical_bound` (probability >= `SIDE_CONFIDENCE` over the draws), never above
 the sure angle arccos CKA(X, Xhat). By the triangle inequality, |CKA(Xhat, Yhat) - CKA(X, Y)| <=
 |CKA(Xhat, Yhat) - CKA(X, Yhat)| + |CKA(X, Yhat) - CKA(X, Y)|, and each side's draws are independent
-of the other side's values, so the bound of an entry is bound_a[layer_a] + bound_b[layer_b], with
-probability >= `CONFIDENCE` (a union over both sides). A layer stored exactly adds 0; a run whose
+of the other side's values, so the bound of an entry is at most bound_a[layer_a] + bound_b[layer_b],
+with probability >= `CONFIDENCE` (a union over both sides); each side's bound is taken at the
+entry's own CKA (`metrics.rounding.answer_bound`: a side's error shrinks as the pair's CKA nears 1,
+and the exact CKA is within the bounds of the answer). A layer stored exactly adds 0; a run whose
 figures predate the statistical bound (no `bound_*` columns: rounded to nearest) adds its angle,
-which is sure. So every entry's bound comes from nothing but the stored figures: no query pays for
-it, and every route to a CKA answer (one run, two runs, the matrix job, a cached result) gets the
-same bound.
+which is sure. So every entry's bound comes from nothing but the stored figures and the answer: no
+query pays for it, and every route to a CKA answer (one run, two runs, the matrix job, a cached
+result) gets the same bound.
 
 Which answers are bounded: linear CKA ("linear_cka", biased and debiased, over the runs' own rows)
 and the CKA matrix job ("linear_cka_matrix"). Everything else over a lossy run (COS, minibatch
@@ -34,7 +36,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from actstore.errors import FailedPrecondition
-from actstore.metrics.rounding import CONFIDENCE, completed
+from actstore.metrics.rounding import CONFIDENCE, answer_bound, completed
 from actstore.records import MetricAnswer
 from actstore.store.array_store import RunReader
 from actstore.store.catalog import Catalog
@@ -75,13 +77,14 @@ class ErrorBounds:
             self._figures[run_key] = found
         return found
 
-    def _sides(self, run_key: str, variant: str) -> np.ndarray:
-        """Each layer's bound of a run (zeros for a run stored exactly; its angles for a run whose
-        figures have no statistical bound)."""
+    def _sides(self, run_key: str, variant: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Each layer's (bound, gap, spread) of a run (`metrics.rounding.answer_bound`'s side; None for a
+        run stored exactly; a run whose figures have no statistical bound has its angles as bounds)."""
         figures = self.figures(run_key)
         if figures is None:
-            return np.zeros(self.catalog.runs.get(run_key).num_layers + 1)
-        return np.asarray(completed(figures)[f"bound_{variant}"], dtype=np.float64)
+            return None
+        figures = completed(figures)
+        return tuple(np.asarray(figures[f"{name}_{variant}"], dtype=np.float64) for name in ("bound", "gap", "spread"))
 
     def _statistical(self, run_keys: list[str]) -> bool:
         return any("bound_biased" in (self.figures(key) or {}) for key in run_keys)
@@ -106,18 +109,17 @@ class ErrorBounds:
             return answer
         if not bounded(p.metric, p.options):
             return self._not_bounded(answer, lossy)
-        if p.metric == "linear_cka":
-            key_a, key_b = p.run_keys[0], p.run_keys[-1]
-            bounds = {name: np.add.outer(self._sides(key_a, variant)[p.options["layers_a"]],
-                                         self._sides(key_b, variant)[p.options["layers_b"]])
-                      for variant, name in BOUND_ARRAYS.items()}
-        else:  # the matrix job: every layer of every run, block by block
-            runs, layers = answer.arrays["block_run"], answer.arrays["block_layer"]
-            bounds = {}
-            for variant, name in BOUND_ARRAYS.items():
-                sides = [self._sides(key, variant) for key in p.run_keys]
-                block = np.array([sides[run][layer] for run, layer in zip(runs, layers)])
-                bounds[name] = np.add.outer(block, block)
+        bounds = {}
+        for variant, name in BOUND_ARRAYS.items():
+            sides = {key: self._sides(key, variant) for key in dict.fromkeys(p.run_keys)}
+            if p.metric == "linear_cka":
+                first = _at(sides[p.run_keys[0]], p.options["layers_a"])
+                second = _at(sides[p.run_keys[-1]], p.options["layers_b"])
+            else:  # the matrix job: every layer of every run, block by block (A: the rows, B: the columns)
+                first = second = _blocks([sides[p.run_keys[run]] for run in answer.arrays["block_run"]],
+                                         answer.arrays["block_layer"])
+            bounds[name] = answer_bound(answer.arrays[variant], _along(first, (slice(None), None)),
+                                        _along(second, (None, slice(None))), debiased=variant == "debiased")
         largest = max(_largest(bound) for bound in bounds.values())
         runs = f"run{'s' if len(lossy) > 1 else ''} {', '.join(key[:12] for key in lossy)} stored lossily"
         if self._statistical(lossy):
@@ -128,7 +130,8 @@ class ErrorBounds:
             confidence = 1.0
             how = "sure (the angles arccos CKA(exact, stored) measured at capture)"
         note = (f"error bound: every entry is within bound_biased / bound_debiased (largest {largest:.3g}) of the "
-                f"CKA of the exact values, {how}, added over both sides (METRICS.md): {runs}")
+                f"CKA of the exact values, {how}, each lossy side's bound taken at the entry's own CKA and the two "
+                f"sides added (METRICS.md): {runs}")
         scalars = {**answer.scalars, "error_bound": largest, "error_bound_confidence": confidence}
         return replace(answer, arrays={**answer.arrays, **bounds}, scalars=scalars,
                        notes=[*answer.notes, note], provenance=replace(p, error_bound=largest))
@@ -141,6 +144,21 @@ class ErrorBounds:
                 f"(largest relative Frobenius error of a layer {rel:.3g}; `actstore describe RUN` has each layer's)")
         return replace(answer, scalars={**answer.scalars, "storage_rel_error": rel, "storage_max_error": worst},
                        notes=[*answer.notes, note], provenance=replace(answer.provenance, error_bound=math.nan))
+
+
+def _at(side: tuple | None, layers) -> tuple | None:
+    """A run's (bound, gap, spread) at these layers (None: a run stored exactly)."""
+    return None if side is None else tuple(part[layers] for part in side)
+
+
+def _blocks(sides: list[tuple | None], layers) -> tuple:
+    """The matrix job's blocks' (bound, gap, spread): a block of a run stored exactly adds nothing."""
+    return tuple(np.array([0.0 if side is None else side[part][layer] for side, layer in zip(sides, layers)])
+                 for part in range(3))
+
+
+def _along(side: tuple | None, axes: tuple) -> tuple | None:
+    return None if side is None else tuple(part[axes] for part in side)
 
 
 def _largest(bound: np.ndarray) -> float:

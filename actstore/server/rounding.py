@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from actstore.metrics.rounding import ErrorFigures
+from actstore.metrics.rounding import SIDE_TERMS, ErrorFigures
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.catalog import Catalog, RunRecord
 from actstore.store.format.quantised import is_one_byte
@@ -98,7 +98,8 @@ class JobFigures:
         figures = dict(self._final(run_key))
         kept = set(self._kept.get(run_key, ()))
         exact = {"rel_frobenius": 0.0, "max_abs": 0.0, "cka_biased": 1.0, "cka_debiased": 1.0,
-                 "angle_biased": 0.0, "angle_debiased": 0.0, "bound_biased": 0.0, "bound_debiased": 0.0}
+                 "angle_biased": 0.0, "angle_debiased": 0.0, "bound_biased": 0.0, "bound_debiased": 0.0,
+                 **{name: 0.0 for name in SIDE_TERMS}}
         for name, value in exact.items():
             figures[name] = [value if layer in kept else v for layer, v in enumerate(figures[name])]
         figures[EXACT_COLUMN] = [float(layer in kept) for layer in range(len(figures["rows"]))]

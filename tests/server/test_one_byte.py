@@ -219,11 +219,13 @@ def _exact_cka(x, y):
 
 
 def _check_bounds(client, answer, exact_a, exact_b, bound_a, bound_b, layers_a, layers_b):
-    """Every entry within its bound of the float64 CKA of the exact values, the bound the sides' sum."""
+    """Every entry within its bound of the float64 CKA of the exact values, the bound at most the
+    sides' sum (`metrics.rounding.answer_bound` takes each side at the entry's own CKA)."""
     for variant, index in (("biased", 0), ("debiased", 1)):
         bound = getattr(answer, f"bound_{variant}")
-        expected = np.add.outer(bound_a[variant][layers_a], bound_b[variant][layers_b])
-        np.testing.assert_array_equal(bound, expected)
+        summed = np.add.outer(bound_a[variant][layers_a], bound_b[variant][layers_b])
+        assert np.all((bound <= summed + 1e-15) & (bound >= 0) | np.isnan(summed)), (variant, bound, summed)
+        assert np.all(np.isnan(bound) == np.isnan(summed))
         values = getattr(answer, variant)
         for i, la in enumerate(layers_a):
             for j, lb in enumerate(layers_b):
