@@ -65,7 +65,7 @@ def _statistical_bound_from_grams(x, xhat, half_steps, magnitudes) -> dict[str, 
     {gap_, spread_, bound_ + variant}."""
     n = len(x)
     h = np.eye(n) - 1 / n
-    k, khat = x @ x.T, xhat @ xhat.T
+    khat = xhat @ xhat.T
     khatc = h @ khat @ h
     xc, ec = h @ x, h @ (xhat - x)
     spread = half_steps + DECODE_ULPS * magnitudes
@@ -180,7 +180,7 @@ def test_the_statistical_bound_holds_over_many_seeds_for_every_kind_of_y_and_wit
         figures = _fed(exact, stored, states, [(0, 2000)], shard_rows=256).finalize()
         bound = np.array([figures["bound_biased"], figures["bound_debiased"]]).T  # (layers, 2)
 
-        def side(layer):
+        def side(layer, figures=figures):
             return tuple(np.array([figures[f"{name}_{variant}"][layer] for variant in ("biased", "debiased")])
                          for name in ("bound", "gap", "spread"))
 
