@@ -12,7 +12,8 @@ Baseline: float16 in the same run (the store's default); raw float32 = 4 bytes p
 per model, pooling and dtype: bytes/value, its ratio to float16's, the capture's wall seconds, the
 wall of the full L+1 x L+1 CKA query (`client.cka(run, refresh=True)`), the largest |CKA(stored) -
 CKA(float32)| over every layer pair (biased and debiased) and, for int8, the bound the answer
-carried (its largest entry: within a run both sides are lossy, so twice a layer's bound), the
+carried (its largest entry: within a run both sides are lossy and add, each taken at the entry's
+CKA, so at most twice a layer's bound), the
 largest per-layer statistical bound (one side) and the largest per-layer angle (the sure bound).
 Target (issue 39): int8 <= 1.05 bytes per value on every model and pooling.
 

@@ -81,7 +81,7 @@ def cmd_describe(args) -> int:
     if run.rounding:
         print(f"\nwhat {run.dtype} storage did to each layer, measured at capture from the exact values (the bound "
               "on CKA with a layer, with probability >= 99.95% over the stochastic rounding; the sure bound: its "
-              "angle, arccos CKA(exact, stored); both sides' add):")
+              "angle, arccos CKA(exact, stored); an answer adds its two sides', each taken at the answer's CKA):")
         print_table([{"layer": r.layer, "stored": r.stored, "rel. error": f"{r.rel_frobenius:.3g}",
                       "max |error|": f"{r.max_abs:.3g}", "CKA bound": f"{r.bound_biased:.3g}",
                       "debiased bound": f"{r.bound_debiased:.3g}", "sure bound": f"{r.angle_biased:.3g}"}
