@@ -84,10 +84,15 @@ def _decoded(part: pb.BatchPart, states: dict[int, tuple[int, np.ndarray]]) -> n
     rows = np.asarray(part.rows, dtype=np.int64)
     shard = np.searchsorted(starts, rows, side="right") - 1  # each row's shard, by its place in `starts`
     used, where = np.unique(shard, return_inverse=True)
-    stacked = np.stack([states[int(starts[i])][1] for i in used])  # (shards, 2, layers, d)
+    order = np.argsort(where, kind="stable")  # the rows grouped by shard, each shard's state broadcast
+    ends = np.cumsum(np.bincount(where, minlength=len(used)))
+    grouped = values[order]
     out = np.empty(values.shape, np.float32)
-    np.multiply(values, stacked[where, 0], out=out)  # each row with its shard's steps, then its offsets
-    out += stacked[where, 1]
+    for i, (begin, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+        step, offset = states[int(starts[used[i]])][1]
+        block = np.multiply(grouped[begin:end], step)  # a shard's rows: in cache for the add and the scatter
+        block += offset
+        out[order[begin:end]] = block
     return out
 
 
