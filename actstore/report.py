@@ -51,9 +51,12 @@ def write_probes(path: Path, results: Sequence, labels: Sequence[str], *, relati
                       cols=panels, squeeze=False)
 
 
-def markdown_matrix(matrix: np.ndarray, row_labels: Sequence, col_labels: Sequence, digits: int = 2) -> str:
+def markdown_matrix(matrix: np.ndarray, row_labels: Sequence, col_labels: Sequence, digits: int = 2,
+                    notation: str = "f") -> str:
+    """A markdown table of `matrix`, each value with `digits` digits in `notation` ("f" fixed, "e"
+    scientific: for values far below 1, such as error bounds)."""
     head = "| | " + " | ".join(str(c) for c in col_labels) + " |"
     rule = "|---" * (len(col_labels) + 1) + "|"
-    body = ["| " + str(r) + " | " + " | ".join(f"{v:.{digits}f}" for v in row) + " |"
+    body = ["| " + str(r) + " | " + " | ".join(f"{v:.{digits}{notation}}" for v in row) + " |"
             for r, row in zip(row_labels, matrix)]
     return "\n".join([head, rule, *body])

@@ -139,6 +139,22 @@ def test_cka_prints_a_table_and_writes_a_plot(session, tmp_path, module_client):
     assert "linear CKA (biased)" in out and f"plot written to {png}" in out
 
 
+def test_cka_over_an_int8_run_prints_each_entrys_bound(session, module_client):
+    """The bound table under the answer, in scientific notation (bounds are ~1e-4: a fixed 3 digits
+    would print 0.000), the same numbers the client gets, and the note saying what they are."""
+    out = ok(actstore("capture", "--model", "tiny-bert", "--dataset", "toy", "--pooling", "mean", "--dtype", "int8",
+                      "-q", server=session["server"]))
+    run = re.search(r"run ([0-9a-f]{16,})", out).group(1)
+    out = ok(actstore("cka", run, server=session["server"]))
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("error bound of each entry"))
+    printed = [line.strip("| ").split(" | ")[1:] for line in lines[at + 3:at + 7]]
+    assert all(re.fullmatch(r"\d\.\de[-+]\d\d", value) for row in printed for value in row), printed
+    expected = module_client.cka(run).bound_biased
+    np.testing.assert_allclose(np.array(printed, dtype=float), expected, rtol=0.051, atol=1e-300)
+    assert "note: error bound: every entry is within" in out
+
+
 def test_cos_json(session):
     out = ok(actstore("cos", session["run"], "--json", server=session["server"]))
     answer = json.loads(out)

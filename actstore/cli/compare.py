@@ -30,7 +30,7 @@ def show_matrix(name: str, matrix, result, args, **plot_options) -> None:
     if bound is not None:
         print(f"\nerror bound of each entry (|{name} - the exact values' answer| <= it, at the confidence the note "
               "says):")
-        print(markdown_matrix(bound, layers_a, layers_b, digits=3))
+        print(markdown_matrix(bound, layers_a, layers_b, digits=1, notation="e"))
     print(f"\n{name}; runs {', '.join(provenance.run_name(i).label for i in range(len(provenance.run_keys)))}; "
           f"{'cached' if provenance.cached else 'computed'} ({provenance.seconds:.2f} s compute)")
     for note in notes:

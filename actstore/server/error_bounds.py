@@ -118,8 +118,13 @@ class ErrorBounds:
             else:  # the matrix job: every layer of every run, block by block (A: the rows, B: the columns)
                 first = second = _blocks([sides[p.run_keys[run]] for run in answer.arrays["block_run"]],
                                          answer.arrays["block_layer"])
-            bounds[name] = answer_bound(answer.arrays[variant], _along(first, (slice(None), None)),
-                                        _along(second, (None, slice(None))), debiased=variant == "debiased")
+            bound = answer_bound(answer.arrays[variant], _along(first, (slice(None), None)),
+                                 _along(second, (None, slice(None))), debiased=variant == "debiased")
+            # one layer of one run against itself: CKA 1 for the stored values and the exact ones alike, so
+            # the answer is off by its own rounding only
+            # (a constant layer's CKA is NaN: undefined either way, its bound left as its sides give it)
+            values = answer.arrays[variant]
+            bounds[name] = np.where(_same_blocks(answer, p) & np.isfinite(values), np.abs(values - 1), bound)
         largest = max(_largest(bound) for bound in bounds.values())
         runs = f"run{'s' if len(lossy) > 1 else ''} {', '.join(key[:12] for key in lossy)} stored lossily"
         if self._statistical(lossy):
@@ -144,6 +149,17 @@ class ErrorBounds:
                 f"(largest relative Frobenius error of a layer {rel:.3g}; `actstore describe RUN` has each layer's)")
         return replace(answer, scalars={**answer.scalars, "storage_rel_error": rel, "storage_max_error": worst},
                        notes=[*answer.notes, note], provenance=replace(answer.provenance, error_bound=math.nan))
+
+
+def _same_blocks(answer: MetricAnswer, p) -> np.ndarray:
+    """Which entries compare one layer of one run with itself (A's rows with B's columns)."""
+    if p.metric == "linear_cka":
+        a = [(p.run_keys[0], layer) for layer in p.options["layers_a"]]
+        b = [(p.run_keys[-1], layer) for layer in p.options["layers_b"]]
+    else:
+        blocks = zip(answer.arrays["block_run"], answer.arrays["block_layer"])
+        a = b = [(p.run_keys[run], layer) for run, layer in blocks]
+    return np.array([[x == y for y in b] for x in a], dtype=bool)
 
 
 def _at(side: tuple | None, layers) -> tuple | None:
