@@ -84,15 +84,14 @@ def _decoded(part: pb.BatchPart, states: dict[int, tuple[int, np.ndarray]]) -> n
     rows = np.asarray(part.rows, dtype=np.int64)
     shard = np.searchsorted(starts, rows, side="right") - 1  # each row's shard, by its place in `starts`
     used, where = np.unique(shard, return_inverse=True)
-    order = np.argsort(where, kind="stable")  # the rows grouped by shard, each shard's state broadcast
-    ends = np.cumsum(np.bincount(where, minlength=len(used)))
-    grouped = values[order]
+    ends = np.cumsum(np.bincount(where, minlength=len(used)))[:-1]
     out = np.empty(values.shape, np.float32)
-    for i, (begin, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+    # the rows grouped by shard, each shard's state broadcast: a block stays in cache for the add and the scatter
+    for i, rows_of in enumerate(np.split(np.argsort(where, kind="stable"), ends)):
         step, offset = states[int(starts[used[i]])][1]
-        block = np.multiply(grouped[begin:end], step)  # a shard's rows: in cache for the add and the scatter
+        block = np.multiply(values[rows_of], step)
         block += offset
-        out[order[begin:end]] = block
+        out[rows_of] = block
     return out
 
 

@@ -109,22 +109,18 @@ class ErrorBounds:
             return answer
         if not bounded(p.metric, p.options):
             return self._not_bounded(answer, lossy)
+        rows, columns = _entry_blocks(answer)  # (run, layer) of each entry's A side and B side
+        same = np.array([[row == column for column in columns] for row in rows], dtype=bool)
         bounds = {}
         for variant, name in BOUND_ARRAYS.items():
             sides = {key: self._sides(key, variant) for key in dict.fromkeys(p.run_keys)}
-            if p.metric == "linear_cka":
-                first = _at(sides[p.run_keys[0]], p.options["layers_a"])
-                second = _at(sides[p.run_keys[-1]], p.options["layers_b"])
-            else:  # the matrix job: every layer of every run, block by block (A: the rows, B: the columns)
-                first = second = _blocks([sides[p.run_keys[run]] for run in answer.arrays["block_run"]],
-                                         answer.arrays["block_layer"])
-            bound = answer_bound(answer.arrays[variant], _along(first, (slice(None), None)),
-                                 _along(second, (None, slice(None))), debiased=variant == "debiased")
-            # one layer of one run against itself: CKA 1 for the stored values and the exact ones alike, so
-            # the answer is off by its own rounding only
-            # (a constant layer's CKA is NaN: undefined either way, its bound left as its sides give it)
             values = answer.arrays[variant]
-            bounds[name] = np.where(_same_blocks(answer, p) & np.isfinite(values), np.abs(values - 1), bound)
+            bound = answer_bound(values, _side_at(sides, rows, (slice(None), None)),
+                                 _side_at(sides, columns, (None, slice(None))), debiased=variant == "debiased")
+            # one layer of one run against itself: CKA 1 for the stored values and the exact ones alike, so
+            # the answer is off by its own rounding only (a constant layer's CKA is NaN: undefined either
+            # way, its bound left as its sides give it)
+            bounds[name] = np.where(same & np.isfinite(values), np.abs(values - 1), bound)
         largest = max(_largest(bound) for bound in bounds.values())
         runs = f"run{'s' if len(lossy) > 1 else ''} {', '.join(key[:12] for key in lossy)} stored lossily"
         if self._statistical(lossy):
@@ -151,30 +147,21 @@ class ErrorBounds:
                        notes=[*answer.notes, note], provenance=replace(answer.provenance, error_bound=math.nan))
 
 
-def _same_blocks(answer: MetricAnswer, p) -> np.ndarray:
-    """Which entries compare one layer of one run with itself (A's rows with B's columns)."""
+def _entry_blocks(answer: MetricAnswer) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The (run key, layer) of each row (A) and column (B) of a bounded answer's matrices."""
+    p = answer.provenance
     if p.metric == "linear_cka":
-        a = [(p.run_keys[0], layer) for layer in p.options["layers_a"]]
-        b = [(p.run_keys[-1], layer) for layer in p.options["layers_b"]]
-    else:
-        blocks = zip(answer.arrays["block_run"], answer.arrays["block_layer"])
-        a = b = [(p.run_keys[run], layer) for run, layer in blocks]
-    return np.array([[x == y for y in b] for x in a], dtype=bool)
+        return ([(p.run_keys[0], layer) for layer in p.options["layers_a"]],
+                [(p.run_keys[-1], layer) for layer in p.options["layers_b"]])
+    blocks = [(p.run_keys[run], layer) for run, layer in zip(answer.arrays["block_run"], answer.arrays["block_layer"])]
+    return blocks, blocks  # the matrix job: every layer of every run, block by block
 
 
-def _at(side: tuple | None, layers) -> tuple | None:
-    """A run's (bound, gap, spread) at these layers (None: a run stored exactly)."""
-    return None if side is None else tuple(part[layers] for part in side)
-
-
-def _blocks(sides: list[tuple | None], layers) -> tuple:
-    """The matrix job's blocks' (bound, gap, spread): a block of a run stored exactly adds nothing."""
-    return tuple(np.array([0.0 if side is None else side[part][layer] for side, layer in zip(sides, layers)])
+def _side_at(sides: dict, blocks: list[tuple[str, int]], axes: tuple) -> tuple:
+    """(bound, gap, spread) of these blocks, shaped to broadcast along ``axes`` of the answer; a
+    block of a run stored exactly adds nothing (all three 0)."""
+    return tuple(np.array([0.0 if sides[run] is None else sides[run][part][layer] for run, layer in blocks])[axes]
                  for part in range(3))
-
-
-def _along(side: tuple | None, axes: tuple) -> tuple | None:
-    return None if side is None else tuple(part[axes] for part in side)
 
 
 def _largest(bound: np.ndarray) -> float:
