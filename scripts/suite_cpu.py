@@ -37,7 +37,8 @@ def kind(args: str) -> str:
     for pattern, name in KINDS:
         if match := re.search(pattern, args):
             return name or match.group(0)
-    return args.split()[0][:40] if args.split() else "?"
+    words = args.split()
+    return words[0][:40] if words else "?"
 
 
 def sample(seen: dict[str, list], stop: threading.Event, interval: float) -> None:
@@ -64,8 +65,7 @@ def main() -> int:
     command = args.command or ["make", "test"]
     seen: dict[str, list] = {}
     stop = threading.Event()
-    before = {pid for pid in subprocess.run(["ps", "-eo", "pid", "--no-headers"], capture_output=True,
-                                            text=True).stdout.split()}
+    before = set(subprocess.run(["ps", "-eo", "pid", "--no-headers"], capture_output=True, text=True).stdout.split())
     sampler = threading.Thread(target=sample, args=(seen, stop, args.interval), daemon=True)
     started = time.monotonic()
     sampler.start()

@@ -110,7 +110,7 @@ class ErrorBounds:
         if not bounded(p.metric, p.options):
             return self._not_bounded(answer, lossy)
         rows, columns = _entry_blocks(answer)  # (run, layer) of each entry's A side and B side
-        same = np.array([[row == column for column in columns] for row in rows], dtype=bool)
+        same = _block_ids(rows)[:, None] == _block_ids(columns)[None, :]  # an entry of a layer against itself
         bounds = {}
         for variant, name in BOUND_ARRAYS.items():
             sides = {key: self._sides(key, variant) for key in dict.fromkeys(p.run_keys)}
@@ -155,6 +155,10 @@ def _entry_blocks(answer: MetricAnswer) -> tuple[list[tuple[str, int]], list[tup
                 [(p.run_keys[-1], layer) for layer in p.options["layers_b"]])
     blocks = [(p.run_keys[run], layer) for run, layer in zip(answer.arrays["block_run"], answer.arrays["block_layer"])]
     return blocks, blocks  # the matrix job: every layer of every run, block by block
+
+
+def _block_ids(blocks: list[tuple[str, int]]) -> np.ndarray:
+    return np.array([f"{run}:{layer}" for run, layer in blocks])
 
 
 def _side_at(sides: dict, blocks: list[tuple[str, int]], axes: tuple) -> tuple:
