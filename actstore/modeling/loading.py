@@ -10,6 +10,7 @@ No network is ever used (``local_files_only=True``) and ``trust_remote_code`` st
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ from torch import nn
 from actstore.errors import InvalidArgument
 from actstore.modeling.tokens import LOAD_HINT, load_tokenizer
 
-__all__ = ["load_folder", "model_class", "skeleton"]
+__all__ = ["files_beside_weights_digest", "load_folder", "model_class", "skeleton"]
+
+# the weight files `model_digest` covers (by the tensors loaded from them)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".index.json")
 
 
 
@@ -102,3 +106,18 @@ def load_folder(path: Path, device: str) -> tuple[nn.Module, Any | None]:
         ) from exc
     model.requires_grad_(False)
     return model, tokenizer
+
+
+def files_beside_weights_digest(path: Path) -> str:
+    """sha256 over the names and bytes of every file of the model folder ``path`` but its weight
+    files (``WEIGHT_SUFFIXES``): the tokenizer, the configs, anything else a load reads. With the
+    model's digest (its class, config and weights) it tells two folders that load the same model
+    and tokenizer; a difference in any other file counts too, on the safe side."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.endswith(WEIGHT_SUFFIXES)):
+        name = file.relative_to(path).as_posix().encode()
+        content = file.read_bytes()
+        for part in (name, content):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+    return digest.hexdigest()

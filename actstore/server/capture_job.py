@@ -254,7 +254,8 @@ class CaptureJobs:
                            batch_size=self.settings.capture_batch_size, layout=layout,
                            sites=tuple((site_of(o.record.spec), o.record.run_key) for o in opened),
                            rounding_keys=tuple((o.record.run_key, rounding_key(o.record.spec)) for o in opened
-                                               if "max_cka_error" in o.record.spec))
+                                               if "max_cka_error" in o.record.spec),
+                           store=self.store)
         started = time.perf_counter()
         actors, tasks_per_replica = self.pool.acquire(first.model.digest, first.model.path)
         ready = time.perf_counter()

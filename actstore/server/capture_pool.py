@@ -24,6 +24,14 @@ replica starts, and each replica starts in its bundle, so a replica is never sta
 was not meant for and never killed to be moved. A bundle holds a token amount of Ray's logical
 "memory" resource (Ray refuses an empty bundle) and no CPU, so metric tasks keep every CPU.
 
+Replicas also outlive their pool: a stopped server's idle CPU replicas are parked in its process
+(`_Parked`) for `actor_idle_seconds`, and the next pool of that process on the same Ray cluster
+with the same replica settings takes them for the same model (`ShardCapturer.serve_store`: it
+checks that store's copy of the model has the same files beside the weights) instead of starting
+its own: a server reopened in a notebook, or the next test's server, saves the ~7 CPU-s a replica
+costs to start (a process, the torch import, the model load; a capture on a warm replica of a
+tiny model costs ~0.3). GPU replicas are not parked: they hold their GPU, and end with their pool.
+
 A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
 restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
 replica is started afresh, by the same placement rule over the nodes alive now.
@@ -32,6 +40,7 @@ replica is started afresh, by the same placement rule over the nodes alive now.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -67,12 +76,79 @@ def gpus_free_within(wanted: float, seconds: float) -> float:
 @dataclass
 class _Replicas:
     actors: list
+    names: list[str]  # their Ray names (one adopted from a stopped pool keeps the name it started with)
     placed: list  # each replica's node_id() ref, asked once it started: the node it was placed on
     gpus: float  # the GPUs they hold together (0 on a CPU cluster)
     group: PlacementGroup | None  # the bundles the CPU replicas are placed in (None on a GPU cluster)
     busy: int = 0
     pinned: bool = False  # a model of `warm_models`: never released for idling
     last_used: float = field(default_factory=time.monotonic)
+
+
+def _lost(entry: _Replicas) -> list[bool]:
+    """Which replicas are lost: dead (their name is free again), or placed on a node that is no
+    longer alive. A replica still loading its model is not judged yet."""
+    names = set(ray.util.list_named_actors())
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    answered, _ = ray.wait(entry.placed, num_returns=len(entry.placed), timeout=0)
+    lost = []
+    for name, ref in zip(entry.names, entry.placed):
+        try:
+            gone = ref in answered and ray.get(ref) not in alive
+        except ray.exceptions.RayError:  # it died before answering
+            gone = True
+        lost.append(gone or name not in names)
+    return lost
+
+
+def _end(entry: _Replicas) -> None:
+    _Parked.names_in_use.difference_update(entry.names)
+    if not ray.is_initialized():  # the cluster went first, and its actors with it
+        return
+    for actor in entry.actors:
+        ray.kill(actor)
+    if entry.group is not None:
+        remove_placement_group(entry.group)
+
+
+class _Parked:
+    """The idle CPU replicas that stopped pools of this process left, by (Ray job, model digest,
+    replica settings), each ended after its idle time unless a pool takes it first. Also the names
+    of every replica a pool of this process holds, so a pool never starts one under a name that an
+    adopted replica still carries."""
+
+    lock = threading.Lock()
+    entries: dict[tuple, tuple[_Replicas, threading.Timer]] = {}
+    names_in_use: set[str] = set()
+
+    @classmethod
+    def park(cls, key: tuple, entry: _Replicas, seconds: float) -> None:
+        timer = threading.Timer(seconds, cls._expire, (key, entry))
+        timer.daemon = True
+        with cls.lock:
+            previous = cls.entries.pop(key, None)
+            cls.entries[key] = (entry, timer)
+        if previous is not None:  # two stopped pools of one model: one set of replicas is enough
+            previous[1].cancel()
+            _end(previous[0])
+        timer.start()
+
+    @classmethod
+    def take(cls, key: tuple) -> _Replicas | None:
+        with cls.lock:
+            found = cls.entries.pop(key, None)
+        if found is None:
+            return None
+        found[1].cancel()
+        return found[0]
+
+    @classmethod
+    def _expire(cls, key: tuple, entry: _Replicas) -> None:
+        with cls.lock:
+            if cls.entries.get(key, (None,))[0] is not entry:
+                return  # taken (or replaced) meanwhile
+            del cls.entries[key]
+        _end(entry)
 
 
 class CapturePool:
@@ -98,12 +174,14 @@ class CapturePool:
         """The model's replicas (started now if none are warm) and how many tasks each works on at once."""
         with self._lock:
             entry = self._pool.get(digest)
-            lost = self._lost(digest, entry) if entry is not None else []
+            lost = _lost(entry) if entry is not None else []
             if any(lost) and entry.busy == 0:
                 log.info("capture replicas of model %s: %d of %d lost (died, or their node left); starting "
                          "them afresh", digest[:12], sum(lost), len(lost))
                 self._kill(digest)
                 entry = None
+            if entry is None and (entry := self._adopt(digest, model_path)) is not None:
+                lost = [False] * len(entry.actors)
             if entry is None:
                 gpus = cluster.cluster_gpus()
                 if gpus:
@@ -115,12 +193,17 @@ class CapturePool:
                 gpu = {"num_gpus": 1 / self.settings.capture_replicas_per_gpu, "num_cpus": 0}
                 group, placements = (None, [(gpu, None)] * (gpus * self.settings.capture_replicas_per_gpu)) if gpus \
                     else self._cpu_placements(digest)
-                actors = [self._start(digest, i, model_path, resources, threads)
-                          for i, (resources, threads) in enumerate(placements)]
+                started = [self._start(digest, i, model_path, resources, threads)
+                           for i, (resources, threads) in enumerate(placements)]
+                names, actors = [name for name, _ in started], [actor for _, actor in started]
                 if gpus:
-                    self._await_gpu_replicas(digest, actors)
-                entry = self._pool[digest] = _Replicas(actors, [actor.node_id.remote() for actor in actors], gpus,
-                                                       group, pinned=digest in self._warm)
+                    try:
+                        self._await_gpu_replicas(digest, actors)
+                    except Unavailable:  # killed there
+                        _Parked.names_in_use.difference_update(names)
+                        raise
+                entry = self._pool[digest] = _Replicas(actors, names, [actor.node_id.remote() for actor in actors],
+                                                       gpus, group, pinned=digest in self._warm)
                 lost = [False] * len(actors)
             entry.busy += 1
             # in use by another job, the lost ones stay until it ends (its retries go around them)
@@ -135,20 +218,33 @@ class CapturePool:
         self.acquire(digest, model_path)
         self.release(digest)
 
-    def _lost(self, digest: str, entry: _Replicas) -> list[bool]:
-        """Which replicas are lost: dead (their name is free again), or placed on a node that is no
-        longer alive. A replica still loading its model is not judged yet."""
-        names = set(ray.util.list_named_actors())
-        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        answered, _ = ray.wait(entry.placed, num_returns=len(entry.placed), timeout=0)
-        lost = []
-        for replica, ref in enumerate(entry.placed):
-            try:
-                gone = ref in answered and ray.get(ref) not in alive
-            except ray.exceptions.RayError:  # it died before answering
-                gone = True
-            lost.append(gone or self.actor_name(digest, replica) not in names)
-        return lost
+    def _parking_key(self, digest: str) -> tuple:
+        """What a parked replica must match to be taken: the Ray job (a new cluster's job has none of
+        the old one's actors), the model and the settings its actor was started with."""
+        settings = self.settings
+        return (ray.get_runtime_context().get_job_id(), digest, settings.capture_actors,
+                settings.capture_concurrent_shards)
+
+    def _adopt(self, digest: str, model_path: str) -> _Replicas | None:
+        """The replicas of ``digest`` a stopped pool of this process parked, now serving this store;
+        None when there are none (or any is lost, or loaded another copy of the model: ended)."""
+        entry = _Parked.take(self._parking_key(digest))
+        if entry is None:
+            return None
+        try:
+            served = not any(_lost(entry)) and all(ray.get(
+                [actor.serve_store.remote(self.store, model_path) for actor in entry.actors],
+                timeout=self.settings.replica_start_seconds))
+        except ray.exceptions.RayError:  # died meanwhile, or answered too late: start afresh
+            served = False
+        if not served:
+            _end(entry)
+            return None
+        log.info("capture replicas of model %s: %d taken warm from a stopped server of this process",
+                 digest[:12], len(entry.actors))
+        entry.busy, entry.pinned, entry.last_used = 0, digest in self._warm, time.monotonic()
+        self._pool[digest] = entry
+        return entry
 
     def _start(self, digest: str, replica: int, model_path: str, resources: dict, threads: int | None):
         from actstore.workers.capture import ShardCapturer
@@ -161,8 +257,14 @@ class CapturePool:
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
         name = self.actor_name(digest, replica)
+        with _Parked.lock:
+            # the name may be held by a replica another pool of this process took from a stopped
+            # server of this store: this one is told apart
+            name = next(f"{name}-{n}" if n else name for n in itertools.count()
+                        if (f"{name}-{n}" if n else name) not in _Parked.names_in_use)
+            _Parked.names_in_use.add(name)
         self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
-        return ray.remote(ShardCapturer).options(
+        return name, ray.remote(ShardCapturer).options(
             name=name, max_restarts=2, max_task_retries=2,
             max_concurrency=self.tasks_per_replica(on_gpu=on_gpu), **resources,
         ).remote(model_path, self.store, threads, forwards, writes, writers)
@@ -247,6 +349,11 @@ class CapturePool:
         return group, placements
 
     def actor_name(self, digest: str, replica: int) -> str:
+        """The Ray name of the model's replica number ``replica`` in this pool (or that it will start
+        it under: one taken from a stopped pool keeps the name it started with)."""
+        entry = self._pool.get(digest)
+        if entry is not None and replica < len(entry.names):
+            return entry.names[replica]
         return f"{self._prefix}-{digest[:12]}-{replica}"
 
     def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
@@ -295,11 +402,7 @@ class CapturePool:
                 self._kill(digest)
 
     def _kill(self, digest: str) -> None:
-        entry = self._pool.pop(digest)
-        for actor in entry.actors:
-            ray.kill(actor)
-        if entry.group is not None:
-            remove_placement_group(entry.group)
+        _end(self._pool.pop(digest))
 
     def _release_idle(self, keep: str | None, older_than: float) -> float:
         """Kill the idle replicas (but those of model `keep`) unused for `older_than` seconds; the
@@ -334,8 +437,11 @@ class CapturePool:
     def shutdown(self) -> None:
         self._stop.set()
         with self._lock:
-            for digest in list(self._pool):
-                self._kill(digest)
+            for digest, entry in list(self._pool.items()):
+                if entry.gpus or entry.busy or any(_lost(entry)):
+                    self._kill(digest)
+                else:  # idle CPU replicas: kept a while for the next pool of this process
+                    _Parked.park(self._parking_key(digest), self._pool.pop(digest), self.settings.actor_idle_seconds)
         with self._layouts_lock:
             if self._layouts is not None:
                 ray.kill(self._layouts)

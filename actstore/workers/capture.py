@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from actstore.errors import FailedPrecondition
 from actstore.metrics.rounding import ErrorFigures
 from actstore.modeling.adapter import Batch, ModelAdapter
+from actstore.modeling.loading import files_beside_weights_digest
 from actstore.modeling.pooling import token_positions
 from actstore.store.array_store import ArrayStore, RunLayout
 from actstore.store.datasets import DatasetData, load_dataset
@@ -59,6 +60,9 @@ class CapturePlan:
     # (run key, rounding key) of a lossy run whose draws are seeded from another key than its own
     # (`store.keys.rounding_key`: a run with a max_cka_error draws as the run without it)
     rounding_keys: tuple[tuple[str, str], ...] = ()
+    # the store its runs live in; None: the replica's own. A replica taken by another server's pool,
+    # then restarted by Ray after a crash, is started again with the store it was first started with
+    store: StoreHandle | None = None
 
     @property
     def runs(self) -> tuple[tuple[str, str], ...]:
@@ -272,7 +276,9 @@ class ShardCapturer:
                  forwards: int = 1, writes: str = "inline", writers: int = 1) -> None:
         if num_threads:
             torch.set_num_threads(max(1, num_threads // forwards))
-        self.adapter = ModelAdapter.load(store.local(model_path))
+        folder = store.local(model_path)
+        self.adapter = ModelAdapter.load(folder)
+        self._beside_weights = files_beside_weights_digest(folder)
         self.store = store
         self.arrays = store.open()
         self.writes = writes
@@ -285,6 +291,25 @@ class ShardCapturer:
         # a fast tokenizer is one Rust object: a call that changes its truncation (another max_len)
         # while another call encodes fails with "Already borrowed"
         self._tokenizing = threading.Lock()
+        self._switching = threading.Lock()  # to another store (`serve_store`, a plan's store)
+
+    def serve_store(self, store: StoreHandle, model_path: str) -> bool:
+        """Write to ``store`` from now on: an idle replica a stopped server left behind, taken by
+        the next server of its process (`server.capture_pool`). Its model stays loaded; the
+        datasets and run layouts of the store it served are dropped. False, changing nothing,
+        when ``store``'s copy of the model differs from the loaded one in a file the model's
+        digest does not cover (its tokenizer, say): the caller starts a replica of that copy."""
+        if files_beside_weights_digest(store.local(model_path)) != self._beside_weights:
+            return False
+        self._serve(store)
+        return True
+
+    def _serve(self, store: StoreHandle) -> None:
+        with self._switching:
+            if store.root != self.store.root:
+                self.store, self.arrays = store, store.open()
+                self._datasets.clear()
+                self._offsets.clear()
 
     def node_id(self) -> str:
         """The Ray node this replica runs on (answered once its model is loaded)."""
@@ -369,6 +394,8 @@ class ShardCapturer:
         """Compute the consecutive `shards` of every site's run (of those in `run_keys`, when given)
         in one pass of full batches, and write each shard whole; returns the chunk rows, one table
         per shard and run, and a lossy run's rounding of these shards."""
+        if plan.store is not None and plan.store.root != self.store.root:
+            self._serve(plan.store)
         wanted = [(site, key) for site, key in plan.runs if run_keys is None or key in run_keys]
         layout = plan.layout
         start, stop = layout.shard_range(shards[0])[0], layout.shard_range(shards[-1])[1]
