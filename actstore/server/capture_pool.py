@@ -102,7 +102,8 @@ def _lost(entry: _Replicas) -> list[bool]:
 
 
 def _end(entry: _Replicas) -> None:
-    _Parked.names_in_use.difference_update(entry.names)
+    with _Parked.lock:
+        _Parked.names_in_use.difference_update(entry.names)
     if not ray.is_initialized():  # the cluster went first, and its actors with it
         return
     for actor in entry.actors:
@@ -200,7 +201,8 @@ class CapturePool:
                     try:
                         self._await_gpu_replicas(digest, actors)
                     except Unavailable:  # killed there
-                        _Parked.names_in_use.difference_update(names)
+                        with _Parked.lock:
+                            _Parked.names_in_use.difference_update(names)
                         raise
                 entry = self._pool[digest] = _Replicas(actors, names, [actor.node_id.remote() for actor in actors],
                                                        gpus, group, pinned=digest in self._warm)
@@ -256,18 +258,23 @@ class CapturePool:
         writes, writers = (self.settings.gpu_writes, self._writer_threads()) if on_gpu else ("inline", 1)
         # soft placement: a replica whose node dies restarts on another (max_restarts), and
         # Ray retries the shard it was writing (max_task_retries): whole shards, written once more
-        name = self.actor_name(digest, replica)
+        base = self.actor_name(digest, replica)
         with _Parked.lock:
             # the name may be held by a replica another pool of this process took from a stopped
             # server of this store: this one is told apart
-            name = next(f"{name}-{n}" if n else name for n in itertools.count()
-                        if (f"{name}-{n}" if n else name) not in _Parked.names_in_use)
+            names = itertools.chain([base], (f"{base}-{n}" for n in itertools.count(1)))
+            name = next(name for name in names if name not in _Parked.names_in_use)
             _Parked.names_in_use.add(name)
-        self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
-        return name, ray.remote(ShardCapturer).options(
-            name=name, max_restarts=2, max_task_retries=2,
-            max_concurrency=self.tasks_per_replica(on_gpu=on_gpu), **resources,
-        ).remote(model_path, self.store, threads, forwards, writes, writers)
+        try:
+            self._await_name_free(name)  # a replica killed just now (replaced, or of a failed job) has it still
+            return name, ray.remote(ShardCapturer).options(
+                name=name, max_restarts=2, max_task_retries=2,
+                max_concurrency=self.tasks_per_replica(on_gpu=on_gpu), **resources,
+            ).remote(model_path, self.store, threads, forwards, writes, writers)
+        except BaseException:
+            with _Parked.lock:
+                _Parked.names_in_use.discard(name)
+            raise
 
     def _writer_threads(self) -> int:
         """The threads a GPU replica writes with (`gpu_writer_threads`; 0: its share of the CPUs
