@@ -26,11 +26,13 @@ was not meant for and never killed to be moved. A bundle holds a token amount of
 
 Replicas also outlive their pool: a stopped server's idle CPU replicas are parked in its process
 (`_Parked`) for `actor_idle_seconds`, and the next pool of that process on the same Ray cluster
-with the same replica settings takes them for the same model (`ShardCapturer.serve_store`: it
-checks that store's copy of the model has the same files beside the weights) instead of starting
-its own: a server reopened in a notebook, or the next test's server, saves the ~7 CPU-s a replica
-costs to start (a process, the torch import, the model load; a capture on a warm replica of a
-tiny model costs ~0.3). GPU replicas are not parked: they hold their GPU, and end with their pool.
+with the same replica settings takes them for the same model (or, finding none parked, borrows
+another live pool's idle ones: two servers of one process then pass one set between them)
+instead of starting its own, once `ShardCapturer.serve_store` checked that its store's copy of the
+model has the same files beside the weights. A server reopened in a notebook, or the next test's
+server, saves the ~7 CPU-s a replica costs to start (a process, the torch import, the model load;
+a capture on a warm replica of a tiny model costs ~0.3). GPU replicas are neither parked nor
+lent: they hold their GPU, and end with their pool.
 
 A warm pool never hands out a lost replica: one that died, or whose node left the cluster (Ray
 restarts such a replica elsewhere, and while it restarts its tasks fail). An idle pool with a lost
@@ -44,6 +46,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import ray
@@ -121,6 +124,14 @@ class _Parked:
     lock = threading.Lock()
     entries: dict[tuple, tuple[_Replicas, threading.Timer]] = {}
     names_in_use: set[str] = set()
+    pools: weakref.WeakSet[CapturePool] = weakref.WeakSet()  # the live pools of this process
+
+    @classmethod
+    def borrow(cls, key: tuple, asking: CapturePool) -> _Replicas | None:
+        """Idle replicas of ``key`` that another live pool of this process hands over."""
+        with cls.lock:
+            others = [pool for pool in cls.pools if pool is not asking]
+        return next((entry for pool in others if (entry := pool.give(key)) is not None), None)
 
     @classmethod
     def park(cls, key: tuple, entry: _Replicas, seconds: float) -> None:
@@ -170,6 +181,8 @@ class CapturePool:
         self._layouts_asked: tuple[float, ray.ObjectRef | None] | None = None
         self._reaper = threading.Thread(target=self._reap_forever, name="capture-pool-reaper", daemon=True)
         self._reaper.start()
+        with _Parked.lock:
+            _Parked.pools.add(self)
 
     def acquire(self, digest: str, model_path: str) -> tuple[list, int]:
         """The model's replicas (started now if none are warm) and how many tasks each works on at once."""
@@ -230,7 +243,8 @@ class CapturePool:
     def _adopt(self, digest: str, model_path: str) -> _Replicas | None:
         """The replicas of ``digest`` a stopped pool of this process parked, now serving this store;
         None when there are none (or any is lost, or loaded another copy of the model: ended)."""
-        entry = _Parked.take(self._parking_key(digest))
+        key = self._parking_key(digest)
+        entry = _Parked.take(key) or _Parked.borrow(key, self)
         if entry is None:
             return None
         try:
@@ -242,11 +256,27 @@ class CapturePool:
         if not served:
             _end(entry)
             return None
-        log.info("capture replicas of model %s: %d taken warm from a stopped server of this process",
+        log.info("capture replicas of model %s: %d taken warm from another server of this process",
                  digest[:12], len(entry.actors))
         entry.busy, entry.pinned, entry.last_used = 0, digest in self._warm, time.monotonic()
         self._pool[digest] = entry
         return entry
+
+    def give(self, key: tuple) -> _Replicas | None:
+        """This pool's idle CPU replicas of ``key``'s model, handed to another pool of this process
+        that needs them now (`_Parked.borrow`); None when they are busy, warm (`warm_models`), on
+        GPUs, of other settings, or this pool is busy itself (never waited for: two pools asking
+        each other must not block)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            digest = key[1]
+            entry = self._pool.get(digest)
+            if entry is None or entry.busy or entry.gpus or entry.pinned or self._parking_key(digest) != key:
+                return None
+            return self._pool.pop(digest)
+        finally:
+            self._lock.release()
 
     def _start(self, digest: str, replica: int, model_path: str, resources: dict, threads: int | None):
         from actstore.workers.capture import ShardCapturer
@@ -443,6 +473,8 @@ class CapturePool:
 
     def shutdown(self) -> None:
         self._stop.set()
+        with _Parked.lock:
+            _Parked.pools.discard(self)
         with self._lock:
             for digest, entry in list(self._pool.items()):
                 if entry.gpus or entry.busy or any(_lost(entry)):

@@ -1,8 +1,9 @@
 """A stopped server's idle capture replicas are parked in its process for `actor_idle_seconds`, and
 the next server of the process (another store) takes them for the same model: its captures write
 to its own store what a replica started afresh writes. A copy of the model that differs beside the
-weights (its tokenizer) is not served by them, one restarted by Ray after a crash still writes to
-the store of the server holding it, and parked replicas end after their idle time."""
+weights (its tokenizer) is not served by them; two live servers lend idle ones to each other; one
+restarted by Ray after a crash still writes to the store of the server holding it; parked replicas
+end after their idle time."""
 
 from __future__ import annotations
 
@@ -95,3 +96,29 @@ def test_parked_replicas_end_after_their_idle_time(tmp_path, ray_cluster, tiny_m
     while name in ray.util.list_named_actors() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert name not in ray.util.list_named_actors()
+
+
+def test_two_live_servers_of_a_process_pass_one_set_of_idle_replicas_between_them(tmp_path, ray_cluster,
+                                                                                  tiny_models):
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("GPU replicas are not lent: they hold their GPU")
+    first = start_server(make_settings(tmp_path / "first"))
+    try:
+        with Client(f"127.0.0.1:{first.port}") as client:
+            model = client.register_model(tiny_models["bert"], name="bert")
+            client.register_dataset(texts=TEXTS, name="parked")
+            first_run = client.capture("bert", "parked", pooling="mean", dtype="float32").run_key
+            name = first.service.capture_pool.actor_name(model.digest, 0)
+            actor = ray.get_actor(name)._actor_id
+            # the first server lives on, idle: the second borrows its replica, writing to its own store
+            taken, _, second = _capture_on(tmp_path / "second", tiny_models["bert"])
+            assert (taken, ray.get_actor(taken)._actor_id) == (name, actor)
+            # handed back through the parking when the second stopped: the first captures on it again
+            again = client.capture("bert", "parked", pooling="cls", dtype="float32").run_key
+            assert (first.service.capture_pool.actor_name(model.digest, 0), ray.get_actor(name)._actor_id) == \
+                (name, actor)
+            assert read_all(client, first_run, model.num_layers).tobytes() == second.tobytes()
+            np.testing.assert_allclose(read_all(client, again, model.num_layers),
+                                       reference_pooled(tiny_models["bert"], TEXTS, "cls"), rtol=1e-5, atol=1e-5)
+    finally:
+        first.stop()
