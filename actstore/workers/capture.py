@@ -305,6 +305,7 @@ class ShardCapturer:
         return True
 
     def _serve(self, store: StoreHandle) -> None:
+        """Serve ``store`` (a no-op when it is the one served: every task of a plan asks)."""
         with self._switching:
             if store.root != self.store.root:
                 self.store, self.arrays = store, store.open()
@@ -394,7 +395,7 @@ class ShardCapturer:
         """Compute the consecutive `shards` of every site's run (of those in `run_keys`, when given)
         in one pass of full batches, and write each shard whole; returns the chunk rows, one table
         per shard and run, and a lossy run's rounding of these shards."""
-        if plan.store is not None and plan.store.root != self.store.root:
+        if plan.store is not None:
             self._serve(plan.store)
         wanted = [(site, key) for site, key in plan.runs if run_keys is None or key in run_keys]
         layout = plan.layout
