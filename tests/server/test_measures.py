@@ -202,7 +202,9 @@ def test_in_memory_measures_hold_b_in_groups_within_the_limit(tmp_path, ray_clus
 
 def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server):  # noqa: F811 (the fixture)
     """The matrix job with a streamed measure checkpoints tiles of `values` like the CKA job: a
-    cancelled job resumes from them and ends equal to the pairwise queries."""
+    cancelled job resumes from them and ends equal to the float64 formula on the stored rows (the
+    pairwise queries equal that formula: `test_each_streamed_measure_equals_the_formula_...`; on this
+    server's tiny accumulator limit each of them was a job of many tasks, most of this test's time)."""
     c, runs, store = slow_server
     job = c.submit_measure_matrix(runs, "cca-score")
     cancelled = False
@@ -221,10 +223,24 @@ def test_measure_matrix_job_cancels_and_resumes_from_partial_results(slow_server
     assert events[-1].status == "done" and not (store / "partials" / job.target).exists()
     result = c.measure_matrix(runs, "cca-score")
     assert result.provenance.cached and result.identifier == "cca-score"
-    for i, run_i in enumerate(runs):
+    # against the float64 formula on the stored rows, where it is defined: a layer of full rank (the
+    # last-token run's embedding layer spans 9 of 16 dimensions, where the QR formula is not CCA's)
+    stored = [layers_of(c, run) for run in runs]
+    full = [[np.linalg.matrix_rank(x - x.mean(axis=0)) == x.shape[1] for x in xs] for xs in stored]
+    for i, xs in enumerate(stored):
+        for j, ys in enumerate(stored):
+            expected = np.array([[REFERENCES["cca-score"](x, y) if full[i][a] and full[j][b] else np.nan
+                                  for b, y in enumerate(ys)] for a, x in enumerate(xs)])
+            defined = ~np.isnan(expected)
+            np.testing.assert_allclose(result.block(i, j)[defined], expected[defined], rtol=1e-7, atol=1e-9)
+    # a rank-deficient layer's entries against the pairwise query of that layer, both ways round
+    deficient = [(i, a) for i, ranks in enumerate(full) for a, whole in enumerate(ranks) if not whole]
+    assert deficient, "no rank-deficient layer: the pairwise part of this test checks nothing"
+    for i, a in deficient:
         for j, run_j in enumerate(runs):
-            np.testing.assert_allclose(result.block(i, j), c.measure("cca-score", run_i, run_j).values,
-                                       rtol=1e-9, atol=1e-12)
+            pairwise = c.measure("cca-score", runs[i], run_j, layers_a=[a]).values[0]
+            np.testing.assert_allclose(result.block(i, j)[a], pairwise, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(result.block(j, i)[:, a], pairwise, rtol=1e-9, atol=1e-12)
 
 
 def test_whitening_measures_say_when_too_few_samples_make_them_one(client, tiny_models):
