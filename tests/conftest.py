@@ -22,7 +22,13 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from actstore.workers.cluster import QUIET_LOCAL_CLUSTER_ENV  # noqa: E402
 from tests.factories import save_tiny_model  # noqa: E402
+
+# What `ensure_ray` gives the local cluster it starts, given here too to the clusters the tests start
+# themselves (ray.cluster_utils nodes, scripts run as subprocesses), which inherit this environment.
+for _name, _value in QUIET_LOCAL_CLUSTER_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,7 @@ runtime environment, and a task whose job has one (even env_vars alone) never ru
 first job would start a fresh worker per CPU and Ray would kill the prestarted ones, so a job's
 memory (and its first second) would include starting every worker process. A joined cluster's
 nodes do not share our environment, so the env_vars travel as the job's runtime environment there.
+A local cluster's daemons also get `QUIET_LOCAL_CLUSTER_ENV` (less polling for what nobody reads).
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ WORKER_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
 }
 
+# A local cluster has no dashboard and sends no worker output to the driver (`ensure_ray`), so
+# nothing reads the logs its log monitor publishes or the metrics its processes record, yet by
+# default the log monitor globs the log folder every 0.1 s (while it holds < 1000 files) and every
+# process records metrics for the dashboard agent. Measured on 2 cores, a local cluster with 10
+# idle workers: its daemons (log monitor, dashboard agent, GCS, raylet, ...) 3.6 CPU-s a minute
+# by default, 2.4 with these (the log monitor 1.2 -> 0.5, the agent 0.8 -> 0.4). The daemons inherit
+# them; defaults only, a value already in the environment wins.
+QUIET_LOCAL_CLUSTER_ENV = {
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",  # look for new log files every interval below...
+    "LOG_NAME_UPDATE_INTERVAL_S": "5",  # ... (Ray's 0.5 s), not on every 0.1 s poll
+    "RAY_enable_metrics_collection": "0",
+}
+
 
 def ensure_ray(address: str | None = None) -> None:
     if ray.is_initialized():
@@ -39,6 +53,8 @@ def ensure_ray(address: str | None = None) -> None:
         else:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            for name, value in QUIET_LOCAL_CLUSTER_ENV.items():
+                os.environ.setdefault(name, value)
             # "local": always a new cluster. Without an address, ray.init attaches to whatever
             # `ray start` (or ray.cluster_utils) last recorded in /tmp/ray/ray_current_cluster,
             # and waits on it even after that cluster is gone.
