@@ -190,7 +190,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
     `dataset_digest` (a dataset registered with the ids "s0000000", ...) the runs are of that
     dataset instead of a placeholder record. `dtype` "int8": the same values coded to one byte as a
     capture codes them (`workers.capture.prepare_shards`, `write_prepared`), with their error
-    figures measured and stored at commit (the run keys then differ from the float16 runs')."""
+    figures measured and stored at commit (the run keys then differ from the float16 runs'), in shards of
+    the rows a capture would give it (`RunLayout.new`: twice a float16 shard's, the same bytes)."""
     import pyarrow as pa
     import torch
 
@@ -219,8 +220,8 @@ def write_synthetic_runs(client, n: int, *, runs: int = 1, states: int = 7, widt
         spec = run_spec(model_digest=model_digest, dataset_digest=dataset_digest, num_layers=states - 1,
                         pooling="mean", max_len=128, dtype=dtype)
         key = run_key(spec)
-        layout = RunLayout(n=n, rows=n, num_states=states, width=width, dtype=dtype, pooling="mean",
-                           shard_rows=shard_rows)
+        # the layout a capture of this dtype would make (an int8 run's shards hold twice the rows)
+        layout = RunLayout.new(n, n, states, width, dtype, "mean", shard_rows, service.settings.shard_mb)
         figures = ErrorFigures(states, width) if dtype == "int8" else None
         service.arrays.create_run(key, layout, sample_ids, None, None)
         record, _ = service.catalog.runs.open(RunRecord(run_key=key, model_digest=model_digest,
