@@ -15,7 +15,8 @@ its GPU, less two).
 
 A token-level capture's layout (its token count per prompt) is read from the store where a capture
 of the same model, dataset and max_len laid it out before (`workers.layouts`), and else comes from
-this server's one warm `TokenLayouts` process, which keeps the tokenizers it loaded.
+the one warm `TokenLayouts` process that every server of this process asks, which keeps the
+tokenizers it loaded.
 
 On a CPU cluster the replicas of a model are placed by one Ray placement group with a bundle per
 replica and the SPREAD strategy: Ray's control store, which sees every node that has joined, places
@@ -163,6 +164,73 @@ class _Parked:
         _end(entry)
 
 
+class _Layouts:
+    """The one `TokenLayouts` process of this process's Ray job, which every pool of the process asks
+    (started on first use, and again if it was lost). It ends once it has answered and idled the
+    asking pools' `actor_idle_seconds`: a live pool's reaper ends it, and the last pool to stop
+    leaves a timer that does."""
+
+    lock = threading.Lock()
+    actor = None
+    job: str | None = None  # the Ray job the handle is of: a new cluster's job has none of the old one's actors
+    asked: tuple[float, ray.ObjectRef | None] | None = None  # when it was last asked, and the answer until it came
+
+    @staticmethod
+    def name() -> str:
+        # actor names are global to the Ray cluster: another process (another job) has its own
+        return f"token-layouts-{ray.get_runtime_context().get_job_id()}"
+
+    @classmethod
+    def rows(cls, store: StoreHandle, model_path: str, dataset_path: str, max_len: int,
+             spans: bool) -> ray.ObjectRef:
+        with cls.lock:
+            name, job = cls.name(), ray.get_runtime_context().get_job_id()
+            # the class keeps the handle: Ray ends an actor once no handle to it is left
+            if cls.actor is None or cls.job != job or name not in ray.util.list_named_actors():  # lost for good
+                cls.actor = ray.remote(TokenLayouts).options(
+                    name=name, num_cpus=0, max_restarts=2, max_task_retries=2).remote()
+                cls.job = job
+            ref = cls.actor.rows.remote(store, model_path, dataset_path, max_len, spans)
+            cls.asked = (time.monotonic(), ref)
+            return ref
+
+    @classmethod
+    def end_if_idle(cls, idle_seconds: float) -> None:
+        """End the process once it has answered and idled ``idle_seconds``, as replicas are."""
+        with cls.lock:
+            if cls.actor is None or cls.asked is None:
+                return
+            if not ray.is_initialized() or cls.job != ray.get_runtime_context().get_job_id():
+                cls.actor = cls.asked = cls.job = None  # its cluster is gone, and the process with it
+                return
+            asked, ref = cls.asked
+            if ref is not None:
+                if not ray.wait([ref], timeout=0)[0]:
+                    return  # still tokenising
+                cls.asked = (asked, None)  # the answer's object can go once its caller has it
+            if time.monotonic() - asked >= idle_seconds:
+                ray.kill(cls.actor)
+                cls.actor = cls.asked = cls.job = None
+
+    @classmethod
+    def end_when_idle(cls, idle_seconds: float) -> None:
+        """What the last pool to stop leaves: a timer that ends the process if no pool asked it meanwhile."""
+        with cls.lock:
+            if cls.asked is None:
+                return
+            wait = max(0.0, cls.asked[0] + idle_seconds - time.monotonic())
+        timer = threading.Timer(wait, cls._end_if_still_idle, (idle_seconds,))
+        timer.daemon = True
+        timer.start()
+
+    @classmethod
+    def _end_if_still_idle(cls, idle_seconds: float) -> None:
+        try:
+            cls.end_if_idle(idle_seconds)
+        except Exception:  # noqa: BLE001 (a timer's thread: Ray shut down meanwhile, nothing to end)
+            log.debug("the idle TokenLayouts process was not ended", exc_info=True)
+
+
 class CapturePool:
     def __init__(self, store: StoreHandle, settings: Settings) -> None:
         self.store = store
@@ -170,15 +238,11 @@ class CapturePool:
         # actor names are global to the Ray cluster: another server (another store) has its own replicas
         tag = hashlib.sha256(store.root.encode()).hexdigest()[:8]
         self._prefix = f"capture-{tag}"
-        self.layouts_name = f"token-layouts-{tag}"
         self._lock = threading.Lock()
         self._pool: dict[str, _Replicas] = {}
         self._warm: set[str] = set()  # models whose replicas stay however long they idle
         self._stop = threading.Event()
-        self._layouts_lock = threading.Lock()
-        self._layouts = None  # the `TokenLayouts` actor, once started
-        # when it was last asked, and the answer until it came
-        self._layouts_asked: tuple[float, ray.ObjectRef | None] | None = None
+        self.layouts_asked = 0  # layouts this pool asked the process's `TokenLayouts` for
         self._reaper = threading.Thread(target=self._reap_forever, name="capture-pool-reaper", daemon=True)
         self._reaper.start()
         with _Parked.lock:
@@ -393,39 +457,19 @@ class CapturePool:
             return entry.names[replica]
         return f"{self._prefix}-{digest[:12]}-{replica}"
 
+    @property
+    def layouts_name(self) -> str:
+        """The Ray name of the `TokenLayouts` process this pool asks (its process's, shared)."""
+        return _Layouts.name()
+
     def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
         """The ref of a token-level run's layout (`TokenLayouts.rows`): the one the store keeps for
-        this model, or else from this server's warm `TokenLayouts` process (started on first use,
-        and again if it was lost)."""
+        this model, or else from this process's warm `TokenLayouts` (`_Layouts`)."""
         kept = stored_layout(self.store.files, model_layout_key(model_path, dataset_path, max_len, spans))
         if kept is not None:
             return ray.put(kept)
-        with self._layouts_lock:
-            # the pool keeps the handle: Ray ends an actor once no handle to it is left
-            if self._layouts is None or self.layouts_name not in ray.util.list_named_actors():  # lost for good
-                self._await_name_free(self.layouts_name)  # a server of this store stopped just now has it still
-                try:
-                    self._layouts = ray.remote(TokenLayouts).options(
-                        name=self.layouts_name, num_cpus=0, max_restarts=2, max_task_retries=2).remote(self.store)
-                except ValueError:  # another live server of this store on this cluster runs one: as good
-                    self._layouts = ray.get_actor(self.layouts_name)
-            ref = self._layouts.rows.remote(model_path, dataset_path, max_len, spans)
-            self._layouts_asked = (time.monotonic(), ref)
-            return ref
-
-    def _release_idle_layouts(self) -> None:
-        """End the `TokenLayouts` process once it has answered and idled `idle_seconds`, as replicas are."""
-        with self._layouts_lock:
-            if self._layouts is None or self._layouts_asked is None:
-                return
-            asked, ref = self._layouts_asked
-            if ref is not None:
-                if not ray.wait([ref], timeout=0)[0]:
-                    return  # still tokenising
-                self._layouts_asked = (asked, None)  # the answer's object can go once its caller has it
-            if time.monotonic() - asked >= self.settings.actor_idle_seconds:
-                ray.kill(self._layouts)
-                self._layouts = self._layouts_asked = None
+        self.layouts_asked += 1
+        return _Layouts.rows(self.store, model_path, dataset_path, max_len, spans)
 
     def release(self, digest: str, broken: bool = False) -> None:
         """Hand the replicas back; `broken` ones (a failed job) are killed rather than kept."""
@@ -469,19 +513,18 @@ class CapturePool:
         while not self._stop.wait(min(5.0, self.settings.actor_idle_seconds)):
             with self._lock:
                 self._release_idle(keep=None, older_than=self.settings.actor_idle_seconds)
-            self._release_idle_layouts()
+            _Layouts.end_if_idle(self.settings.actor_idle_seconds)
 
     def shutdown(self) -> None:
         self._stop.set()
         with _Parked.lock:
             _Parked.pools.discard(self)
+            others = len(_Parked.pools)
         with self._lock:
             for digest, entry in list(self._pool.items()):
                 if entry.gpus or entry.busy or any(_lost(entry)):
                     self._kill(digest)
                 else:  # idle CPU replicas: kept a while for the next pool of this process
                     _Parked.park(self._parking_key(digest), self._pool.pop(digest), self.settings.actor_idle_seconds)
-        with self._layouts_lock:
-            if self._layouts is not None:
-                ray.kill(self._layouts)
-                self._layouts = self._layouts_asked = None
+        if not others:  # the process's `TokenLayouts` ends when idle, as if this pool still lived
+            _Layouts.end_when_idle(self.settings.actor_idle_seconds)

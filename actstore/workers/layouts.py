@@ -109,38 +109,42 @@ def keep_layout(files: StoreFiles, key: str, layout: Layout) -> None:
 
 
 class TokenLayouts:
-    """Token-level run layouts, from one warm process per server (an actor of no logical CPU, that
-    `server.capture_pool` starts): the tokenizers it loaded stay loaded, so a layout costs its
-    tokenisation alone. As a one-CPU Ray task, a layout ran on whichever worker was free, and
-    right after a capture that was a shard writer that had never tokenised: it paid the
-    tokenizer's imports first (0.8 s on this 2-core machine; 7.5 s, and once over 50 s, on a
-    16-core GPU node), and it needed a free CPU, which the writers may all hold."""
+    """Token-level run layouts, from one warm process per Ray job (an actor of no logical CPU, that
+    `server.capture_pool` starts and every server of the process shares): the tokenizers it loaded
+    stay loaded, so a layout costs its tokenisation alone, and the next server of the process (a
+    notebook's reopened client, the next test's server) does not pay its start (~2.5 CPU-s) again.
+    As a one-CPU Ray task, a layout ran on whichever worker was free, and right after a capture
+    that was a shard writer that had never tokenised: it paid the tokenizer's imports first (0.8 s
+    on this 2-core machine; 7.5 s, and once over 50 s, on a 16-core GPU node), and it needed a free
+    CPU, which the writers may all hold. Each call names its store: the files it reads and keeps."""
 
-    def __init__(self, store: StoreHandle) -> None:
-        self.store = store
+    def __init__(self) -> None:
+        # by (store root, model path): a path names a model within its store only
         self._tokenizers: LRUCache = LRUCache(maxsize=TOKENIZERS_KEPT)
 
-    def rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> Layout:
+    def rows(self, store: StoreHandle, model_path: str, dataset_path: str, max_len: int,
+             spans: bool = True) -> Layout:
         """A token-level run's offsets (prompt i owns token rows offsets[i]:offsets[i+1]) and every
         row's character span in its text (`modeling.tokens`; None without ``spans`` or a fast
-        tokenizer), from the model's tokenizer alone; kept in the store under both keys."""
-        files = self.store.files
-        by_tokenizer = tokenizer_layout_key(self.store.local(model_path), dataset_path, max_len, spans)
+        tokenizer), from the model's tokenizer alone; kept in ``store`` under both keys."""
+        files = store.files
+        by_tokenizer = tokenizer_layout_key(store.local(model_path), dataset_path, max_len, spans)
         layout = stored_layout(files, by_tokenizer)
         if layout is None:
-            layout = self._compute(model_path, dataset_path, max_len, spans)
+            layout = self._compute(store, model_path, dataset_path, max_len, spans)
             keep_layout(files, by_tokenizer, layout)
         keep_layout(files, model_layout_key(model_path, dataset_path, max_len, spans), layout)
         return layout
 
-    def _compute(self, model_path: str, dataset_path: str, max_len: int, spans: bool) -> Layout:
-        tokenizer = self._tokenizers.get(model_path)
+    def _compute(self, store: StoreHandle, model_path: str, dataset_path: str, max_len: int,
+                 spans: bool) -> Layout:
+        tokenizer = self._tokenizers.get((store.root, model_path))
         if tokenizer is None:
-            tokenizer = load_tokenizer(self.store.local(model_path), LOAD_HINT)
+            tokenizer = load_tokenizer(store.local(model_path), LOAD_HINT)
             if tokenizer is None:
                 raise InvalidArgument("a token-level capture needs a text model with a tokenizer; this model has none")
-            self._tokenizers[model_path] = tokenizer
-        data = load_dataset(self.store.local(dataset_path))
+            self._tokenizers[store.root, model_path] = tokenizer
+        data = load_dataset(store.local(dataset_path))
         if data.kind != "text":
             raise InvalidArgument("a token-level capture needs a text dataset")
         counts, char_spans = token_layout(tokenizer, data.texts, max_len, spans)

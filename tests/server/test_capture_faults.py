@@ -20,12 +20,13 @@ from tests.server.captured import cancel_after, read_all, registered_fixture  # 
 pytestmark = pytest.mark.long  # minutes of servers, clusters or venvs: started first (tests/conftest.py)
 
 
-def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_path, ray_cluster, tiny_models):
-    """A server lays out token-level runs in one `TokenLayouts` actor (its tokenizers stay loaded):
-    one killed for good is started again on the next layout, and it stops with its server. A
-    server of the same store started next lays out a plan's run (the same actor's work, without
-    starting model replicas)."""
-    running = start_server(make_settings(tmp_path / "layouts"))
+def test_token_layouts_come_from_one_warm_process_shared_by_the_servers_of_a_process(tmp_path, ray_cluster,
+                                                                                     tiny_models):
+    """A process lays out token-level runs in one `TokenLayouts` actor (its tokenizers stay loaded):
+    one killed for good is started again on the next layout; a server started after that one
+    stopped (another store) lays out its runs in the same actor, without starting another; and
+    once no server is left it ends after the last one's `actor_idle_seconds`."""
+    running = start_server(make_settings(tmp_path / "layouts", actor_idle_seconds=60))
     name = running.service.capture_pool.layouts_name
     try:
         with Client(f"127.0.0.1:{running.port}") as other:
@@ -42,21 +43,26 @@ def test_token_layouts_come_from_one_warm_process_started_again_when_lost(tmp_pa
                 time.sleep(0.1)
             again = other.describe(other.capture("bert", "few", pooling="tokens", max_len=5).run_key).rows
             assert again < other.describe(shorter).rows
-            assert ray.get_actor(name) != layouts
+            relaid = ray.get_actor(name)
+            assert relaid != layouts
     finally:
         running.stop()
-    # a server of the same store started at once: the stopped one's actor may still hold the name
-    running = start_server(make_settings(tmp_path / "layouts"))
+    assert ray.get_actor(name) == relaid  # outlives its server, for the next one of this process
+    running = start_server(make_settings(tmp_path / "another", actor_idle_seconds=5))
     try:
+        assert running.service.capture_pool.layouts_name == name
         with Client(f"127.0.0.1:{running.port}") as other:
+            other.register_model(tiny_models["bert"], name="bert")
+            other.register_dataset(texts=sentences(12, seed=3), name="few")
             assert 0 < other.plan_capture("bert", "few", pooling="tokens", max_len=4).rows < again
+            assert running.service.capture_pool.layouts_asked == 1
+            assert ray.get_actor(name) == relaid  # the same process laid it out
     finally:
         running.stop()
     deadline = time.monotonic() + 30
     while name in ray.util.list_named_actors() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert name not in ray.util.list_named_actors()
-
 
 
 def test_worker_killed_mid_capture_still_commits_exact_rows(server, client, tiny_models):
