@@ -56,9 +56,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actstore.config import Settings
 from actstore.errors import Unavailable
+from actstore.server.token_layouts import SharedLayouts
 from actstore.store.handle import StoreHandle
 from actstore.workers import cluster
-from actstore.workers.layouts import TokenLayouts, model_layout_key, stored_layout
+from actstore.workers.layouts import model_layout_key, stored_layout
 
 log = logging.getLogger(__name__)
 
@@ -162,73 +163,6 @@ class _Parked:
                 return  # taken (or replaced) meanwhile
             del cls.entries[key]
         _end(entry)
-
-
-class _Layouts:
-    """The one `TokenLayouts` process of this process's Ray job, which every pool of the process asks
-    (started on first use, and again if it was lost). It ends once it has answered and idled the
-    asking pools' `actor_idle_seconds`: a live pool's reaper ends it, and the last pool to stop
-    leaves a timer that does."""
-
-    lock = threading.Lock()
-    actor = None
-    job: str | None = None  # the Ray job the handle is of: a new cluster's job has none of the old one's actors
-    asked: tuple[float, ray.ObjectRef | None] | None = None  # when it was last asked, and the answer until it came
-
-    @staticmethod
-    def name() -> str:
-        # actor names are global to the Ray cluster: another process (another job) has its own
-        return f"token-layouts-{ray.get_runtime_context().get_job_id()}"
-
-    @classmethod
-    def rows(cls, store: StoreHandle, model_path: str, dataset_path: str, max_len: int,
-             spans: bool) -> ray.ObjectRef:
-        with cls.lock:
-            name, job = cls.name(), ray.get_runtime_context().get_job_id()
-            # the class keeps the handle: Ray ends an actor once no handle to it is left
-            if cls.actor is None or cls.job != job or name not in ray.util.list_named_actors():  # lost for good
-                cls.actor = ray.remote(TokenLayouts).options(
-                    name=name, num_cpus=0, max_restarts=2, max_task_retries=2).remote()
-                cls.job = job
-            ref = cls.actor.rows.remote(store, model_path, dataset_path, max_len, spans)
-            cls.asked = (time.monotonic(), ref)
-            return ref
-
-    @classmethod
-    def end_if_idle(cls, idle_seconds: float) -> None:
-        """End the process once it has answered and idled ``idle_seconds``, as replicas are."""
-        with cls.lock:
-            if cls.actor is None or cls.asked is None:
-                return
-            if not ray.is_initialized() or cls.job != ray.get_runtime_context().get_job_id():
-                cls.actor = cls.asked = cls.job = None  # its cluster is gone, and the process with it
-                return
-            asked, ref = cls.asked
-            if ref is not None:
-                if not ray.wait([ref], timeout=0)[0]:
-                    return  # still tokenising
-                cls.asked = (asked, None)  # the answer's object can go once its caller has it
-            if time.monotonic() - asked >= idle_seconds:
-                ray.kill(cls.actor)
-                cls.actor = cls.asked = cls.job = None
-
-    @classmethod
-    def end_when_idle(cls, idle_seconds: float) -> None:
-        """What the last pool to stop leaves: a timer that ends the process if no pool asked it meanwhile."""
-        with cls.lock:
-            if cls.asked is None:
-                return
-            wait = max(0.0, cls.asked[0] + idle_seconds - time.monotonic())
-        timer = threading.Timer(wait, cls._end_if_still_idle, (idle_seconds,))
-        timer.daemon = True
-        timer.start()
-
-    @classmethod
-    def _end_if_still_idle(cls, idle_seconds: float) -> None:
-        try:
-            cls.end_if_idle(idle_seconds)
-        except Exception:  # noqa: BLE001 (a timer's thread: Ray shut down meanwhile, nothing to end)
-            log.debug("the idle TokenLayouts process was not ended", exc_info=True)
 
 
 class CapturePool:
@@ -460,16 +394,16 @@ class CapturePool:
     @property
     def layouts_name(self) -> str:
         """The Ray name of the `TokenLayouts` process this pool asks (its process's, shared)."""
-        return _Layouts.name()
+        return SharedLayouts.name()
 
     def token_rows(self, model_path: str, dataset_path: str, max_len: int, spans: bool = True) -> ray.ObjectRef:
         """The ref of a token-level run's layout (`TokenLayouts.rows`): the one the store keeps for
-        this model, or else from this process's warm `TokenLayouts` (`_Layouts`)."""
+        this model, or else from this process's warm `TokenLayouts` (`server.token_layouts`)."""
         kept = stored_layout(self.store.files, model_layout_key(model_path, dataset_path, max_len, spans))
         if kept is not None:
             return ray.put(kept)
         self.layouts_asked += 1
-        return _Layouts.rows(self.store, model_path, dataset_path, max_len, spans)
+        return SharedLayouts.rows(self.store, model_path, dataset_path, max_len, spans)
 
     def release(self, digest: str, broken: bool = False) -> None:
         """Hand the replicas back; `broken` ones (a failed job) are killed rather than kept."""
@@ -513,7 +447,7 @@ class CapturePool:
         while not self._stop.wait(min(5.0, self.settings.actor_idle_seconds)):
             with self._lock:
                 self._release_idle(keep=None, older_than=self.settings.actor_idle_seconds)
-            _Layouts.end_if_idle(self.settings.actor_idle_seconds)
+            SharedLayouts.end_if_idle(self.settings.actor_idle_seconds)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -527,4 +461,4 @@ class CapturePool:
                 else:  # idle CPU replicas: kept a while for the next pool of this process
                     _Parked.park(self._parking_key(digest), self._pool.pop(digest), self.settings.actor_idle_seconds)
         if not others:  # the process's `TokenLayouts` ends when idle, as if this pool still lived
-            _Layouts.end_when_idle(self.settings.actor_idle_seconds)
+            SharedLayouts.end_when_idle(self.settings.actor_idle_seconds)
